@@ -1,0 +1,36 @@
+"""tmpl: exact chat-template token IDs for token-in/token-out multi-turn RL with tools.
+
+>>> import tmpl
+>>> tmpl.NATIVE in (True, False)
+True
+"""
+
+from ._core import NATIVE
+from .chat_template import ChatTemplate
+from .errors import (
+    MessageError,
+    MissingContentError,
+    SpliceError,
+    TemplateError,
+    TemplateRenderError,
+    TmplError,
+    ToolMessageCountError,
+    UnknownRoleError,
+    UnsupportedTemplateError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NATIVE",
+    "ChatTemplate",
+    "MessageError",
+    "MissingContentError",
+    "SpliceError",
+    "TemplateError",
+    "TemplateRenderError",
+    "TmplError",
+    "ToolMessageCountError",
+    "UnknownRoleError",
+    "UnsupportedTemplateError",
+]

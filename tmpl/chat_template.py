@@ -1,0 +1,237 @@
+"""``ChatTemplate``: a tokenizer and its chat template, with exact suffix IDs for tool turns.
+
+>>> import tmpl
+>>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct")  # doctest: +SKIP
+>>> prompt = tpl.prompt_ids([{"role": "user", "content": "Weather in Paris?"}], tools=tools)  # doctest: +SKIP
+>>> completion = model_generate(prompt)  # ends with <|im_end|>                                # doctest: +SKIP
+>>> suffix = tpl.suffix_ids([{"role": "tool", "name": "get_weather", "content": "21 C"}],
+...                         completion_ids=completion, tools=tools)                            # doctest: +SKIP
+>>> next_prompt = prompt + completion + suffix  # what the template renders, token for token   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from . import _core
+from .codec import Codec
+from .errors import TmplError
+from .messages import validate_messages, validate_tool_messages
+from .render import Renderer
+from .suffix import SuffixEngine
+
+Message = Mapping[str, Any]
+
+
+def codec_for(tokenizer: Any) -> Codec:
+    """The (memoized) codec of a Hugging Face tokenizer."""
+    codec = getattr(tokenizer, "_tmpl_codec", None)
+    if codec is None:
+        codec = Codec(tokenizer)
+        try:
+            tokenizer._tmpl_codec = codec
+        except AttributeError:  # pragma: no cover - exotic tokenizer classes
+            pass
+    return codec
+
+
+def resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None) -> tuple[str, str | None]:
+    """Template text and, when it came from a file, the file's stem."""
+    if chat_template is None:
+        text = getattr(tokenizer, "chat_template", None)
+        if isinstance(text, dict):
+            text = text.get("tool_use") or text.get("default")
+        if not text:
+            raise TmplError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; pass chat_template="
+            )
+        return text, None
+    if isinstance(chat_template, os.PathLike) or (
+        isinstance(chat_template, str) and "{" not in chat_template and Path(chat_template).is_file()
+    ):
+        path = Path(chat_template)
+        return path.read_text(encoding="utf-8"), path.stem
+    if isinstance(chat_template, str):
+        named = getattr(tokenizer, "chat_template", None)
+        if isinstance(named, dict) and chat_template in named:
+            return named[chat_template], chat_template
+        return chat_template, None
+    raise TypeError(f"chat_template must be template text, a file path or None, not {type(chat_template).__name__}")
+
+
+def template_fingerprint(template: str, template_kwargs: Mapping[str, Any], codec: Codec, tokenizer: Any) -> str:
+    """SHA-256 over everything that decides a render's IDs: template text, template kwargs,
+    special tokens the template can read, and the whole tokenization pipeline."""
+    h = hashlib.sha256()
+    for part in (
+        template,
+        json.dumps(dict(template_kwargs), sort_keys=True, default=str),
+        json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=str),
+        codec.content_hash,
+    ):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+class ChatTemplate:
+    """A tokenizer with its chat template, ready for token-in/token-out tool loops.
+
+    ``chat_template`` is template text, a path to a ``.jinja`` file, the name of one of the
+    tokenizer's named templates, or None for the tokenizer's own. ``template_kwargs``
+    (e.g. ``enable_thinking=False``) are passed to every render.
+
+    >>> tpl = ChatTemplate(tokenizer)  # doctest: +SKIP
+    >>> sorted(tpl.stop_token_ids)     # doctest: +SKIP
+    [151645]
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | os.PathLike | None = None,
+        *,
+        name: str | None = None,
+        extra_stop_token_ids: Iterable[int] = (),
+        **template_kwargs: Any,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template, stem = resolve_template(tokenizer, chat_template)
+        self.name = name or stem or os.path.basename(str(getattr(tokenizer, "name_or_path", "")).rstrip("/")) or "template"
+        self.template_kwargs = dict(template_kwargs)
+        self.codec = codec_for(tokenizer)
+        self.renderer = Renderer(tokenizer, self.template, name=self.name, template_kwargs=self.template_kwargs)
+        self._extra_stops = frozenset(int(t) for t in extra_stop_token_ids)
+        self.fingerprint: str = template_fingerprint(self.template, self.template_kwargs, self.codec, tokenizer)
+        self.engine = SuffixEngine(self.renderer, self.codec, self.fingerprint)
+
+    @classmethod
+    def from_pretrained(
+        cls, path_or_id: str | os.PathLike, chat_template: str | os.PathLike | None = None, **template_kwargs: Any
+    ) -> ChatTemplate:
+        """Load a tokenizer (a local folder, or a hub id where the hub is reachable) and wrap it.
+
+        Stop tokens listed in the folder's ``generation_config.json`` (``eos_token_id``) are added
+        to :attr:`stop_token_ids`.
+        """
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_id))
+        extra = list(template_kwargs.pop("extra_stop_token_ids", ()))
+        extra += _generation_config_eos(path_or_id)
+        name = template_kwargs.pop("name", None) or (None if chat_template else Path(str(path_or_id)).name)
+        return cls(tokenizer, chat_template, name=name, extra_stop_token_ids=extra, **template_kwargs)
+
+    # -- rendering --------------------------------------------------------------------
+    def render(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, **kwargs: Any) -> str:
+        """The template's text for ``messages`` (a thin wrapper over ``apply_chat_template``)."""
+        return self.renderer.text(messages, tools=tools, **kwargs)
+
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> list[int]:
+        """Token IDs of ``messages`` rendered with the generation prompt."""
+        validate_messages(messages)
+        return self.codec.encode(self.renderer.text(messages, tools=tools, add_generation_prompt=True))
+
+    # -- stop tokens ------------------------------------------------------------------
+    @cached_property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Tokens that end an assistant turn or a tool-call turn (from the template, plus EOS).
+
+        Gemma's ``<end_of_turn>``/``<turn|>``, gpt-oss's ``<|call|>`` and ``<|return|>``,
+        Llama's ``<|eot_id|>``... found by probing, never assumed to be ``eos_token_id`` alone.
+        """
+        turns = self.engine.turns
+        stops = set(self._extra_stops)
+        if turns.plain is not None:
+            stops.add(turns.plain.stop_id)
+        if turns.tool is not None:
+            stops.add(turns.tool.stop_id)
+            stops.update(turns.tool.close.ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            stops.add(eos)
+        stops.discard(None)
+        return frozenset(stops)
+
+    @property
+    def tool_close_ids(self) -> tuple[int, ...]:
+        """The canonical close of a tool-call turn (e.g. ``<|im_end|>``), found by probing."""
+        turns = self.engine.turns
+        if turns.tool is None:
+            assert turns.tool_error is not None
+            raise turns.tool_error
+        return turns.tool.close.ids
+
+    # -- suffixes ---------------------------------------------------------------------
+    def suffix_ids(
+        self,
+        tool_messages: Sequence[Message],
+        *,
+        completion_ids: Sequence[int],
+        tools: Sequence[Any] | None = None,
+    ) -> list[int]:
+        """IDs to append after ``completion_ids``: the tool results and the next generation prompt.
+
+        ``prompt + completion_ids + suffix`` equals the tokenization of the template's full
+        render of ``history + [assistant turn] + tool_messages`` (with the generation prompt).
+        When ``completion_ids`` does not end with a stop token (a truncated completion), the
+        suffix starts with the template's canonical turn close.
+        """
+        validate_tool_messages(tool_messages)
+        ids = self.engine.suffix(tool_messages, tools)
+        if _core.ids.ends_with_any(completion_ids, self.stop_token_ids):
+            return ids
+        return self._close_for(tool_messages, tools) + ids
+
+    def suffix_ids_batch(
+        self,
+        list_of_tool_messages: Sequence[Sequence[Message]],
+        *,
+        completion_ids: Sequence[Sequence[int]],
+        tools: Sequence[Any] | None = None,
+    ) -> list[list[int]]:
+        """:meth:`suffix_ids` for many samples at once (one tokenizer call for all of them)."""
+        if len(list_of_tool_messages) != len(completion_ids):
+            raise ValueError(
+                f"{len(list_of_tool_messages)} lists of tool messages but {len(completion_ids)} completions"
+            )
+        for b, msgs in enumerate(list_of_tool_messages):
+            validate_tool_messages(msgs, where=f"list_of_tool_messages[{b}]")
+        out = self.engine.suffix_batch(list_of_tool_messages, tools)
+        stops = self.stop_token_ids
+        for b, completion in enumerate(completion_ids):
+            if not _core.ids.ends_with_any(completion, stops):
+                out[b] = self._close_for(list_of_tool_messages[b], tools) + out[b]
+        return out
+
+    def _close_for(self, tool_messages: Sequence[Message], tools) -> list[int]:
+        return list(self.engine.frame(tool_messages, tools).close.ids)
+
+    @property
+    def renders(self) -> int:
+        """How many times this template has been rendered (probes and per-call paths included)."""
+        return self.renderer.count
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate(name={self.name!r}, fingerprint={self.fingerprint[:12]})"
+
+
+def _generation_config_eos(path_or_id: str | os.PathLike) -> list[int]:
+    path = Path(str(path_or_id)) / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError):
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    if isinstance(eos, list):
+        return [int(e) for e in eos if isinstance(e, int)]
+    return []

@@ -1,0 +1,104 @@
+"""Text to token IDs through the ``tokenizers`` backend of a Hugging Face tokenizer.
+
+The codec is the only place tmpl tokenizes. It also knows the tokenizer's added
+tokens, and which of them split text cleanly ("atoms"): the tokenizer cuts the
+text at an atom before anything else runs, so IDs on the two sides of an atom
+never depend on each other. Splicing at atoms is what makes suffixes exact.
+
+An atom may strip whitespace on its right (``rstrip``, Phi's ``<|end|>``): tmpl
+always encodes the text after an atom together with the atom itself, so the
+stripping happens exactly as in a full render. It may not strip on its left
+(the text before it would lose whitespace), match single words only, or be
+matched after normalization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TmplError
+
+
+@dataclass(frozen=True)
+class AddedTokenInfo:
+    id: int
+    content: str
+    special: bool
+    atom: bool  # splits text cleanly on its left and right (see Codec)
+
+
+class Codec:
+    """Tokenize text exactly as ``tokenizer(text, add_special_tokens=False)`` does, but faster.
+
+    >>> from transformers import AutoTokenizer  # doctest: +SKIP
+    >>> codec = Codec(AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct"))  # doctest: +SKIP
+    >>> codec.encode("<|im_end|>\\n")  # doctest: +SKIP
+    [151645, 198]
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise TmplError(
+                f"{type(tokenizer).__name__} has no `tokenizers` backend; tmpl needs a fast tokenizer "
+                "(load it with AutoTokenizer.from_pretrained(..., use_fast=True))"
+            )
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self._encode = backend.encode
+        self._encode_batch = backend.encode_batch
+        has_normalizer = backend.normalizer is not None
+        self.added: dict[int, AddedTokenInfo] = {}
+        for tid, tok in backend.get_added_tokens_decoder().items():
+            atom = not (tok.lstrip or tok.single_word or (tok.normalized and has_normalizer))
+            self.added[tid] = AddedTokenInfo(tid, tok.content, bool(tok.special), atom)
+        self.added_by_text: dict[str, int] = {info.content: tid for tid, info in self.added.items()}
+        self.atom_ids: frozenset[int] = frozenset(tid for tid, info in self.added.items() if info.atom)
+        self.special_ids: frozenset[int] = frozenset(tid for tid, info in self.added.items() if info.special)
+        #: atoms that can close a turn: not whitespace alone (Gemma's "\n" added tokens never close one)
+        self.close_ids: frozenset[int] = frozenset(
+            tid for tid in self.atom_ids if self.added[tid].content.strip()
+        )
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self._hash: str | None = None
+
+    def encode(self, text: str) -> list[int]:
+        """Token IDs of ``text`` with no BOS/EOS added."""
+        return self._encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token IDs of several texts in one call into the backend."""
+        return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token IDs of ``text`` and each token's (start, end) character offsets."""
+        enc = self._encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, tid: int) -> str:
+        """The text of one token as the template writes it (added tokens by content)."""
+        info = self.added.get(tid)
+        return info.content if info is not None else self.decode([tid])
+
+    def matches_hf(self, text: str) -> bool:
+        """True when the backend agrees with the HF tokenizer's own call on ``text``."""
+        hf_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(hf_ids) == self.encode(text)
+
+    @property
+    def content_hash(self) -> str:
+        """SHA-256 of the whole tokenization pipeline (vocabulary, merges, normalizer, added tokens)."""
+        if self._hash is None:
+            self._hash = hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
+        return self._hash
+
+    def describe_added(self) -> str:
+        """A canonical JSON listing of the added tokens (part of a template fingerprint)."""
+        rows = sorted((tid, i.content, i.special, i.atom) for tid, i in self.added.items())
+        return json.dumps(rows, ensure_ascii=False)

@@ -1,0 +1,363 @@
+"""Suffix frames: the suffix of one tool-turn shape, as cached IDs around the tool contents.
+
+A frame is built once per (tools, tool-message shape) from renders of a dummy
+conversation. The suffix text after the turn close is cut at atoms (added
+tokens that split text cleanly, see :mod:`tmpl.codec`). Runs between atoms that
+hold no tool content are static: their IDs come straight from the probe's
+render. Runs that hold a content (or a call id) are dynamic: each call encodes
+only those runs, each together with the atom on its left, and splices the IDs.
+
+A frame is trusted only after it reproduces the IDs of full renders for hard
+contents (quotes, newlines, unicode, JSON, padding, empty, 10k characters), per
+*content class*. A content whose class did not verify, or that is not a string,
+goes through the per-call path: one real render, still exact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _core
+from .codec import Codec
+from .errors import TemplateError, TemplateRenderError, UnsupportedTemplateError
+from .probe import (
+    PROBE_TOOL_NAME,
+    USER_SENTINEL,
+    Close,
+    CloseLocator,
+    arg_sentinel,
+    call_id,
+    content_sentinel,
+    count_anchors,
+    dummy_tool_turn,
+    find_close,
+)
+from .render import Renderer
+
+#: Transforms a template may apply to a tool content, tried in this order.
+TRANSFORMS: dict[str, Callable[[str], str]] = {
+    "identity": lambda s: s,
+    "tojson": lambda s: json.dumps(s, ensure_ascii=False),
+    "trim": lambda s: s.strip(),
+    "tojson_ascii": json.dumps,
+    "trim_tojson": lambda s: json.dumps(s.strip(), ensure_ascii=False),
+}
+
+#: Verification contents per content class.
+HARD_CONTENTS: dict[str, tuple[str, ...]] = {
+    "plain": (
+        "Result: 21.5 C, sunny; humidity 40%",
+        "He said \"hi\" \\ 'ok' \\\" \\\\n end",
+        "unicode: é ñ 漢字 🙂 ∑ ß Ωmega",
+        '{"nested": {"a": [1, 2.5, null, true]}, "s": "x\\"y", "u": "é"}',
+        "line1\nline2\n\n\tindented\r\nwindows",
+        "<b>tags</b> &amp; {{ not jinja }} {% raw %} [brackets] <|fake|>",
+        ("0123456789 abcdefghij " * 455)[:10000],
+    ),
+    "padded": ("  leading spaces", "trailing newline\n", "\n\n both \n\n", " \t mixed \r\n"),
+    "empty": ("",),
+}
+
+#: Call ids that can be spliced as text (others go through the per-call path).
+ID_SAFE = re.compile(r"[A-Za-z0-9_.:\-]+\Z")
+
+
+def content_class(content: str) -> str:
+    """Class of a tool content for frame verification: ``plain``, ``padded`` or ``empty``."""
+    if not content:
+        return "empty"
+    if content[0].isspace() or content[-1].isspace():
+        return "padded"
+    return "plain"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A place in a dynamic run filled from tool message ``message``'s ``field``."""
+
+    message: int
+    field: str  # "content" or "tool_call_id"
+
+
+@dataclass
+class DynamicRun:
+    """Text between two atoms that holds slots; encoded per call together with its left anchor."""
+
+    anchor: str  # text of the atom on the left (encoded with the run, its IDs then dropped)
+    anchor_len: int  # number of IDs the anchor encodes to
+    pieces: tuple[str | Slot, ...]
+
+    def text(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
+        parts = [self.anchor]
+        for piece in self.pieces:
+            if type(piece) is str:
+                parts.append(piece)
+            elif piece.field == "content":
+                parts.append(fns[piece.message](messages[piece.message]["content"]))
+            else:
+                parts.append(messages[piece.message]["tool_call_id"])
+        return "".join(parts)
+
+
+Layout = list  # list[list[int] | DynamicRun]
+
+
+@dataclass
+class Frame:
+    """The cached suffix of one tool-turn shape.
+
+    ``layouts`` maps a transform name to the chunk list for it; ``transforms`` maps each
+    verified content class to the transform that reproduces the template for it.
+    """
+
+    k: int
+    close: Close
+    locator: CloseLocator
+    layouts: dict[str, Layout]
+    transforms: dict[str, str]
+    calls_visible: bool
+    id_slots: tuple[bool, ...]
+    per_call_checked: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def dynamic_texts(self, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[str]:
+        return [c.text(messages, fns) for c in layout if type(c) is DynamicRun]
+
+    @staticmethod
+    def assemble(layout: Layout, encoded: Sequence[list[int]]) -> list[int]:
+        parts: list[list[int]] = []
+        j = 0
+        for chunk in layout:
+            if type(chunk) is DynamicRun:
+                parts.append(encoded[j][chunk.anchor_len :])
+                j += 1
+            else:
+                parts.append(chunk)
+        return _core.ids.join_ids(parts)
+
+    def fill(self, codec: Codec, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[int]:
+        texts = self.dynamic_texts(layout, messages, fns)
+        encoded = codec.encode_batch(texts) if len(texts) > 1 else [codec.encode(t) for t in texts]
+        return self.assemble(layout, encoded)
+
+
+def _find_all(text: str, needle: str, start: int) -> list[int]:
+    out, pos = [], text.find(needle, start)
+    while pos >= 0:
+        out.append(pos)
+        pos = text.find(needle, pos + len(needle))
+    return out
+
+
+def _slots(text: str, start: int, patterns: Sequence[tuple[str, Slot]]) -> list[tuple[int, int, Slot]] | None:
+    spans = []
+    for needle, slot in patterns:
+        for pos in _find_all(text, needle, start):
+            spans.append((pos, pos + len(needle), slot))
+    spans.sort(key=lambda s: s[0])
+    for (s1, e1, _), (s2, _, _) in zip(spans, spans[1:]):
+        if s2 < e1:
+            return None  # overlapping slots: ambiguous
+    return spans
+
+
+def _layout(
+    codec: Codec,
+    text: str,
+    ids: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    close: Close,
+    slots: list[tuple[int, int, Slot]],
+) -> Layout | None:
+    """Cut the suffix (text after ``close``) into static ID chunks and dynamic runs.
+
+    Returns None when a slot does not lie inside one run (it straddles an atom).
+    """
+    n = len(ids)
+    atoms = [t for t in range(close.token_end, n) if ids[t] in codec.atom_ids and offsets[t][1] > offsets[t][0]]
+    # runs: (left atom token index or -1 for the close, first token, end token, char start, char end)
+    runs = []
+    left_t, first, c_start = close.token_end - 1, close.token_end, close.char_end
+    for t in atoms:
+        runs.append((left_t, first, t, c_start, offsets[t][0]))
+        left_t, first, c_start = t, t + 1, offsets[t][1]
+    runs.append((left_t, first, n, c_start, len(text)))
+
+    chunks: Layout = []
+    placed = 0
+    for left_t, first, end_t, c_start, c_end in runs:
+        if left_t >= close.token_end:
+            chunks.append([ids[left_t]])  # the atom itself
+        inside = [(s - c_start, e - c_start, sl) for s, e, sl in slots if s >= c_start and e <= c_end]
+        placed += len(inside)
+        if not inside:
+            if end_t > first:
+                chunks.append(list(ids[first:end_t]))
+            continue
+        anchor = codec.token_text(ids[left_t])
+        pieces: list[str | Slot] = []
+        pos, run_text = 0, text[c_start:c_end]
+        for s, e, sl in inside:
+            if s > pos:
+                pieces.append(run_text[pos:s])
+            pieces.append(sl)
+            pos = e
+        if pos < len(run_text):
+            pieces.append(run_text[pos:])
+        anchor_len = len(codec.encode(anchor)) if anchor else 0
+        chunks.append(DynamicRun(anchor=anchor, anchor_len=anchor_len, pieces=tuple(pieces)))
+    return chunks if placed == len(slots) else None
+
+
+# Transforms sharing the same sentinel pattern share one layout.
+_PATTERN_OF = {"identity": "raw", "trim": "raw", "tojson": "json", "tojson_ascii": "json", "trim_tojson": "json"}
+
+
+class FrameBuilder:
+    """Builds and verifies frames for one template (renderer + codec)."""
+
+    def __init__(self, renderer: Renderer, codec: Codec) -> None:
+        self.renderer = renderer
+        self.codec = codec
+        self.name = renderer.name
+
+    # -- rendering the dummy conversation ---------------------------------------------
+    def _render(self, shapes, contents, variant: int, id_slots, tools) -> tuple[str, list, dict]:
+        cids = [call_id(variant, i) if has else None for i, has in enumerate(id_slots)]
+        history, assistant, tool_msgs = dummy_tool_turn(shapes, contents, cids)
+        text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
+        return text, history, assistant
+
+    def per_call(self, frame: Frame, messages: Sequence[Mapping[str, Any]], tools) -> list[int]:
+        """Suffix IDs by one real render (exact for any content; the slow path)."""
+        cids = [m.get("tool_call_id") if has else None for m, has in zip(messages, frame.id_slots)]
+        history, assistant, tool_msgs = dummy_tool_turn(messages, [m.get("content") for m in messages], cids)
+        text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
+        return self._suffix_of(frame, text, cids)
+
+    def _suffix_of(self, frame: Frame, text: str, ids: Sequence[str | None]) -> list[int]:
+        """IDs after the close, encoding only the text after it (with the close as anchor)."""
+        ce = frame.locator.char_end(text, ids)
+        if ce < 0:
+            raise TemplateError(
+                self.name, "the assistant turn renders differently for these tool messages; cannot locate its close"
+            )
+        return self.codec.encode(frame.close.text + text[ce:])[len(frame.close.ids) :]
+
+    def _expected(self, frame: Frame, text: str, ids: Sequence[str | None]) -> list[int]:
+        """Ground truth: the IDs after the close in the full tokenization of ``text``."""
+        ce = frame.locator.char_end(text, ids)
+        if ce < 0:
+            raise UnsupportedTemplateError(
+                self.name, "the assistant turn renders differently depending on the tool results that follow it"
+            )
+        ids, offsets = self.codec.encode_with_offsets(text)
+        for t, (s, e) in enumerate(offsets):
+            if e == ce and e > s:
+                return ids[t + 1 :]
+        raise UnsupportedTemplateError(self.name, "the turn close does not end on a token boundary")
+
+    # -- building ---------------------------------------------------------------------
+    def build(self, shapes: Sequence[Mapping[str, Any]], tools, tool_close: Close) -> Frame:
+        """Build and verify the frame of one tool-message shape.
+
+        ``tool_close`` is the template-level close of a tool-call turn; the frame's own
+        close must be the same token.
+        """
+        k = len(shapes)
+        id_slots = tuple(m.get("tool_call_id") is not None for m in shapes)
+        base_contents = [content_sentinel(i) for i in range(k)]
+        try:
+            full, history, _ = self._render(shapes, base_contents, 0, id_slots, tools)
+        except TemplateRenderError as exc:
+            raise UnsupportedTemplateError(
+                self.name, f"cannot render an assistant turn with {k} tool call(s) and its results: {exc.reason}"
+            ) from exc
+        anchors = [arg_sentinel(i) for i in range(k)]
+        visible = count_anchors(full, USER_SENTINEL, anchors)
+        if 0 < visible < k:
+            raise UnsupportedTemplateError(
+                self.name, f"renders only {visible} of {k} tool calls of one assistant turn (the others would be lost)"
+            )
+        prompt = None
+        if visible == 0:
+            prompt = self.renderer.text(history, tools=tools, add_generation_prompt=True)
+        close = find_close(self.codec, self.name, full, anchors, tool_close.ids[0], prompt_text=prompt)
+        probe_ids = tuple(call_id(0, i) if has else None for i, has in enumerate(id_slots))
+        locator = CloseLocator(tuple(anchors), close, probe_ids)
+        for i, sentinel in enumerate(base_contents):
+            if sentinel in full[: close.char_end]:
+                raise UnsupportedTemplateError(
+                    self.name, "the template renders tool results before the assistant turn closes"
+                )
+            if sentinel not in full[close.char_end :]:
+                raise UnsupportedTemplateError(self.name, f"tool result {i} of {k} is not rendered (dropped silently)")
+        suffix_text = full[close.char_end :]
+        for i, shape in enumerate(shapes):
+            if not shape.get("name") and PROBE_TOOL_NAME in suffix_text:
+                from .errors import MessageError
+
+                raise MessageError(
+                    i,
+                    f"tool message has no 'name', and template {self.name!r} writes the called function's "
+                    "name into the tool result; give each tool message the name of the call it answers",
+                    where="tool_messages",
+                )
+        ids, offsets = self.codec.encode_with_offsets(full)
+
+        layouts: dict[str, Layout] = {}
+        by_pattern: dict[str, Layout | None] = {}
+        for tname, fn in TRANSFORMS.items():
+            pattern = _PATTERN_OF[tname]
+            if pattern not in by_pattern:
+                pats: list[tuple[str, Slot]] = [(fn(s), Slot(i, "content")) for i, s in enumerate(base_contents)]
+                pats += [(call_id(0, i), Slot(i, "tool_call_id")) for i, has in enumerate(id_slots) if has]
+                spans = _slots(full, close.char_end, pats)
+                by_pattern[pattern] = None if spans is None else _layout(self.codec, full, ids, offsets, close, spans)
+            if by_pattern[pattern] is not None:
+                layouts[tname] = by_pattern[pattern]
+        frame = Frame(
+            k=k,
+            close=close,
+            locator=locator,
+            layouts=layouts,
+            transforms={},
+            calls_visible=visible == k,
+            id_slots=id_slots,
+        )
+        if not frame.calls_visible:
+            frame.notes.append("the template does not render the assistant's tool calls")
+        self._verify(frame, shapes, tools)
+        return frame
+
+    def _verify(self, frame: Frame, shapes, tools) -> None:
+        """Choose, per content class, the first transform whose fills equal full renders."""
+        k = frame.k
+        variant = 1
+        for cls, samples in HARD_CONTENTS.items():
+            candidates = list(frame.layouts)
+            for j in range(len(samples)):
+                contents = [samples[(j + i) % len(samples)] for i in range(k)]
+                text, _, _ = self._render(shapes, contents, variant, frame.id_slots, tools)
+                cids = [call_id(variant, i) if has else None for i, has in enumerate(frame.id_slots)]
+                expected = self._expected(frame, text, cids)
+                messages = [{"content": c, "tool_call_id": cid} for c, cid in zip(contents, cids)]
+                variant += 1
+                if j == 0 and self._suffix_of(frame, text, cids) != expected:
+                    raise TemplateError(self.name, "the per-call render path disagrees with the full render")
+                candidates = [
+                    t
+                    for t in candidates
+                    if frame.fill(self.codec, frame.layouts[t], messages, [TRANSFORMS[t]] * k) == expected
+                ]
+                if not candidates:
+                    break
+            if candidates:
+                frame.transforms[cls] = candidates[0]
+            else:
+                frame.notes.append(f"{cls} contents go through the per-call render path")
+        frame.per_call_checked = True

@@ -1,0 +1,57 @@
+"""Renders conversations with one chat template through transformers, counting renders.
+
+Rendering is the slow path of tmpl: the probe renders dummy conversations once per
+template fingerprint, and the per-call path renders only for templates that
+transform tool content in ways the probe cannot reproduce by concatenation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import TemplateRenderError
+
+
+class Renderer:
+    """Render ``messages`` with a fixed template text and template kwargs.
+
+    ``count`` is the number of renders so far (tests use it to prove caching).
+
+    >>> r = Renderer(tokenizer, "{% for m in messages %}{{ m.content }}{% endfor %}", name="toy")  # doctest: +SKIP
+    >>> r.text([{"role": "user", "content": "hi"}])  # doctest: +SKIP
+    'hi'
+    """
+
+    def __init__(self, tokenizer: Any, template: str, *, name: str, template_kwargs: Mapping[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.template = template
+        self.name = name
+        self.template_kwargs = dict(template_kwargs or {})
+        self.count = 0
+
+    def text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = False,
+        **extra: Any,
+    ) -> str:
+        """The template's text for ``messages``; template errors become :class:`TemplateRenderError`."""
+        self.count += 1
+        kwargs = {**self.template_kwargs, **extra}
+        try:
+            out = self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools is not None else None,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except Exception as exc:  # jinja2 errors, raise_exception(), KeyError in a template...
+            raise TemplateRenderError(self.name, f"rendering failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, str):
+            raise TemplateRenderError(self.name, f"rendering returned {type(out).__name__}, not text")
+        return out

@@ -1,0 +1,193 @@
+"""The suffix engine: tool-result IDs to append after a completion, from cached frames.
+
+Frames are cached per template fingerprint (see :mod:`tmpl.fingerprint`) and per
+(tools, tool-message shape), in a process-wide cache shared by every
+:class:`~tmpl.ChatTemplate` with the same fingerprint. The per-call fast path is:
+compute the shape key, look the frame up, build the text of the dynamic runs,
+one call into the ``tokenizers`` backend, splice IDs in the compiled core.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .codec import Codec
+from .errors import UnsupportedTemplateError
+from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, content_class
+from .probe import TurnInfo, probe_turns
+from .render import Renderer
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _shape_item(key: str, value: Any) -> tuple:
+    if key == "content":
+        return ("content", type(value) is str)
+    if key == "tool_call_id":
+        return ("tool_call_id", value is not None)
+    if isinstance(value, _SCALARS):
+        return (key, value)
+    return (key, json.dumps(value, sort_keys=True, default=str))
+
+
+def shape_key(messages: Sequence[Mapping[str, Any]]) -> tuple:
+    """Hashable description of tool messages with their contents and call ids left out."""
+    return tuple(tuple(_shape_item(k, v) for k, v in m.items()) for m in messages)
+
+
+class FrameCache:
+    """Probe results of one template fingerprint, shared across ChatTemplate instances."""
+
+    def __init__(self) -> None:
+        self.turns: TurnInfo | None = None
+        self.frames: dict[tuple, Frame | Exception] = {}
+        self.lock = threading.RLock()
+
+
+_CACHES: dict[str, FrameCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def cache_for(fingerprint: str) -> FrameCache:
+    with _CACHES_LOCK:
+        cache = _CACHES.get(fingerprint)
+        if cache is None:
+            cache = _CACHES[fingerprint] = FrameCache()
+        return cache
+
+
+def clear_caches() -> None:
+    """Forget every cached frame (tests; or after editing a template file in place)."""
+    with _CACHES_LOCK:
+        _CACHES.clear()
+
+
+class SuffixEngine:
+    """Suffix IDs for one template. Use it through :class:`tmpl.ChatTemplate`."""
+
+    def __init__(self, renderer: Renderer, codec: Codec, fingerprint: str) -> None:
+        self.renderer = renderer
+        self.codec = codec
+        self.builder = FrameBuilder(renderer, codec)
+        self.cache = cache_for(fingerprint)
+        self._tools_memo: dict[int, tuple[Any, str]] = {}
+        #: how many suffixes took the per-call render path (for reports and tests)
+        self.per_call_count = 0
+
+    @property
+    def turns(self) -> TurnInfo:
+        """How plain and tool-call turns close (probed once per fingerprint)."""
+        turns = self.cache.turns
+        if turns is None:
+            with self.cache.lock:
+                if self.cache.turns is None:
+                    self.cache.turns = probe_turns(self.renderer, self.codec)
+                turns = self.cache.turns
+        return turns
+
+    # -- keys -------------------------------------------------------------------------
+    def tools_key(self, tools: Sequence[Any] | None) -> str:
+        """Digest of a tools list. Lists are treated as immutable: pass a new list after a change."""
+        if tools is None:
+            return ""
+        memo = self._tools_memo.get(id(tools))
+        if memo is not None and memo[0] is tools:
+            return memo[1]
+        digest = hashlib.sha1(
+            json.dumps(_schemas(tools), sort_keys=True, default=str).encode("utf-8")
+        ).hexdigest()
+        if len(self._tools_memo) > 256:
+            self._tools_memo.clear()
+        self._tools_memo[id(tools)] = (tools, digest)
+        return digest
+
+    def frame(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Frame:
+        key = (self.tools_key(tools), shape_key(messages))
+        found = self.cache.frames.get(key)
+        if found is None:
+            turns = self.turns
+            if turns.tool is None:
+                assert turns.tool_error is not None
+                raise turns.tool_error
+            with self.cache.lock:
+                found = self.cache.frames.get(key)
+                if found is None:
+                    try:
+                        found = self.builder.build(
+                            messages, _schemas(tools) if tools is not None else None, turns.tool.close
+                        )
+                    except UnsupportedTemplateError as exc:
+                        found = exc
+                    self.cache.frames[key] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    # -- one suffix -------------------------------------------------------------------
+    def plan(self, frame: Frame, messages: Sequence[Mapping[str, Any]]):
+        """The layout and per-message transforms for a fast fill, or None for the per-call path."""
+        fns = []
+        layout_name = None
+        for m, has_id in zip(messages, frame.id_slots):
+            content = m["content"]
+            if type(content) is not str:
+                return None
+            tname = frame.transforms.get(content_class(content))
+            if tname is None:
+                return None
+            if layout_name is None:
+                layout_name = tname
+            elif frame.layouts[tname] is not frame.layouts[layout_name]:
+                return None
+            if has_id and not ID_SAFE.match(m["tool_call_id"]):
+                return None
+            fns.append(TRANSFORMS[tname])
+        return frame.layouts[layout_name], fns
+
+    def suffix(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> list[int]:
+        frame = self.frame(messages, tools)
+        plan = self.plan(frame, messages)
+        if plan is None:
+            self.per_call_count += 1
+            return self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
+        layout, fns = plan
+        return frame.fill(self.codec, layout, messages, fns)
+
+    def suffix_batch(
+        self, batch: Sequence[Sequence[Mapping[str, Any]]], tools: Sequence[Any] | None
+    ) -> list[list[int]]:
+        """Suffixes of many samples with one call into the tokenizer for all dynamic runs."""
+        out: list[list[int] | None] = [None] * len(batch)
+        pending = []  # (sample index, frame, layout, number of texts)
+        texts: list[str] = []
+        for b, messages in enumerate(batch):
+            frame = self.frame(messages, tools)
+            plan = self.plan(frame, messages)
+            if plan is None:
+                self.per_call_count += 1
+                out[b] = self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
+                continue
+            layout, fns = plan
+            run_texts = frame.dynamic_texts(layout, messages, fns)
+            pending.append((b, layout, len(run_texts)))
+            texts.extend(run_texts)
+        if texts:
+            encoded = self.codec.encode_batch(texts)
+            pos = 0
+            for b, layout, n in pending:
+                out[b] = Frame.assemble(layout, encoded[pos : pos + n])
+                pos += n
+        return out  # type: ignore[return-value]
+
+
+def _schemas(tools: Sequence[Any]) -> list[Any]:
+    """JSON schemas for a tools list (callables are converted like transformers does)."""
+    if all(isinstance(t, Mapping) for t in tools):
+        return list(tools)
+    from transformers.utils import get_json_schema
+
+    return [t if isinstance(t, Mapping) else get_json_schema(t) for t in tools]
