@@ -1,0 +1,94 @@
+"""Shared fixtures: where the real tokenizers are, and the compiled/pure twins.
+
+Real tokenizer data is found through ``TMPL_TEST_DATA`` (default ``../shared/tokenizers``
+next to the repository). Tests that need it skip with a clear reason when it is absent.
+With ``TMPL_TEST_HUB=1`` and hub access, families missing locally load by hub id.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tmpl import _core
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers")).resolve()
+
+#: family folder -> hub id (used only with TMPL_TEST_HUB=1 when the folder is absent)
+HUB_IDS = {
+    "qwen2.5-instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen3": "Qwen/Qwen3-4B",
+    "llama-3.2-instruct": "meta-llama/Llama-3.2-1B-Instruct",
+    "gemma-2-it": "google/gemma-2-2b-it",
+    "gemma-3-it": "google/gemma-3-1b-it",
+    "gemma-4-it": "google/gemma-4-E2B-it",
+    "mistral-nemo-instruct-2407": "mistralai/Mistral-Nemo-Instruct-2407",
+    "phi-3-mini-4k-instruct": "microsoft/Phi-3-mini-4k-instruct",
+    "phi-4-mini-instruct": "microsoft/Phi-4-mini-instruct",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "gpt-oss": "openai/gpt-oss-20b",
+}
+
+FAMILIES = tuple(HUB_IDS)
+
+
+def family_source(family: str) -> str | None:
+    """A local folder or hub id for ``family``, or None when neither is available."""
+    local = DATA / family
+    if local.is_dir():
+        return str(local)
+    if os.environ.get("TMPL_TEST_HUB") == "1":
+        return HUB_IDS.get(family)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def load_tokenizer(family: str):
+    """The Hugging Face tokenizer of a family (cached for the session); skips when absent."""
+    source = family_source(family)
+    if source is None:
+        pytest.skip(f"tokenizer data for {family!r} not found under TMPL_TEST_DATA={DATA} (set it, or TMPL_TEST_HUB=1)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
+
+
+@functools.lru_cache(maxsize=1)
+def catalog() -> list[dict]:
+    """Entries of ``templates/catalog.json`` (empty when the data folder is absent)."""
+    path = DATA / "templates" / "catalog.json"
+    if not path.is_file():
+        return []
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def catalog_ids() -> list[str]:
+    return [Path(e["template"]).name for e in catalog()] or ["<no catalog>"]
+
+
+@pytest.fixture
+def tokenizer_of():
+    """``tokenizer_of(family)`` -> the real tokenizer (skips when the data is absent)."""
+    return load_tokenizer
+
+
+@pytest.fixture(params=["native", "pure"])
+def twin(request, monkeypatch):
+    """Run a test on the compiled core and on its pure-Python twin.
+
+    The twin's modules replace ``tmpl._core``'s for the test, so code that calls
+    ``_core.<module>.<fn>`` runs on that twin. Returns a namespace of the modules.
+    """
+    try:
+        modules = _core.load(request.param)
+    except ImportError as exc:
+        pytest.skip(f"compiled core not built ({exc}); run `pip install -e .`")
+    for name, module in modules.items():
+        monkeypatch.setattr(_core, name, module)
+    return SimpleNamespace(kind=request.param, **modules)
