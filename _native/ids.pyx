@@ -45,16 +45,13 @@ def find_subsequence(haystack, needle, Py_ssize_t start=0):
 
 def join_ids(chunks):
     """Concatenate a sequence of ID lists into one new list (one allocation)."""
-    cdef list parts = _as_list(chunks)
+    cdef list parts = [_as_list(c) for c in chunks]  # never write into the caller's list
     cdef Py_ssize_t total = 0
     cdef Py_ssize_t k, i, m, pos = 0
     cdef list part
     cdef object item
     for k in range(PyList_GET_SIZE(parts)):
-        part = _as_list(<object>PyList_GET_ITEM(parts, k))
-        if part is not <object>PyList_GET_ITEM(parts, k):
-            parts[k] = part
-        total += PyList_GET_SIZE(part)
+        total += PyList_GET_SIZE(<list>PyList_GET_ITEM(parts, k))
     cdef list out = PyList_New(total)
     for k in range(PyList_GET_SIZE(parts)):
         part = <list>PyList_GET_ITEM(parts, k)

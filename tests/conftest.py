@@ -78,6 +78,21 @@ def tokenizer_of():
     return load_tokenizer
 
 
+def _load_twin(kind: str) -> SimpleNamespace:
+    try:
+        modules = _core.load(kind)
+    except ImportError as exc:
+        pytest.skip(f"compiled core not built ({exc}); run `pip install -e .`")
+    return SimpleNamespace(kind=kind, **modules)
+
+
+@pytest.fixture(params=["native", "pure"], scope="session")
+def core(request):
+    """The compiled core or its pure twin, for tests that call the twin modules directly
+    (session-scoped, so hypothesis tests may use it)."""
+    return _load_twin(request.param)
+
+
 @pytest.fixture(params=["native", "pure"])
 def twin(request, monkeypatch):
     """Run a test on the compiled core and on its pure-Python twin.
@@ -85,10 +100,7 @@ def twin(request, monkeypatch):
     The twin's modules replace ``tmpl._core``'s for the test, so code that calls
     ``_core.<module>.<fn>`` runs on that twin. Returns a namespace of the modules.
     """
-    try:
-        modules = _core.load(request.param)
-    except ImportError as exc:
-        pytest.skip(f"compiled core not built ({exc}); run `pip install -e .`")
-    for name, module in modules.items():
-        monkeypatch.setattr(_core, name, module)
-    return SimpleNamespace(kind=request.param, **modules)
+    loaded = _load_twin(request.param)
+    for name in _core.TWIN_MODULES:
+        monkeypatch.setattr(_core, name, getattr(loaded, name))
+    return loaded
