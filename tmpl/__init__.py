@@ -8,6 +8,7 @@ True
 from ._core import NATIVE
 from .chat_template import ChatTemplate
 from .errors import (
+    HistoryRequiredError,
     MessageError,
     MissingContentError,
     SpliceError,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "NATIVE",
     "ChatTemplate",
+    "HistoryRequiredError",
     "MessageError",
     "MissingContentError",
     "SpliceError",

@@ -175,6 +175,7 @@ class ChatTemplate:
         *,
         completion_ids: Sequence[int],
         tools: Sequence[Any] | None = None,
+        history: Sequence[Message] | None = None,
     ) -> list[int]:
         """IDs to append after ``completion_ids``: the tool results and the next generation prompt.
 
@@ -182,9 +183,14 @@ class ChatTemplate:
         render of ``history + [assistant turn] + tool_messages`` (with the generation prompt).
         When ``completion_ids`` does not end with a stop token (a truncated completion), the
         suffix starts with the template's canonical turn close.
+
+        ``history`` (the messages before the assistant turn) is needed only by templates
+        whose tool results render differently after earlier messages (e.g. DeepSeek V3's,
+        which opens the tool-outputs block only once per conversation); they raise
+        :class:`~tmpl.HistoryRequiredError` without it. Passing it is always safe.
         """
         validate_tool_messages(tool_messages)
-        ids = self.engine.suffix(tool_messages, tools)
+        ids = self.engine.suffix(tool_messages, tools, history)
         if _core.ids.ends_with_any(completion_ids, self.stop_token_ids):
             return ids
         return self._close_for(tool_messages, tools) + ids
@@ -195,6 +201,7 @@ class ChatTemplate:
         *,
         completion_ids: Sequence[Sequence[int]],
         tools: Sequence[Any] | None = None,
+        histories: Sequence[Sequence[Message] | None] | None = None,
     ) -> list[list[int]]:
         """:meth:`suffix_ids` for many samples at once (one tokenizer call for all of them)."""
         if len(list_of_tool_messages) != len(completion_ids):
@@ -203,7 +210,7 @@ class ChatTemplate:
             )
         for b, msgs in enumerate(list_of_tool_messages):
             validate_tool_messages(msgs, where=f"list_of_tool_messages[{b}]")
-        out = self.engine.suffix_batch(list_of_tool_messages, tools)
+        out = self.engine.suffix_batch(list_of_tool_messages, tools, histories)
         stops = self.stop_token_ids
         for b, completion in enumerate(completion_ids):
             if not _core.ids.ends_with_any(completion, stops):

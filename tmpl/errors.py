@@ -30,6 +30,10 @@ class UnsupportedTemplateError(TemplateError):
     """
 
 
+class HistoryRequiredError(TemplateError):
+    """The template's suffix depends on earlier messages; pass ``history=`` to get it exactly."""
+
+
 class TemplateRenderError(TemplateError):
     """Rendering raised inside the template (a ``raise_exception`` call, a Jinja error)."""
 

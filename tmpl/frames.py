@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _core
 from .codec import Codec
-from .errors import TemplateError, TemplateRenderError, UnsupportedTemplateError
+from .errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
 from .probe import (
     PROBE_TOOL_NAME,
     USER_SENTINEL,
@@ -122,6 +122,7 @@ class Frame:
     calls_visible: bool
     id_slots: tuple[bool, ...]
     per_call_checked: bool = False
+    history_dependence: str | None = None  # why the suffix depends on earlier messages, if it does
     notes: list[str] = field(default_factory=list)
 
     def dynamic_texts(self, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[str]:
@@ -289,18 +290,26 @@ class FrameBuilder:
         close = find_close(self.codec, self.name, full, anchors, tool_close.ids[0], prompt_text=prompt)
         probe_ids = tuple(call_id(0, i) if has else None for i, has in enumerate(id_slots))
         locator = CloseLocator(tuple(anchors), close, probe_ids)
+        transformed = False
         for i, sentinel in enumerate(base_contents):
             if sentinel in full[: close.char_end]:
                 raise UnsupportedTemplateError(
                     self.name, "the template renders tool results before the assistant turn closes"
                 )
             if sentinel not in full[close.char_end :]:
-                raise UnsupportedTemplateError(self.name, f"tool result {i} of {k} is not rendered (dropped silently)")
+                # not there verbatim: visible only if changing it changes the render
+                other = list(base_contents)
+                other[i] = "Other tool result, with Different words 7"
+                text, _, _ = self._render(shapes, other, 0, id_slots, tools)
+                ce = locator.char_end(text, probe_ids)
+                if ce >= 0 and text[ce:] == full[close.char_end :]:
+                    raise UnsupportedTemplateError(
+                        self.name, f"tool result {i} of {k} is not rendered (dropped silently)"
+                    )
+                transformed = True
         suffix_text = full[close.char_end :]
         for i, shape in enumerate(shapes):
             if not shape.get("name") and PROBE_TOOL_NAME in suffix_text:
-                from .errors import MessageError
-
                 raise MessageError(
                     i,
                     f"tool message has no 'name', and template {self.name!r} writes the called function's "
@@ -311,7 +320,7 @@ class FrameBuilder:
 
         layouts: dict[str, Layout] = {}
         by_pattern: dict[str, Layout | None] = {}
-        for tname, fn in TRANSFORMS.items():
+        for tname, fn in ({} if transformed else TRANSFORMS).items():
             pattern = _PATTERN_OF[tname]
             if pattern not in by_pattern:
                 pats: list[tuple[str, Slot]] = [(fn(s), Slot(i, "content")) for i, s in enumerate(base_contents)]
@@ -331,8 +340,65 @@ class FrameBuilder:
         )
         if not frame.calls_visible:
             frame.notes.append("the template does not render the assistant's tool calls")
+        frame.history_dependence = self._history_dependence(frame, shapes, tools, full[close.char_end :])
         self._verify(frame, shapes, tools)
         return frame
+
+    def _history_dependence(self, frame: Frame, shapes, tools, suffix_text: str) -> str | None:
+        """Re-render the dummy turn after other histories; the suffix text must not change."""
+        cids = [call_id(0, i) if has else None for i, has in enumerate(frame.id_slots)]
+        _, assistant, tool_msgs = dummy_tool_turn(shapes, [content_sentinel(i) for i in range(frame.k)], cids)
+        prior_call = {"type": "function", "function": {"name": shapes[0].get("name") or PROBE_TOOL_NAME,
+                                                       "arguments": {"tmpl_probe": "TmPlPrIoRaRg"}}}
+        prior_result = {k: v for k, v in shapes[0].items() if k not in ("content", "tool_call_id")}
+        prior_result["content"] = "TmPlPrIoRrEsUlT"
+        if frame.id_slots[0]:
+            prior_call["id"] = prior_result["tool_call_id"] = call_id(999, 0)
+        user = {"role": "user", "content": USER_SENTINEL}
+        alternatives = {
+            "a system message": [{"role": "system", "content": "TmPlSyStEmPrOmPt"}, user],
+            "an earlier assistant reply": [
+                {"role": "user", "content": "TmPlEaRlIeRqUeStIoN"},
+                {"role": "assistant", "content": "TmPlEaRlIeRrEpLy"},
+                user,
+            ],
+            "an earlier tool round": [
+                user, {"role": "assistant", "content": "", "tool_calls": [prior_call]}, prior_result,
+            ],
+            "a system message and an earlier tool round": [
+                {"role": "system", "content": "TmPlSyStEmPrOmPt"},
+                user, {"role": "assistant", "content": "", "tool_calls": [prior_call]}, prior_result,
+            ],
+        }
+        anchors = [arg_sentinel(i) for i in range(frame.k)]
+        for label, history in alternatives.items():
+            try:
+                text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
+                prompt = None if frame.calls_visible else self.renderer.text(
+                    history, tools=tools, add_generation_prompt=True
+                )
+            except TemplateRenderError:
+                continue  # the template refuses that history: nothing to compare
+            try:
+                close = find_close(self.codec, self.name, text, anchors, frame.close.ids[0], prompt_text=prompt)
+            except UnsupportedTemplateError:
+                return f"after {label} the turn close is not found the same way"
+            if text[close.char_end :] != suffix_text:
+                return f"the tool results render differently after {label}"
+        return None
+
+    def per_call_with_history(
+        self, frame: Frame, history: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]], tools
+    ) -> list[int]:
+        """Suffix IDs by one render that includes the real history (for history-dependent templates)."""
+        cids = [m.get("tool_call_id") if has else None for m, has in zip(messages, frame.id_slots)]
+        _, assistant, tool_msgs = dummy_tool_turn(messages, [m.get("content") for m in messages], cids)
+        history = list(history)
+        text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
+        prompt = None if frame.calls_visible else self.renderer.text(history, tools=tools, add_generation_prompt=True)
+        anchors = [arg_sentinel(i) for i in range(frame.k)]
+        close = find_close(self.codec, self.name, text, anchors, frame.close.ids[0], after="", prompt_text=prompt)
+        return self.codec.encode(close.text + text[close.char_end :])[len(close.ids) :]
 
     def _verify(self, frame: Frame, shapes, tools) -> None:
         """Choose, per content class, the first transform whose fills equal full renders."""

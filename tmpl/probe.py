@@ -126,6 +126,8 @@ def find_close(codec: Codec, name: str, full_text: str, anchors: Sequence[str], 
     a_full = anchor_end(full_text, after, anchors)
     if a_full < 0:
         raise UnsupportedTemplateError(name, "the user message of the probe conversation is not rendered")
+    if a_full == len(after) and after == "" and not prompt_text:
+        raise UnsupportedTemplateError(name, "cannot locate the assistant turn: its calls are not rendered")
     start = a_full
     if prompt_text and full_text.startswith(prompt_text):
         start = max(a_full, len(prompt_text))

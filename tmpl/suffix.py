@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .codec import Codec
-from .errors import UnsupportedTemplateError
+from .errors import HistoryRequiredError, UnsupportedTemplateError
 from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, content_class
 from .probe import TurnInfo, probe_turns
 from .render import Renderer
@@ -148,28 +148,53 @@ class SuffixEngine:
             fns.append(TRANSFORMS[tname])
         return frame.layouts[layout_name], fns
 
-    def suffix(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> list[int]:
+    def suffix(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Any] | None,
+        history: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         frame = self.frame(messages, tools)
+        schemas = _schemas(tools) if tools is not None else None
+        if frame.history_dependence:
+            return self._with_history(frame, messages, schemas, history)
         plan = self.plan(frame, messages)
         if plan is None:
             self.per_call_count += 1
-            return self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
+            return self.builder.per_call(frame, messages, schemas)
         layout, fns = plan
         return frame.fill(self.codec, layout, messages, fns)
 
+    def _with_history(self, frame: Frame, messages, schemas, history) -> list[int]:
+        if history is None:
+            raise HistoryRequiredError(
+                self.renderer.name,
+                f"the suffix depends on earlier messages ({frame.history_dependence}); pass history= "
+                "(the conversation before this assistant turn) to get it exactly",
+            )
+        self.per_call_count += 1
+        return self.builder.per_call_with_history(frame, history, messages, schemas)
+
     def suffix_batch(
-        self, batch: Sequence[Sequence[Mapping[str, Any]]], tools: Sequence[Any] | None
+        self,
+        batch: Sequence[Sequence[Mapping[str, Any]]],
+        tools: Sequence[Any] | None,
+        histories: Sequence[Sequence[Mapping[str, Any]] | None] | None = None,
     ) -> list[list[int]]:
         """Suffixes of many samples with one call into the tokenizer for all dynamic runs."""
         out: list[list[int] | None] = [None] * len(batch)
         pending = []  # (sample index, frame, layout, number of texts)
         texts: list[str] = []
+        schemas = _schemas(tools) if tools is not None else None
         for b, messages in enumerate(batch):
             frame = self.frame(messages, tools)
+            if frame.history_dependence:
+                out[b] = self._with_history(frame, messages, schemas, histories[b] if histories else None)
+                continue
             plan = self.plan(frame, messages)
             if plan is None:
                 self.per_call_count += 1
-                out[b] = self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
+                out[b] = self.builder.per_call(frame, messages, schemas)
                 continue
             layout, fns = plan
             run_texts = frame.dynamic_texts(layout, messages, fns)
