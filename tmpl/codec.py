@@ -70,8 +70,20 @@ class Codec:
         return self._encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token IDs of several texts in one call into the backend."""
+        """Token IDs of several texts in one call into the backend (parallel in Rust)."""
         return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
+
+    #: Below this many characters in all, texts are encoded one by one: the backend's
+    #: parallel batch costs more than it saves on small inputs (measured: 3 x 10 chars,
+    #: 36 us batched vs 22 us one by one).
+    BATCH_MIN_CHARS = 50_000
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Token IDs of several texts, batched only when the batch is large."""
+        if len(texts) > 1 and sum(map(len, texts)) >= self.BATCH_MIN_CHARS:
+            return self.encode_batch(texts)
+        encode = self._encode
+        return [encode(t, add_special_tokens=False).ids for t in texts]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token IDs of ``text`` and each token's (start, end) character offsets."""

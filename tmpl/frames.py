@@ -85,15 +85,38 @@ class Slot:
 
 @dataclass
 class DynamicRun:
-    """Text between two atoms that holds slots; encoded per call together with its left anchor."""
+    """Text between two atoms that holds slots; encoded per call together with its left anchor.
+
+    ``head`` is the anchor text plus the literal text before the first slot; ``rest``
+    alternates slots and literal text. A run with one slot (the common case) is built
+    by three string concatenations.
+    """
 
     anchor: str  # text of the atom on the left (encoded with the run, its IDs then dropped)
     anchor_len: int  # number of IDs the anchor encodes to
     pieces: tuple[str | Slot, ...]
 
+    def __post_init__(self) -> None:
+        pieces = list(self.pieces)
+        head = self.anchor
+        while pieces and type(pieces[0]) is str:
+            head += pieces.pop(0)
+        self.head = head
+        self.rest = tuple(pieces)
+        self.single = (
+            (pieces[0], "".join(p for p in pieces[1:]))
+            if pieces and all(type(p) is str for p in pieces[1:])
+            else None
+        )
+
     def text(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
-        parts = [self.anchor]
-        for piece in self.pieces:
+        if self.single is not None:
+            slot, tail = self.single
+            if slot.field == "content":
+                return self.head + fns[slot.message](messages[slot.message]["content"]) + tail
+            return self.head + messages[slot.message]["tool_call_id"] + tail
+        parts = [self.head]
+        for piece in self.rest:
             if type(piece) is str:
                 parts.append(piece)
             elif piece.field == "content":
@@ -103,14 +126,45 @@ class DynamicRun:
         return "".join(parts)
 
 
-Layout = list  # list[list[int] | DynamicRun]
+class Layout:
+    """A suffix as static ID segments around dynamic runs: ``seg0 run0 seg1 run1 ... segN``.
+
+    ``chunks`` keeps the atom-by-atom cut for inspection; ``segments`` merges the static
+    chunks between runs, so filling is one join of ``2 * runs + 1`` lists.
+    """
+
+    __slots__ = ("chunks", "segments", "runs")
+
+    def __init__(self, chunks: list[list[int] | DynamicRun]) -> None:
+        self.chunks = chunks
+        segments: list[list[int]] = [[]]
+        runs: list[DynamicRun] = []
+        for chunk in chunks:
+            if type(chunk) is DynamicRun:
+                runs.append(chunk)
+                segments.append([])
+            else:
+                segments[-1].extend(chunk)
+        self.segments = segments
+        self.runs = tuple(runs)
+
+    def texts(self, messages: Sequence[Mapping[str, Any]], fns) -> list[str]:
+        return [run.text(messages, fns) for run in self.runs]
+
+    def assemble(self, encoded: Sequence[list[int]]) -> list[int]:
+        segments = self.segments
+        parts = [segments[0]]
+        for j, run in enumerate(self.runs):
+            parts.append(encoded[j][run.anchor_len :])
+            parts.append(segments[j + 1])
+        return _core.ids.join_ids(parts)
 
 
 @dataclass
 class Frame:
     """The cached suffix of one tool-turn shape.
 
-    ``layouts`` maps a transform name to the chunk list for it; ``transforms`` maps each
+    ``layouts`` maps a transform name to the layout for it; ``transforms`` maps each
     verified content class to the transform that reproduces the template for it.
     """
 
@@ -125,25 +179,8 @@ class Frame:
     history_dependence: str | None = None  # why the suffix depends on earlier messages, if it does
     notes: list[str] = field(default_factory=list)
 
-    def dynamic_texts(self, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[str]:
-        return [c.text(messages, fns) for c in layout if type(c) is DynamicRun]
-
-    @staticmethod
-    def assemble(layout: Layout, encoded: Sequence[list[int]]) -> list[int]:
-        parts: list[list[int]] = []
-        j = 0
-        for chunk in layout:
-            if type(chunk) is DynamicRun:
-                parts.append(encoded[j][chunk.anchor_len :])
-                j += 1
-            else:
-                parts.append(chunk)
-        return _core.ids.join_ids(parts)
-
     def fill(self, codec: Codec, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[int]:
-        texts = self.dynamic_texts(layout, messages, fns)
-        encoded = codec.encode_batch(texts) if len(texts) > 1 else [codec.encode(t) for t in texts]
-        return self.assemble(layout, encoded)
+        return layout.assemble(codec.encode_many(layout.texts(messages, fns)))
 
 
 def _find_all(text: str, needle: str, start: int) -> list[int]:
@@ -188,7 +225,7 @@ def _layout(
         left_t, first, c_start = t, t + 1, offsets[t][1]
     runs.append((left_t, first, n, c_start, len(text)))
 
-    chunks: Layout = []
+    chunks: list[list[int] | DynamicRun] = []
     placed = 0
     for left_t, first, end_t, c_start, c_end in runs:
         if left_t >= close.token_end:
@@ -211,7 +248,7 @@ def _layout(
             pieces.append(run_text[pos:])
         anchor_len = len(codec.encode(anchor)) if anchor else 0
         chunks.append(DynamicRun(anchor=anchor, anchor_len=anchor_len, pieces=tuple(pieces)))
-    return chunks if placed == len(slots) else None
+    return Layout(chunks) if placed == len(slots) else None
 
 
 # Transforms sharing the same sentinel pattern share one layout.

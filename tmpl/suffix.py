@@ -21,22 +21,28 @@ from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, content_class
 from .probe import TurnInfo, probe_turns
 from .render import Renderer
 
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _shape_item(key: str, value: Any) -> tuple:
-    if key == "content":
-        return ("content", type(value) is str)
-    if key == "tool_call_id":
-        return ("tool_call_id", value is not None)
-    if isinstance(value, _SCALARS):
-        return (key, value)
-    return (key, json.dumps(value, sort_keys=True, default=str))
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def shape_key(messages: Sequence[Mapping[str, Any]]) -> tuple:
-    """Hashable description of tool messages with their contents and call ids left out."""
-    return tuple(tuple(_shape_item(k, v) for k, v in m.items()) for m in messages)
+    """Hashable description of tool messages with their contents and call ids left out.
+
+    Runs on every call (the frame lookup key), so it is written flat.
+    """
+    out = []
+    for m in messages:
+        items = []
+        for k, v in m.items():
+            if k == "content":
+                items.append((k, type(v) is str))
+            elif k == "tool_call_id":
+                items.append((k, v is not None))
+            elif type(v) in _SCALAR_TYPES:
+                items.append((k, v))
+            else:
+                items.append((k, json.dumps(v, sort_keys=True, default=str)))
+        out.append(tuple(items))
+    return tuple(out)
 
 
 class FrameCache:
@@ -197,14 +203,14 @@ class SuffixEngine:
                 out[b] = self.builder.per_call(frame, messages, schemas)
                 continue
             layout, fns = plan
-            run_texts = frame.dynamic_texts(layout, messages, fns)
+            run_texts = layout.texts(messages, fns)
             pending.append((b, layout, len(run_texts)))
             texts.extend(run_texts)
         if texts:
-            encoded = self.codec.encode_batch(texts)
+            encoded = self.codec.encode_many(texts)
             pos = 0
             for b, layout, n in pending:
-                out[b] = Frame.assemble(layout, encoded[pos : pos + n])
+                out[b] = layout.assemble(encoded[pos : pos + n])
                 pos += n
         return out  # type: ignore[return-value]
 

@@ -1,0 +1,166 @@
+"""Per-call cost of the tool suffix: tmpl vs TRL's method vs renderers vs the tokenizer floor.
+
+    python benchmarks/suffix.py [--data ../shared/tokenizers] [--calls 3000]
+
+Every figure is measured in this run, on this machine, and printed with its ratio:
+- tmpl (compiled core) and tmpl (pure twin): ``ChatTemplate.suffix_ids`` with a warm cache;
+- TRL: ``GRPOTrainer._get_tool_suffix_ids`` (two ``apply_chat_template`` renders per call),
+  called on a minimal stand-in trainer (needs ``trl``);
+- renderers: ``bridge_to_next_turn`` of its hand-written Qwen3 renderer (needs ``renderers``);
+- floor: a raw ``tokenizers`` encode of the tool contents alone, the only part of a suffix
+  that is new on each call.
+Each figure is the best of 5 repeats of ``--calls`` calls (microseconds per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import tmpl  # noqa: E402
+from tmpl import _core  # noqa: E402
+from tmpl.suffix import clear_caches  # noqa: E402
+
+SHORT = '{"city": "Paris", "temperature_c": 21.5, "conditions": "partly cloudy", "humidity": 0.41, "wind_kph": 12}'
+SIZES = {"tiny (10 chars)": "21.5 C sun", "short (103 chars)": SHORT, "long (2,000 chars)": (SHORT + "\n") * 19}
+
+
+def per_call_us(fn, calls: int, repeats: int = 5) -> float:
+    """Best-of-``repeats`` microseconds per call; NaN (with the reason printed) when ``fn`` raises."""
+    try:
+        fn()
+    except Exception as exc:  # e.g. TRL's method on stock Qwen3
+        print(f"    ({getattr(fn, 'label', 'baseline')} fails: {type(exc).__name__}: {str(exc)[:90]})")
+        return float("nan")
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def _same(fn, msgs, expected: list[int]) -> str:
+    """Whether a baseline returns the suffix tmpl returns (tmpl's is checked against full renders
+    by the test suite)."""
+    if fn is None:
+        return "-"
+    try:
+        got = fn(msgs)
+    except Exception:
+        return "fails"
+    return "= tmpl" if list(got) == expected else f"differs ({len(got)} vs {len(expected)} ids)"
+
+
+def _labelled(fn, label: str):
+    fn.label = label
+    return fn
+
+
+def tool_messages(contents: list[str]) -> list[dict]:
+    names = ["get_weather", "get_time", "search_web"]
+    return [
+        {"role": "tool", "tool_call_id": f"call{i}xyz9"[:9], "name": names[i % 3], "content": c}
+        for i, c in enumerate(contents)
+    ]
+
+
+def trl_method(tokenizer):
+    """TRL's own suffix function, bound to a stand-in with just the attributes it reads."""
+    try:
+        from trl import GRPOTrainer
+    except ImportError:
+        return None
+    standin = SimpleNamespace(
+        processing_class=tokenizer, _tokenizer=tokenizer, chat_template=None, chat_template_kwargs={}, _is_vlm=False
+    )
+    return lambda msgs: GRPOTrainer._get_tool_suffix_ids(standin, msgs)
+
+
+def renderers_method(tokenizer, family: str):
+    if family != "qwen3":
+        return None
+    try:
+        from renderers import Qwen3RendererConfig, create_renderer
+    except ImportError:
+        return None
+    renderer = create_renderer(tokenizer, Qwen3RendererConfig())
+    prompt = renderer.render_ids([{"role": "user", "content": "Weather in Paris?"}], add_generation_prompt=True)
+    completion = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+        add_special_tokens=False,
+    )
+    return lambda msgs: renderer.bridge_to_next_turn(prompt, completion, [{"role": "tool", "content": m["content"]} for m in msgs])
+
+
+def bench_family(data: Path, family: str, calls: int) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(data / family))
+    tpl = tmpl.ChatTemplate(tok, name=family)
+    stop = [next(iter(tpl.stop_token_ids))]
+    backend = tok.backend_tokenizer
+    trl_fn = trl_method(tok)
+    rend_fn = renderers_method(tok, family)
+    print(f"\n## {family}  (compiled core: {tmpl.NATIVE})")
+    header = (
+        f"{'tool results':32s} {'floor':>8s} {'tmpl':>8s} {'pure':>8s} {'TRL':>9s} {'renderers':>10s}   "
+        "tmpl/floor  TRL/tmpl  renderers/tmpl  TRL output"
+    )
+    print(header)
+    rows = {}
+    for k in (1, 3):
+        for label, content in SIZES.items():
+            msgs = tool_messages([content] * k)
+            contents = [m["content"] for m in msgs]
+            n = max(calls * 100 // max(len(content) * k, 100), 20)
+            floor = per_call_us(lambda: [backend.encode(c, add_special_tokens=False).ids for c in contents], n)
+            t_native = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
+            saved = _core.ids
+            _core.ids = _core.load("pure")["ids"]
+            try:
+                t_pure = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
+            finally:
+                _core.ids = saved
+            slow = max(n // 20, 20)
+            t_trl = per_call_us(_labelled(lambda: trl_fn(msgs), "TRL"), slow) if trl_fn else float("nan")
+            t_rend = per_call_us(_labelled(lambda: rend_fn(msgs), "renderers"), slow) if rend_fn else float("nan")
+            rows[(k, label)] = (floor, t_native, t_trl)
+            print(
+                f"{k} x {label:26s} {floor:8.1f} {t_native:8.1f} {t_pure:8.1f} {t_trl:9.1f} {t_rend:10.1f}   "
+                f"{t_native / floor:9.2f}x {t_trl / t_native:8.1f}x {t_rend / t_native:14.1f}x  "
+                f"{_same(trl_fn, msgs, tpl.suffix_ids(msgs, completion_ids=stop))}"
+            )
+    floor, t_native, t_trl = rows[(1, "short (103 chars)")]
+    print(
+        f"targets, 1 short result: tmpl/floor {t_native / floor:.2f}x (target <= 1.5x); "
+        f"TRL/tmpl {t_trl / t_native:.1f}x (target >= 15x; TRL/floor itself is {t_trl / floor:.1f}x here)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers"))
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--families", nargs="*", default=["qwen2.5-instruct", "qwen3", "gemma-4-it"])
+    args = parser.parse_args()
+    data = Path(args.data)
+    if not data.is_dir():
+        sys.exit(f"tokenizer data not found at {data}; pass --data or set TMPL_TEST_DATA")
+    print("Per-call suffix time, microseconds (best of 5); ratios from the same run.")
+    print("floor = raw `tokenizers` encode of the tool contents alone.")
+    for family in args.families:
+        clear_caches()
+        bench_family(data, family, args.calls)
+
+
+if __name__ == "__main__":
+    main()
