@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from .codec import Codec
@@ -27,6 +27,11 @@ from .render import Renderer
 from .suffix import SuffixEngine
 
 Message = Mapping[str, Any]
+
+if TYPE_CHECKING:
+    from .report import TemplateReport
+
+_REPORTS: dict[str, TemplateReport] = {}
 
 
 def codec_for(tokenizer: Any) -> Codec:
@@ -113,12 +118,19 @@ class ChatTemplate:
 
     @classmethod
     def from_pretrained(
-        cls, path_or_id: str | os.PathLike, chat_template: str | os.PathLike | None = None, **template_kwargs: Any
+        cls,
+        path_or_id: str | os.PathLike,
+        chat_template: str | os.PathLike | None = None,
+        *,
+        training_safe: bool = False,
+        **template_kwargs: Any,
     ) -> ChatTemplate:
         """Load a tokenizer (a local folder, or a hub id where the hub is reachable) and wrap it.
 
         Stop tokens listed in the folder's ``generation_config.json`` (``eos_token_id``) are added
-        to :attr:`stop_token_ids`.
+        to :attr:`stop_token_ids`. With ``training_safe=True``, when the template's report says
+        ``SAFE WITH tmpl TEMPLATE X`` for tool loops, the training-safe template X that tmpl ships
+        is used instead (it renders the last turn exactly as the original does).
         """
         from transformers import AutoTokenizer
 
@@ -126,7 +138,27 @@ class ChatTemplate:
         extra = list(template_kwargs.pop("extra_stop_token_ids", ()))
         extra += _generation_config_eos(path_or_id)
         name = template_kwargs.pop("name", None) or (None if chat_template else Path(str(path_or_id)).name)
-        return cls(tokenizer, chat_template, name=name, extra_stop_token_ids=extra, **template_kwargs)
+        tpl = cls(tokenizer, chat_template, name=name, extra_stop_token_ids=extra, **template_kwargs)
+        if training_safe:
+            verdict = tpl.report().verdicts["tool_loop"]
+            if verdict.template is not None:
+                from . import templates
+
+                return cls(tokenizer, templates.load(verdict.template), name=verdict.template,
+                           extra_stop_token_ids=extra, **template_kwargs)
+        return tpl
+
+    def report(self) -> TemplateReport:
+        """Probe this template and judge it for token-in/token-out training (cached per fingerprint).
+
+        >>> print(tpl.report().to_markdown())  # doctest: +SKIP
+        """
+        cached = _REPORTS.get(self.fingerprint)
+        if cached is None:
+            from .report import build_report
+
+            cached = _REPORTS[self.fingerprint] = build_report(self)
+        return cached
 
     # -- rendering --------------------------------------------------------------------
     def render(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, **kwargs: Any) -> str:

@@ -234,6 +234,16 @@ def locate_close(
             )
         raise UnsupportedTemplateError(name, "cannot find where the assistant turn closes in the full render")
     char_end = offsets[close_t][1]
+    if ids[close_t] not in codec.special_ids and common_text:
+        # an ordinary added token followed by more closing text: the turn really closes with text
+        after_close = full_text[char_end : region_start + len(common_text)]
+        if after_close.strip():
+            raise SpliceError(
+                name,
+                f"after the assistant turn ({common_text.strip()[-32:]!r})",
+                "the turn closes with text that is not a single token of this tokenizer, so no stop token "
+                "can end the turn and IDs cannot be spliced there",
+            )
     return Close(
         ids=(ids[close_t],),
         text=codec.token_text(ids[close_t]),

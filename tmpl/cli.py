@@ -1,0 +1,72 @@
+"""Command line: ``tmpl check`` (one template) and ``tmpl matrix`` (many).
+
+    tmpl check MODEL_OR_DIR [--template FILE] [--json]
+    tmpl matrix [SOURCE ...] [--format md|html|json] [-o FILE] [--tokenizer DIR]
+
+With no SOURCE, ``tmpl matrix`` reports on the training-safe templates tmpl ships, offline.
+Exit status: 0 on success, 2 on usage or input errors (with a one-line message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import TmplError
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .chat_template import ChatTemplate
+
+    tpl = ChatTemplate.from_pretrained(args.model, chat_template=args.template)
+    report = tpl.report()
+    print(report.to_json(indent=1) if args.json else report.to_markdown(), end="" if not args.json else "\n")
+    return 0
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    from . import matrix
+
+    sources = matrix.sources_from_paths(args.sources, tokenizer=args.tokenizer)
+    rows = matrix.run_matrix(sources, progress=None if not args.quiet else False)
+    render = {"md": matrix.to_markdown, "html": matrix.to_html, "json": matrix.to_json}[args.format]
+    text = render(rows)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output} ({len(rows)} templates)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tmpl", description="Chat-template checks for token-in/token-out RL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="report on one tokenizer and its chat template")
+    check.add_argument("model", help="a local model/tokenizer folder or a hub id")
+    check.add_argument("--template", help="a .jinja file to use instead of the tokenizer's template")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(run=_check)
+    mat = sub.add_parser("matrix", help="report on many templates")
+    mat.add_argument("sources", nargs="*", help="catalog .json, model folders, .jinja files or folders of them "
+                                                "(none: the templates tmpl ships)")
+    mat.add_argument("--format", choices=("md", "html", "json"), default="md")
+    mat.add_argument("-o", "--output", help="write to this file instead of stdout")
+    mat.add_argument("--tokenizer", help="tokenizer folder to render bare .jinja files with")
+    mat.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    mat.set_defaults(run=_matrix)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (TmplError, OSError) as exc:
+        print(f"tmpl {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

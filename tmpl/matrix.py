@@ -1,0 +1,282 @@
+"""The compatibility matrix: a :class:`~tmpl.report.TemplateReport` for many templates.
+
+Sources:
+- nothing: the training-safe templates tmpl ships, each with an offline synthetic tokenizer
+  built from its metadata (no download, no network);
+- a ``catalog.json``: entries ``{"template": path, "host_tokenizer": folder}`` relative to the
+  catalog's parent folder (the format of ``../shared/tokenizers/templates/catalog.json``);
+- a model folder (tokenizer files with a chat template);
+- a ``*.jinja`` file or a folder of them, rendered with ``--tokenizer``.
+
+>>> rows = run_matrix(sources_from_paths(["catalog.json"]))  # doctest: +SKIP
+>>> print(to_markdown(rows))                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import TmplError
+from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport
+
+
+@dataclass
+class Source:
+    """One template to report on: where its text and its tokenizer come from."""
+
+    name: str
+    load: Callable[[], Any]  # returns a ChatTemplate
+    origin: str  # shown in the table (a relative path or "shipped")
+
+
+@dataclass
+class Row:
+    name: str
+    origin: str
+    report: TemplateReport | None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "origin": self.origin, "error": self.error,
+                "report": self.report.to_dict() if self.report else None}
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(folder: str | Path):
+    key = str(Path(folder).resolve())
+    if key not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+    return _TOKENIZERS[key]
+
+
+def _template(tokenizer_dir, template_path: Path | None, name: str):
+    from .chat_template import ChatTemplate
+
+    tok = _tokenizer(tokenizer_dir)
+    if template_path is None:
+        return ChatTemplate(tok, name=name)
+    return ChatTemplate(tok, template_path.read_text(encoding="utf-8"), name=name)
+
+
+def shipped_sources() -> list[Source]:
+    """The training-safe templates in the package, with offline synthetic tokenizers."""
+    from . import templates
+    from .chat_template import ChatTemplate
+
+    def loader(name: str):
+        return lambda: ChatTemplate(templates.synthetic_tokenizer(name), templates.load(name), name=name)
+
+    return [Source(info.name, loader(info.name), "shipped") for info in templates.available()]
+
+
+def catalog_sources(path: Path) -> list[Source]:
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    root = path.parent.parent if path.parent.name == "templates" else path.parent
+    out = []
+    for entry in entries:
+        template = root / entry["template"]
+        host = root / entry["host_tokenizer"]
+        origin = str(Path(entry["template"]).relative_to("templates")) if entry["template"].startswith("templates/") \
+            else entry["template"]
+
+        def load(template=template, host=host, name=template.name):
+            if not host.is_dir():
+                raise TmplError(f"host tokenizer folder {host.name!r} not found next to the catalog")
+            return _template(host, template, name)
+
+        out.append(Source(template.name, load, f"{origin} @ {entry['host_tokenizer']}"))
+    return out
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file()
+
+
+def sources_from_paths(paths: Sequence[str | Path], tokenizer: str | None = None) -> list[Source]:
+    """Turn command-line paths into sources (see the module docstring)."""
+    if not paths:
+        return shipped_sources()
+    out: list[Source] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file() and path.suffix == ".json":
+            out += catalog_sources(path)
+        elif path.is_dir() and _is_model_dir(path):
+            out.append(Source(path.name, lambda p=path: _template(p, None, p.name), path.name))
+        elif path.is_dir() or path.suffix == ".jinja":
+            files = sorted(path.glob("*.jinja")) if path.is_dir() else [path]
+            if tokenizer is None:
+                raise TmplError(f"{path}: .jinja templates need --tokenizer (a folder with the tokenizer to render with)")
+            for f in files:
+                out.append(Source(f.name, lambda f=f: _template(tokenizer, f, f.name), f.name))
+        else:
+            raise TmplError(f"{path}: not a catalog .json, a model folder, a .jinja file or a folder of them")
+    return out
+
+
+def run_matrix(sources: Iterable[Source], *, progress: bool | None = None) -> list[Row]:
+    """Report on every source; errors (a missing tokenizer, a broken template) become rows."""
+    sources = list(sources)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(sources), desc="templates", unit="tpl", file=sys.stderr)
+        except ImportError:  # pragma: no cover - tqdm comes with transformers
+            bar = None
+    rows = []
+    for source in sources:
+        try:
+            rows.append(Row(source.name, source.origin, source.load().report()))
+        except (TmplError, OSError, ValueError) as exc:
+            rows.append(Row(source.name, source.origin, None, f"{type(exc).__name__}: {exc}"))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(source.name[:30])
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+COLUMNS = ("template", "source", "tool loop", "several user turns", "turn close", "calls", "parser", "suffix path")
+
+
+def _cells(row: Row) -> list[str]:
+    r = row.report
+    if r is None:
+        return [row.name, row.origin, f"SKIPPED ({row.error})", "", "", "", "", ""]
+    fast = "fast (" + ", ".join(sorted(set(r.fast_path.values()))) + ")" if r.fast_path else "render per call"
+    if r.history_dependence:
+        fast = "render per call (history-dependent)"
+    if not r.tool_renders:
+        fast = "-"
+    return [
+        row.name,
+        row.origin,
+        r.verdicts["tool_loop"].label,
+        r.verdicts["multi_user"].label,
+        r.tool_close or r.plain_close or "-",
+        str(r.max_parallel_calls),
+        r.parser or "-",
+        fast,
+    ]
+
+
+def _summary(rows: Sequence[Row]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        level = row.report.verdicts["tool_loop"].level if row.report else "SKIPPED"
+        counts[level] = counts.get(level, 0) + 1
+    order = [SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, "SKIPPED"]
+    return ", ".join(f"{counts[k]} {k}" for k in order if k in counts)
+
+
+def to_markdown(rows: Sequence[Row], title: str = "Compatibility matrix") -> str:
+    """A reproducible markdown table (no timings, no dates)."""
+
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        f"# {title}",
+        "",
+        "Generated by `tmpl matrix`. Verdicts are for token-in/token-out training:",
+        "*tool loop* = rounds of tool calls within a user turn; *several user turns* = the",
+        "conversation goes on with new user messages. See docs/concepts.md for what is checked.",
+        "",
+        f"Tool loop: {_summary(rows)}.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for row in rows:
+        cells = _cells(row)
+        cells[4] = f"`{cells[4]}`" if cells[4] not in ("", "-") else cells[4]
+        lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rows: Sequence[Row]) -> str:
+    return json.dumps([r.to_dict() for r in rows], ensure_ascii=False, indent=1)
+
+
+_CLASS = {SAFE: "safe", SAFE_WITH: "safewith", UNSAFE: "unsafe", UNSUPPORTED: "unsupported"}
+
+
+def to_html(rows: Sequence[Row], title: str = "tmpl compatibility matrix") -> str:
+    """One self-contained HTML page with a sortable table (click a header to sort)."""
+    head = "".join(f'<th onclick="sortBy({i})">{html.escape(c)}<span></span></th>' for i, c in enumerate(COLUMNS))
+    body = []
+    for row in rows:
+        cells = _cells(row)
+        levels = [row.report.verdicts[u].level for u in ("tool_loop", "multi_user")] if row.report else ["", ""]
+        tds = []
+        for i, cell in enumerate(cells):
+            cls = _CLASS.get(levels[i - 2], "skipped") if i in (2, 3) else ""
+            if i == 2 and row.report is None:
+                cls = "skipped"
+            tds.append(f'<td class="{cls}">{html.escape(cell)}</td>')
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return _HTML.format(title=html.escape(title), summary=html.escape(_summary(rows)), head=head,
+                        body="\n".join(body), n=len(rows))
+
+
+_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1b1b; }}
+h1 {{ font-size: 20px; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border: 1px solid #d0d0d0; padding: 4px 8px; text-align: left; vertical-align: top; }}
+th {{ background: #f2f2f2; cursor: pointer; position: sticky; top: 0; user-select: none; }}
+th span::after {{ content: " \\2195"; color: #999; }}
+tr:nth-child(even) td {{ background: #fafafa; }}
+td.safe {{ background: #d9f2d9 !important; }}
+td.safewith {{ background: #e3ecfb !important; }}
+td.unsafe {{ background: #fde2c8 !important; }}
+td.unsupported {{ background: #f6d2d2 !important; }}
+td.skipped {{ color: #777; }}
+input {{ margin: 8px 0 12px; padding: 4px 8px; width: 320px; }}
+</style></head><body>
+<h1>{title}</h1>
+<p>{n} templates. Tool loop: {summary}. Click a column header to sort; type to filter.</p>
+<input id="filter" placeholder="filter rows..." oninput="filterRows(this.value)">
+<table id="matrix"><thead><tr>{head}</tr></thead><tbody>
+{body}
+</tbody></table>
+<script>
+var dir = {{}};
+function sortBy(col) {{
+  var tbody = document.querySelector('#matrix tbody');
+  var rows = Array.from(tbody.rows);
+  dir[col] = !dir[col];
+  rows.sort(function (a, b) {{
+    var x = a.cells[col].textContent, y = b.cells[col].textContent;
+    var nx = parseFloat(x), ny = parseFloat(y);
+    var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+    return dir[col] ? c : -c;
+  }});
+  rows.forEach(function (r) {{ tbody.appendChild(r); }});
+}}
+function filterRows(q) {{
+  q = q.toLowerCase();
+  Array.from(document.querySelectorAll('#matrix tbody tr')).forEach(function (r) {{
+    r.style.display = r.textContent.toLowerCase().indexOf(q) >= 0 ? '' : 'none';
+  }});
+}}
+</script>
+</body></html>
+"""

@@ -1,0 +1,352 @@
+"""``TemplateReport``: is a chat template safe for token-in/token-out multi-turn training?
+
+>>> report = tpl.report()                 # doctest: +SKIP
+>>> report.verdicts["tool_loop"].label    # doctest: +SKIP
+'SAFE'
+>>> print(report.to_markdown())           # doctest: +SKIP
+
+The report is computed by probing (see :mod:`tmpl.probe`, :mod:`tmpl.stability`) and cached
+with the template fingerprint. Verdicts, per use:
+
+- ``tool_loop``: rounds of tool calls within one user turn, token-in/token-out;
+- ``multi_user``: conversations that go on with new user turns.
+
+Each is ``SAFE``, ``SAFE WITH tmpl TEMPLATE <name>`` (a template tmpl ships renders the same
+last turn and is safe), ``UNSAFE (reason)`` or ``UNSUPPORTED (reason)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import SpliceError, TmplError, UnsupportedTemplateError
+from .probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
+from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
+
+SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
+USES = ("tool_loop", "multi_user")
+
+
+@dataclass
+class Verdict:
+    """One use's verdict. ``label`` reads like ``UNSAFE (thinking stripped from earlier turns)``."""
+
+    level: str
+    reason: str = ""
+    template: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.level == SAFE_WITH:
+            return f"{SAFE_WITH} {self.template}"
+        return f"{self.level} ({self.reason})" if self.reason and self.level != SAFE else self.level
+
+
+@dataclass
+class TemplateReport:
+    """Everything tmpl found out about one template with one tokenizer."""
+
+    name: str
+    fingerprint: str
+    tokenizer: str
+    plain_renders: bool
+    plain_error: str | None
+    tool_renders: bool
+    tool_error: str | None
+    calls_visible: bool | None
+    results_visible: bool | None
+    max_parallel_calls: int
+    parser: str | None
+    plain_close: str | None
+    tool_close: str | None
+    close_is_eos: bool | None
+    after_close: str | None
+    generation_prompt: str | None
+    generation_prompt_ids: list[int]
+    stop_tokens: list[str]
+    stability: dict[str, Check]
+    date_injected: bool
+    reasoning_rendered: bool
+    fast_path: dict[str, str]
+    per_call_classes: list[str]
+    history_dependence: str | None
+    splice_safe: bool
+    splice_detail: str | None
+    assistant_mask: bool
+    verdicts: dict[str, Verdict]
+    notes: list[str] = field(default_factory=list)
+    probe_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (checks and verdicts included)."""
+        out = asdict(self)
+        out["stability"] = {k: v.to_dict() for k, v in self.stability.items()}
+        out["verdicts"] = {k: {**asdict(v), "label": v.label} for k, v in self.verdicts.items()}
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+    def to_markdown(self) -> str:
+        """A human-readable report (no timings or dates, so it is reproducible)."""
+
+        def yn(v: bool | None) -> str:
+            return "n/a" if v is None else ("yes" if v else "no")
+
+        lines = [
+            f"# `{self.name}`",
+            "",
+            f"- tokenizer: `{self.tokenizer}`; fingerprint `{self.fingerprint[:16]}`",
+            f"- **tool loop (token-in/token-out): {self.verdicts['tool_loop'].label}**",
+            f"- **several user turns: {self.verdicts['multi_user'].label}**",
+            "",
+            "## Tool support",
+            f"- plain conversation renders: {yn(self.plain_renders)}" + (f" ({self.plain_error})" if self.plain_error else ""),
+            f"- tool conversation renders: {yn(self.tool_renders)}" + (f" ({self.tool_error})" if self.tool_error else ""),
+            f"- tool calls visible: {yn(self.calls_visible)}; tool results visible: {yn(self.results_visible)}",
+            f"- parallel calls rendered: up to {self.max_parallel_calls}",
+            f"- tool-call parser: {self.parser or 'none detected'}",
+            "",
+            "## Turn close",
+            f"- plain turn closes with `{self.plain_close}`; tool-call turn with `{self.tool_close}`"
+            f" (EOS: {yn(self.close_is_eos)})",
+            f"- text after the close (start of the suffix): `{json.dumps(self.after_close)}`",
+            f"- generation prompt: `{json.dumps(self.generation_prompt)}`",
+            f"- stop tokens: {', '.join(f'`{t}`' for t in self.stop_tokens) or 'none'}",
+            "",
+            "## Prefix stability",
+        ]
+        for name, check in self.stability.items():
+            lines.append(f"- {name}: {'stable' if check.ok else 'NOT stable: ' + check.reason} ({check.cases} cases)")
+        lines += [
+            f"- date injected (`strftime_now`): {yn(self.date_injected)}",
+            f"- reasoning of the assistant rendered: {yn(self.reasoning_rendered)}",
+            "",
+            "## Suffix",
+            "- fast path (no render per call): "
+            + (", ".join(f"{k} contents via {v}" for k, v in self.fast_path.items()) or "none"),
+            f"- per-call render for: {', '.join(self.per_call_classes) or 'nothing'}",
+            f"- depends on earlier messages: {self.history_dependence or 'no'}",
+            f"- splice-safe: {yn(self.splice_safe)}" + (f" ({self.splice_detail})" if self.splice_detail else ""),
+            f"- assistant mask (`{{% generation %}}`): {yn(self.assistant_mask)}",
+        ]
+        if self.notes:
+            lines += ["", "## Notes"] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def _tool_shapes(k: int) -> list[dict[str, Any]]:
+    names = [t["function"]["name"] for t in PROBE_TOOLSET]
+    return [{"role": "tool", "name": names[i % len(names)], "tool_call_id": call_id(0, i)} for i in range(k)]
+
+
+def _parallel_calls(tpl, max_k: int = 3) -> int:
+    """How many calls of one assistant turn the template renders, with all their results."""
+    best = 0
+    for k in range(1, max_k + 1):
+        shapes = _tool_shapes(k)
+        history, assistant, results = dummy_tool_turn(
+            shapes, [content_sentinel(i) for i in range(k)], [call_id(0, i) for i in range(k)]
+        )
+        try:
+            text = tpl.renderer.text(history + [assistant] + results, tools=PROBE_TOOLSET, add_generation_prompt=True)
+        except TmplError:
+            break
+        visible = count_anchors(text, USER_SENTINEL, [arg_sentinel(i) for i in range(k)])
+        if visible not in (0, k) or not all(content_sentinel(i) in text for i in range(k)):
+            break
+        best = k
+    return best
+
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def _assistant_mask(tpl) -> bool:
+    """Whether ``return_assistant_tokens_mask`` works: the template marks generated text."""
+    if not _GENERATION_TAG.search(tpl.template):
+        return False
+    try:
+        out = tpl.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "TmPlMaSkEd"}],
+            chat_template=tpl.template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+            **tpl.template_kwargs,
+        )
+    except Exception:
+        return False
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    picked = [i for i, m in zip(ids, mask) if m]
+    return "TmPlMaSkEd" in tpl.codec.decode(picked)
+
+
+def _parser_name(tpl) -> str | None:
+    detect = getattr(tpl, "parser", None)
+    try:
+        parser = detect() if callable(detect) else detect
+    except TmplError:
+        return None
+    return getattr(parser, "name", parser) if parser is not None else None
+
+
+def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
+    """Probe ``tpl`` (a :class:`tmpl.ChatTemplate`) and judge it. ``shipped=False`` skips
+    trying tmpl's training-safe templates for a ``SAFE WITH`` verdict."""
+    start = time.perf_counter()
+    turns = tpl.engine.turns
+    codec = tpl.codec
+    tok_name = str(getattr(tpl.tokenizer, "name_or_path", "") or type(tpl.tokenizer).__name__)
+    notes: list[str] = []
+    eos = getattr(tpl.tokenizer, "eos_token_id", None)
+
+    gen_prompt, gen_ids = None, []
+    try:
+        with_gen = tpl.renderer.text([{"role": "user", "content": USER_SENTINEL}], add_generation_prompt=True)
+        without = tpl.renderer.text([{"role": "user", "content": USER_SENTINEL}], add_generation_prompt=False)
+        if with_gen.startswith(without):
+            gen_prompt = with_gen[len(without):]
+            gen_ids = codec.encode(with_gen)[len(codec.encode(without)):]
+    except TmplError:
+        pass
+
+    tool_error = turns.tool_error
+    frame = None
+    if turns.tool is not None:
+        try:
+            frame = tpl.engine.frame(_tool_shapes(1), PROBE_TOOLSET)
+        except TmplError as exc:
+            tool_error = exc
+    max_k = _parallel_calls(tpl) if turns.tool is not None else 0
+    splice_safe = not isinstance(tool_error, SpliceError) and turns.tool is not None
+    stability = StabilityProber(tpl).run(max_k) if frame is not None else None
+    if stability is None:
+        from .stability import StabilityResult
+
+        stability = StabilityResult(checks={n: Check(ok=False, reason="not checked") for n in
+                                            ("tool_append", "assistant_kept", "user_append")})
+    after_close = None
+    if turns.tool is not None:  # the text right after the close, from a one-call render
+        shapes = _tool_shapes(1)
+        history, assistant, results = dummy_tool_turn(shapes, [content_sentinel(0)], [call_id(0, 0)])
+        try:
+            text = tpl.renderer.text(history + [assistant] + results, tools=PROBE_TOOLSET, add_generation_prompt=True)
+            close_end = text.find(turns.tool.close.text, text.find(arg_sentinel(0)))
+            if close_end >= 0:
+                after = text[close_end + len(turns.tool.close.text):]
+                after_close = after[: after.find(content_sentinel(0))] if content_sentinel(0) in after else after
+        except TmplError:
+            pass
+
+    report = TemplateReport(
+        name=tpl.name,
+        fingerprint=tpl.fingerprint,
+        tokenizer=tok_name,
+        plain_renders=turns.plain is not None,
+        plain_error=str(turns.plain_error) if turns.plain_error else None,
+        tool_renders=turns.tool is not None and not isinstance(tool_error, UnsupportedTemplateError),
+        tool_error=str(tool_error) if tool_error else None,
+        calls_visible=frame.calls_visible if frame else None,
+        results_visible=True if frame else (False if tool_error and "not rendered" in str(tool_error) else None),
+        max_parallel_calls=max_k,
+        parser=_parser_name(tpl) if frame else None,
+        plain_close=turns.plain.close.text if turns.plain else None,
+        tool_close=turns.tool.close.text if turns.tool else None,
+        close_is_eos=(turns.tool.close.ids[0] == eos) if turns.tool else None,
+        after_close=after_close,
+        generation_prompt=gen_prompt,
+        generation_prompt_ids=list(gen_ids),
+        stop_tokens=sorted(codec.token_text(t) for t in tpl.stop_token_ids),
+        stability=stability.checks,
+        date_injected=stability.date_injected,
+        reasoning_rendered=stability.reasoning_rendered,
+        fast_path=dict(frame.transforms) if frame else {},
+        per_call_classes=[c for c in ("plain", "padded", "empty") if frame and c not in frame.transforms],
+        history_dependence=frame.history_dependence if frame else None,
+        splice_safe=splice_safe,
+        splice_detail=tool_error.boundary if isinstance(tool_error, SpliceError) else None,
+        assistant_mask=_assistant_mask(tpl),
+        verdicts={},
+        notes=notes,
+    )
+    if stability.date_injected:
+        notes.append("the template renders today's date: prompts rendered on different days differ "
+                     "(pass date_string= or a fixed template kwarg to pin it)")
+    if frame is not None and not frame.calls_visible:
+        notes.append("the assistant's tool calls are not rendered: history does not show what was called")
+    report.verdicts = judge(report)
+    if shipped and any(v.level in (UNSAFE, UNSUPPORTED) for v in report.verdicts.values()):
+        _try_shipped(tpl, report)
+    report.probe_ms = (time.perf_counter() - start) * 1000
+    return report
+
+
+def judge(r: TemplateReport) -> dict[str, Verdict]:
+    """Verdicts from the findings (pure function of the report)."""
+    def base() -> Verdict | None:
+        if r.splice_detail is not None:
+            return Verdict(UNSAFE, f"the turn close is not a single token of this tokenizer, {r.splice_detail}")
+        if not r.tool_renders:
+            reason = (r.tool_error or "no tool conversation").split("': ", 1)[-1]
+            return Verdict(UNSUPPORTED, reason.removeprefix("cannot render a tool conversation: rendering failed: "))
+        if r.calls_visible is False:
+            return Verdict(UNSUPPORTED, "tool calls are not rendered")
+        return None
+
+    out = {}
+    problem = base()
+    for use, needed in (("tool_loop", ("tool_append", "assistant_kept")), ("multi_user", ("user_append",))):
+        if problem is not None:
+            out[use] = problem
+            continue
+        failed = [r.stability[n] for n in needed if not r.stability[n].ok]
+        out[use] = Verdict(UNSAFE, failed[0].reason) if failed else Verdict(SAFE)
+    return out
+
+
+def _try_shipped(tpl, report: TemplateReport) -> None:
+    """Upgrade UNSAFE verdicts to SAFE WITH tmpl TEMPLATE X where a shipped template fits."""
+    try:
+        from . import templates as shipped
+    except ImportError:  # pragma: no cover - the shipped templates are part of the package
+        return
+    from .chat_template import ChatTemplate
+
+    for info in shipped.available():
+        if not all(len(tpl.codec.encode(t)) == 1 for t in info.special_tokens):
+            continue
+        candidate = ChatTemplate(tpl.tokenizer, shipped.load(info.name), name=info.name, **tpl.template_kwargs)
+        if not renders_same_last_turn(tpl, candidate):
+            continue
+        verdicts = build_report(candidate, shipped=False).verdicts
+        for use, verdict in report.verdicts.items():
+            if verdict.level in (UNSAFE, UNSUPPORTED) and verdicts[use].level == SAFE:
+                report.verdicts[use] = Verdict(SAFE_WITH, verdict.label, info.name)
+
+
+def _last_turn(text: str, marker: str) -> str | None:
+    at = text.rfind(marker)
+    return text[at:] if at >= 0 else None
+
+
+def renders_same_last_turn(original, candidate) -> bool:
+    """Whether ``candidate`` renders the last turn (from the last user message on) exactly as
+    ``original`` does, on the stability probe's conversations."""
+    for case in conversations(max_calls=2, n=4):
+        history, assistant, results = case["history"], case["assistant"], case["results"]
+        marker = history[-1]["content"]
+        reply = {"role": "assistant", "content": "Here is the answer."}
+        for messages, gen in ((history, True), (history + [assistant] + results, True), (history + [reply], False)):
+            try:
+                a = original.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
+            except TmplError:
+                continue
+            try:
+                b = candidate.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
+            except TmplError:
+                return False
+            if _last_turn(a, marker) != _last_turn(b, marker):
+                return False
+    return True
