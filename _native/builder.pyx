@@ -15,8 +15,9 @@ through ``tmpl._coerce`` (shared with the pure twin), so both report the same er
 ('TRUNCATED', 1)
 """
 
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 from libc.math cimport isnan, isinf
@@ -79,6 +80,39 @@ cdef inline bint _is_list_or_tuple(object o):
     return type(o) is list or type(o) is tuple
 
 
+cdef char* _data(object array) except? NULL:
+    """Address of a C-contiguous numpy array's data; the caller keeps ``array`` alive."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(array, &view, PyBUF_SIMPLE)
+    cdef char* address = <char*>view.buf
+    PyBuffer_Release(&view)
+    return address
+
+
+cdef int _read_int_items(object seq, Py_ssize_t total, int32_t* out, Py_ssize_t room, long long limit,
+                         object sample, str field, bint vocab_known) except -1:
+    """Check the exact ints of a list/tuple against ``[0, limit)``, writing the first ``room`` to ``out``.
+
+    Returns FAST_FALLBACK at the first item that is not an exact int (the caller redoes the input
+    through tmpl._coerce, which checks in the same order); raises TokenIdError at a bad ID.
+    """
+    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
+    cdef Py_ssize_t i
+    cdef object item
+    cdef long long value
+    cdef int overflow = 0
+    for i in range(total):
+        item = <object>items[i]
+        if not PyLong_CheckExact(item):
+            return FAST_FALLBACK
+        value = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow != 0 or value < 0 or value >= limit:
+            raise TokenIdError(sample, field, i, int(item), limit=limit, vocab_known=vocab_known)
+        if i < room:
+            out[i] = <int32_t>value
+    return FAST_OK
+
+
 cdef class Trajectory:
     """One sample's tokens: prompt, then completion tokens with their mask and logprobs.
 
@@ -96,10 +130,9 @@ cdef class Trajectory:
     cdef object _sample_id
     cdef object _vocab_size
     cdef object _reason
-    cdef object _prompt_arr
-    cdef object _ids_arr
-    cdef object _mask_arr
-    cdef object _lp_arr
+    cdef object _prompt_arr   # int32, read-only
+    cdef object _block        # uint8 numpy array: [ids int32 x cap][logprobs float32 x cap][mask uint8 x cap]
+    cdef object _views        # (ids, mask, logprobs) typed numpy views of the whole block, made on first use
     cdef int32_t* _prompt
     cdef int32_t* _ids
     cdef uint8_t* _mask
@@ -126,40 +159,49 @@ cdef class Trajectory:
         free(self._spans)
 
     def __init__(self, prompt_ids, max_length, max_completion_length=None, *, vocab_size=None, sample_id=None):
-        cdef int32_t[::1] view
+        cdef Py_ssize_t total
         self._sample_id = sample_id
         self._limit = _coerce.id_limit(vocab_size, sample_id)
         self._vocab_size = None if vocab_size is None else self._limit
-        prompt = _coerce.ids_array(
-            prompt_ids, sample=sample_id, field="prompt_ids", limit=self._limit, vocab_known=vocab_size is not None
-        )
+        prompt = None
+        if _is_list_or_tuple(prompt_ids):
+            total = PySequence_Fast_GET_SIZE(prompt_ids)
+            prompt = np.empty(total, dtype=np.int32)
+            if _read_int_items(prompt_ids, total, <int32_t*>_data(prompt), total, self._limit, sample_id,
+                               "prompt_ids", vocab_size is not None) == FAST_FALLBACK:
+                prompt = None
+        if prompt is None:
+            prompt = _coerce.ids_array(prompt_ids, sample=sample_id, field="prompt_ids", limit=self._limit,
+                                       vocab_known=vocab_size is not None)
         self._max_length, self._mcl, self._cap = _coerce.budgets(
             sample_id, max_length, max_completion_length, len(prompt)
         )
         self._p = len(prompt)
-        store = prompt if self._p else np.zeros(1, dtype=np.int32)  # ids_array returns a fresh contiguous copy
-        view = store
-        self._prompt = &view[0]
-        self._prompt_arr = _readonly(store[: self._p])
+        self._prompt = <int32_t*>_data(prompt)  # a fresh contiguous array in both paths
+        self._prompt_arr = _readonly(prompt)
         self._fresh_state()
 
     cdef _fresh_state(self):
-        cdef Py_ssize_t size = self._cap if self._cap > 0 else 1
-        cdef int32_t[::1] ids = np.empty(size, dtype=np.int32)
-        cdef uint8_t[::1] mask = np.empty(size, dtype=np.uint8)
-        cdef float[::1] lp = np.empty(size, dtype=np.float32)
-        self._ids_arr = ids.base
-        self._mask_arr = mask.base
-        self._lp_arr = lp.base
-        self._ids = &ids[0]
-        self._mask = &mask[0]
-        self._lp = &lp[0]
+        cdef Py_ssize_t cap = self._cap
+        self._block = np.empty(9 * cap if cap > 0 else 1, dtype=np.uint8)
+        self._views = None
+        cdef char* base = _data(self._block)
+        self._ids = <int32_t*>base
+        self._lp = <float*>(base + 4 * cap)
+        self._mask = <uint8_t*>(base + 8 * cap)
         self._n = 0
         self._status = RUNNING
         self._reason = ""
         self._cut = 0
         self._turns = 0
         self._nspans = 0
+
+    cdef tuple _typed(self):
+        cdef Py_ssize_t cap = self._cap
+        if self._views is None:
+            block = self._block
+            self._views = (block[: 4 * cap].view(np.int32), block[8 * cap : 9 * cap], block[4 * cap : 8 * cap].view(np.float32))
+        return self._views
 
     # -- what it holds -------------------------------------------------------------------------
     @property
@@ -175,17 +217,17 @@ cdef class Trajectory:
     @property
     def completion_ids(self):
         """Completion token IDs, model and suffix tokens (int32, read-only view)."""
-        return _readonly(self._ids_arr[: self._n])
+        return _readonly(self._typed()[0][: self._n])
 
     @property
     def mask(self):
         """1 on model tokens, 0 on suffix tokens (uint8, read-only view, same length as completion_ids)."""
-        return _readonly(self._mask_arr[: self._n])
+        return _readonly(self._typed()[1][: self._n])
 
     @property
     def logprobs(self):
         """Rollout logprobs, 0.0 on suffix tokens (float32, read-only view, same length as completion_ids)."""
-        return _readonly(self._lp_arr[: self._n])
+        return _readonly(self._typed()[2][: self._n])
 
     @property
     def prompt_length(self):
@@ -281,40 +323,19 @@ cdef class Trajectory:
         return min(_coerce.requested_tokens(requested, self._sample_id), left)
 
     # -- reading inputs into the free part of the buffers ---------------------------------------
-    cdef int _read_ids_fast(self, object seq, Py_ssize_t total, Py_ssize_t room) except -1:
-        """Check exact ints of a list/tuple, writing the first ``room`` after the completion."""
-        cdef PyObject** items = PySequence_Fast_ITEMS(seq)
-        cdef int32_t* out = self._ids + self._n
-        cdef Py_ssize_t i
-        cdef object item
-        cdef long long value
-        cdef int overflow = 0
-        cdef long long limit = self._limit
-        for i in range(total):
-            item = <object>items[i]
-            if not PyLong_CheckExact(item):
-                return FAST_FALLBACK
-            value = PyLong_AsLongLongAndOverflow(item, &overflow)
-            if overflow != 0 or value < 0 or value >= limit:
-                raise TokenIdError(self._sample_id, "ids", i, int(item), limit=limit,
-                                   vocab_known=self._vocab_size is not None)
-            if i < room:
-                out[i] = <int32_t>value
-        return FAST_OK
-
     cdef Py_ssize_t _read_ids(self, object ids, Py_ssize_t room) except -1:
         """Validate ``ids``, write the first ``room`` of them after the completion; returns their count."""
         cdef Py_ssize_t total
-        cdef int32_t[::1] arr
+        cdef bint vocab_known = self._vocab_size is not None
         if _is_list_or_tuple(ids):
             total = PySequence_Fast_GET_SIZE(ids)
-            if self._read_ids_fast(ids, total, room) == FAST_OK:
+            if _read_int_items(ids, total, self._ids + self._n, room, self._limit, self._sample_id, "ids",
+                               vocab_known) == FAST_OK:
                 return total
-        arr = _coerce.ids_array(ids, sample=self._sample_id, field="ids", limit=self._limit,
-                                vocab_known=self._vocab_size is not None)
-        total = arr.shape[0]
+        arr = _coerce.ids_array(ids, sample=self._sample_id, field="ids", limit=self._limit, vocab_known=vocab_known)
+        total = len(arr)
         if total and room:
-            memcpy(self._ids + self._n, &arr[0], min(total, room) * sizeof(int32_t))
+            memcpy(self._ids + self._n, _data(arr), min(total, room) * sizeof(int32_t))
         return total
 
     cdef int _read_logprobs_fast(self, object seq, Py_ssize_t total, Py_ssize_t room) except -1:
@@ -340,15 +361,14 @@ cdef class Trajectory:
     cdef Py_ssize_t _read_logprobs(self, object logprobs, Py_ssize_t room) except -1:
         """Validate ``logprobs``, write the first ``room`` after the completion; returns their count."""
         cdef Py_ssize_t total
-        cdef float[::1] arr
         if _is_list_or_tuple(logprobs):
             total = PySequence_Fast_GET_SIZE(logprobs)
             if self._read_logprobs_fast(logprobs, total, room) == FAST_OK:
                 return total
         arr = _coerce.logprobs_array(logprobs, sample=self._sample_id)
-        total = arr.shape[0]
+        total = len(arr)
         if total and room:
-            memcpy(self._lp + self._n, &arr[0], min(total, room) * sizeof(float))
+            memcpy(self._lp + self._n, _data(arr), min(total, room) * sizeof(float))
         return total
 
     # -- appending -----------------------------------------------------------------------------
@@ -474,9 +494,10 @@ cdef class Trajectory:
             vocab_size=state["vocab_size"], sample_id=state["sample_id"],
         )
         cdef Py_ssize_t n = len(state["completion_ids"])
-        traj._ids_arr[:n] = state["completion_ids"]
-        traj._mask_arr[:n] = state["mask"]
-        traj._lp_arr[:n] = state["logprobs"]
+        ids, mask, logprobs = traj._typed()
+        ids[:n] = state["completion_ids"]
+        mask[:n] = state["mask"]
+        logprobs[:n] = state["logprobs"]
         traj._n = n
         for kind, turn, message, start, end in state["spans"]:
             traj._turns = turn
@@ -515,50 +536,58 @@ cdef void _fill(const RowRef* rows, Py_ssize_t n_rows, int64_t pad,
                 int64_t* completion_ids, int64_t* completion_mask, int64_t* tool_mask, float* logps,
                 Py_ssize_t width_c) noexcept nogil:
     """Write every position of every output once: left-padded prompt, right-padded completion."""
-    cdef Py_ssize_t r, j, off, n
-    cdef const RowRef* row
-    cdef int64_t* pid
-    cdef int64_t* pm
-    cdef int64_t* cid
-    cdef int64_t* cm
-    cdef int64_t* tm
-    cdef float* lo
+    cdef Py_ssize_t r, j, off, p, n
+    cdef const int32_t* prompt
+    cdef const int32_t* ids
+    cdef const uint8_t* mask
+    cdef const float* lp
+    cdef int64_t* out
+    cdef float* out_lp
     cdef int64_t keep
     for r in range(n_rows):
-        row = &rows[r]
-        pid = prompt_ids + r * width_p
-        pm = prompt_mask + r * width_p
-        off = width_p - row.p
+        # row fields in locals: stores through int64_t* must not force reloads of the row
+        prompt = rows[r].prompt
+        ids = rows[r].ids
+        mask = rows[r].mask
+        lp = rows[r].lp
+        p = rows[r].p
+        n = rows[r].n
+        keep = 0 if rows[r].masked else 1
+        off = width_p - p
+        out = prompt_ids + r * width_p
         for j in range(off):
-            pid[j] = pad
-            pm[j] = 0
-        for j in range(row.p):
-            pid[off + j] = row.prompt[j]
-            pm[off + j] = 1
-        cid = completion_ids + r * width_c
-        cm = completion_mask + r * width_c
-        tm = tool_mask + r * width_c
-        lo = logps + r * width_c
-        n = row.n
-        if row.masked:
-            for j in range(n):
-                cid[j] = row.ids[j]
-                cm[j] = 0
-                tm[j] = 0
-                lo[j] = row.lp[j]
-            keep = 0
-        else:
-            for j in range(n):
-                cid[j] = row.ids[j]
-                cm[j] = 1
-                tm[j] = row.mask[j]
-                lo[j] = row.lp[j]
-            keep = 1
+            out[j] = pad
+        for j in range(p):
+            out[off + j] = prompt[j]
+        out = prompt_mask + r * width_p
+        for j in range(off):
+            out[j] = 0
+        for j in range(off, width_p):
+            out[j] = 1
+        out = completion_ids + r * width_c
+        for j in range(n):
+            out[j] = ids[j]
         for j in range(n, width_c):
-            cid[j] = pad
-            cm[j] = 0
-            tm[j] = keep
-            lo[j] = 0.0
+            out[j] = pad
+        out = completion_mask + r * width_c
+        for j in range(n):
+            out[j] = keep
+        for j in range(n, width_c):
+            out[j] = 0
+        out = tool_mask + r * width_c
+        if keep:
+            for j in range(n):
+                out[j] = mask[j]
+            for j in range(n, width_c):
+                out[j] = 1
+        else:
+            for j in range(width_c):
+                out[j] = 0
+        out_lp = logps + r * width_c
+        if n:
+            memcpy(out_lp, lp, n * sizeof(float))
+        if width_c > n:
+            memset(out_lp + n, 0, (width_c - n) * sizeof(float))
 
 
 def collate_arrays(trajectories, pad_id, *, pad_to_multiple_of=None, mask_truncated=False, mask_aborted=False):
@@ -586,7 +615,7 @@ def collate_arrays(trajectories, pad_id, *, pad_to_multiple_of=None, mask_trunca
     try:
         for i in range(n_rows):
             traj = <Trajectory>batch[i]
-            buffers.append((traj._ids_arr, traj._mask_arr, traj._lp_arr))
+            buffers.append(traj._block)
             rows[i].prompt = traj._prompt
             rows[i].ids = traj._ids
             rows[i].mask = traj._mask
