@@ -17,7 +17,7 @@ through ``tmpl._coerce`` (shared with the pure twin), so both report the same er
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 from libc.math cimport isnan, isinf
@@ -25,7 +25,7 @@ from libc.math cimport isnan, isinf
 import numpy as np
 
 from tmpl import _coerce
-from tmpl.errors import CollateError, TokenIdError, LogprobError, TrajectoryClosedError
+from tmpl.errors import CollateError, LogprobError, TokenIdError, TrajectoryClosedError
 from tmpl.trajectory_types import (
     COMPLETION,
     STATUSES,
@@ -200,7 +200,11 @@ cdef class Trajectory:
         cdef Py_ssize_t cap = self._cap
         if self._views is None:
             block = self._block
-            self._views = (block[: 4 * cap].view(np.int32), block[8 * cap : 9 * cap], block[4 * cap : 8 * cap].view(np.float32))
+            self._views = (
+                block[: 4 * cap].view(np.int32),
+                block[8 * cap : 9 * cap],
+                block[4 * cap : 8 * cap].view(np.float32),
+            )
         return self._views
 
     # -- what it holds -------------------------------------------------------------------------

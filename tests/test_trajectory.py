@@ -69,7 +69,15 @@ def test_prompt_longer_than_max_length_is_refused(twin):
 
 @pytest.mark.parametrize(
     "max_length, max_completion_length, vocab_size",
-    [(0, None, None), (-1, None, None), (10.0, None, None), (10, -1, None), (10, "5", None), (10, None, 0), (10, None, 2**31 + 1)],
+    [
+        (0, None, None),
+        (-1, None, None),
+        (10.0, None, None),
+        (10, -1, None),
+        (10, "5", None),
+        (10, None, 0),
+        (10, None, 2**31 + 1),
+    ],
 )
 def test_invalid_budgets_raise_budget_error(twin, max_length, max_completion_length, vocab_size):
     with pytest.raises(BudgetError):
@@ -246,7 +254,13 @@ def test_logprobs_that_are_not_a_sequence_raise(twin):
 # -- token IDs -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "bad, words",
-    [(-1, "outside [0, 100)"), (100, "outside [0, 100)"), (2**70, "outside"), (1.5, "not an integer"), ("7", "not an integer")],
+    [
+        (-1, "outside [0, 100)"),
+        (100, "outside [0, 100)"),
+        (2**70, "outside"),
+        (1.5, "not an integer"),
+        ("7", "not an integer"),
+    ],
 )
 def test_ids_outside_the_vocabulary_raise_naming_sample_and_position(twin, bad, words):
     traj = make(twin, vocab_size=100, sample_id=17)

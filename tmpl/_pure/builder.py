@@ -26,8 +26,6 @@ from .. import _coerce
 from ..errors import CollateError, TrajectoryClosedError
 from ..trajectory_types import (
     COMPLETION,
-    restore_trajectory,
-    state_of,
     STATUSES,
     SUFFIX,
     Span,
@@ -35,6 +33,8 @@ from ..trajectory_types import (
     binding_budget,
     logprob_count_reason,
     missing_logprobs_reason,
+    restore_trajectory,
+    state_of,
     truncation_reason,
 )
 
@@ -222,7 +222,9 @@ class Trajectory:
             self._cut = total - kept
         return kept
 
-    def add_completion(self, ids: Sequence[int], logprobs: Sequence[float] | None, *, message: int | None = None) -> int:
+    def add_completion(
+        self, ids: Sequence[int], logprobs: Sequence[float] | None, *, message: int | None = None
+    ) -> int:
         """Append model tokens (mask 1) with their rollout logprobs; returns how many were kept.
 
         A completion longer than ``max_new_tokens()`` allowed is cut to fit, ids and logprobs
@@ -235,7 +237,9 @@ class Trajectory:
         if self._status != _RUNNING:
             raise self._closed("add a completion")
         code = _coerce.message_code(message, sample)
-        arr = _coerce.ids_array(ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None)
+        arr = _coerce.ids_array(
+            ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None
+        )
         if logprobs is None:
             self._abort(missing_logprobs_reason(len(arr)))
             return 0
@@ -259,7 +263,9 @@ class Trajectory:
         if self._status != _RUNNING:
             raise self._closed("add a suffix")
         code = _coerce.message_code(message, sample)
-        arr = _coerce.ids_array(ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None)
+        arr = _coerce.ids_array(
+            ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None
+        )
         return self._append(SUFFIX, arr, None, code)
 
     # -- status --------------------------------------------------------------------------------
