@@ -269,7 +269,7 @@ sample = st.tuples(
 )
 
 
-@settings(max_examples=700, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(sample, min_size=1, max_size=6), st.integers(-1, 2**40))
 def test_random_batches_equal_the_reference_on_both_twins(samples, pad_id):
     try:

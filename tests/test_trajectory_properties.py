@@ -28,7 +28,7 @@ PURE = _core.load("pure")["builder"]
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="compiled core not built: python setup.py build_ext --inplace")
 
 VOCAB = 64
-SETTINGS = settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies ----------------------------------------------------------------------------------
 valid_id = st.integers(0, VOCAB - 1)
@@ -221,7 +221,7 @@ def test_random_operations_agree_across_twins_and_model(case):
         assert np.array_equal(view, copy, equal_nan=True), "an array handed out changed afterwards"
 
 
-@SETTINGS
+@settings(max_examples=800, deadline=None)
 @given(
     st.lists(st.one_of(valid_id, odd_but_valid_id, invalid_id), max_size=40),
     st.lists(logprob, max_size=40),
