@@ -596,7 +596,7 @@ cdef void _fill(const RowRef* rows, Py_ssize_t n_rows, int64_t pad,
 
 def collate_arrays(trajectories, pad_id, *, pad_to_multiple_of=None, mask_truncated=False, mask_aborted=False):
     """Pad a batch into numpy arrays with TRL's GRPO keys and conventions (see ``tmpl.collate``)."""
-    cdef list batch = list(trajectories)
+    cdef list batch = _coerce.batch_list(trajectories)
     cdef Py_ssize_t n_rows = len(batch)
     cdef Py_ssize_t i, width_p = 0, width_c = 0
     cdef Trajectory traj

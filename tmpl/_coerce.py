@@ -203,6 +203,20 @@ def requested_tokens(requested: Any, sample: object) -> int:
     return value
 
 
+def batch_list(trajectories: Any) -> list:
+    """The trajectories of a batch as a list; CollateError when they are not an iterable."""
+    from .errors import CollateError
+
+    if isinstance(trajectories, list):
+        return trajectories
+    try:
+        return list(trajectories)
+    except TypeError:
+        raise CollateError(
+            None, None, f"trajectories must be a sequence of Trajectory, not {type(trajectories).__name__}"
+        ) from None
+
+
 def collate_options(n_rows: int, pad_id: Any, pad_to_multiple_of: Any) -> None:
     """Check a collation's batch size and options; CollateError naming what is wrong."""
     from .errors import CollateError

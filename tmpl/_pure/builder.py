@@ -329,7 +329,7 @@ def _padded_width(width: int, multiple: int | None) -> int:
 def _check_batch(
     trajectories: Sequence[Trajectory], pad_id: int, pad_to_multiple_of: int | None, mask_aborted: bool
 ) -> list[Trajectory]:
-    batch = list(trajectories)
+    batch = _coerce.batch_list(trajectories)
     _coerce.collate_options(len(batch), pad_id, pad_to_multiple_of)
     for i, traj in enumerate(batch):
         if not isinstance(traj, Trajectory):
