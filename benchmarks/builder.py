@@ -36,7 +36,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import tmpl  # noqa: E402
 from tmpl import _core  # noqa: E402
 
 VOCAB = 151_936
