@@ -6,33 +6,58 @@ True
 """
 
 from ._core import NATIVE
+from ._core import builder as _builder
+from .batch import collate, collate_arrays
 from .chat_template import ChatTemplate
 from .errors import (
+    BudgetError,
+    CollateError,
     HistoryRequiredError,
+    LogprobError,
     MessageError,
     MissingContentError,
+    SpanLabelError,
     SpliceError,
     TemplateError,
     TemplateRenderError,
     TmplError,
+    TokenIdError,
     ToolMessageCountError,
+    TrajectoryClosedError,
+    TrajectoryError,
     UnknownRoleError,
     UnsupportedTemplateError,
 )
+from .trajectory_types import Span, Status
+
+#: One sample's token-in/token-out trajectory (compiled core, or its pure twin; see ``tmpl.NATIVE``).
+Trajectory = _builder.Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NATIVE",
+    "BudgetError",
     "ChatTemplate",
+    "CollateError",
     "HistoryRequiredError",
+    "LogprobError",
     "MessageError",
     "MissingContentError",
+    "Span",
+    "SpanLabelError",
     "SpliceError",
+    "Status",
     "TemplateError",
     "TemplateRenderError",
     "TmplError",
+    "TokenIdError",
     "ToolMessageCountError",
+    "Trajectory",
+    "TrajectoryClosedError",
+    "TrajectoryError",
     "UnknownRoleError",
     "UnsupportedTemplateError",
+    "collate",
+    "collate_arrays",
 ]

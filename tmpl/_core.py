@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 
 #: Names of the twin modules (``_native/<name>.pyx`` and ``tmpl/_pure/<name>.py``).
-TWIN_MODULES: tuple[str, ...] = ("ids",)
+TWIN_MODULES: tuple[str, ...] = ("ids", "builder")
 
 #: Environment variable that forces the pure-Python twins when set to a non-empty, non-"0" value.
 PURE_ENV = "TMPL_PURE"
@@ -46,3 +46,4 @@ def _choose() -> tuple[bool, dict[str, ModuleType], str]:
 NATIVE, _modules, REASON = _choose()
 
 ids: ModuleType = _modules["ids"]
+builder: ModuleType = _modules["builder"]

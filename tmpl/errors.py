@@ -71,3 +71,118 @@ class UnknownRoleError(MessageError):
 
 class ToolMessageCountError(MessageError):
     """The number of tool messages does not match the number of tool calls they answer."""
+
+
+def describe_sample(sample: object) -> str:
+    """How an error names a sample: its ``sample_id``, or that it has none.
+
+    >>> describe_sample("q17/2"), describe_sample(None)
+    ("sample 'q17/2'", 'sample (no sample_id)')
+    """
+    return "sample (no sample_id)" if sample is None else f"sample {sample!r}"
+
+
+class TrajectoryError(TmplError):
+    """One sample's trajectory was given bad data or misused; ``sample`` is its ``sample_id``."""
+
+    def __init__(self, sample: object, reason: str) -> None:
+        self.sample = sample
+        self.reason = reason
+        super().__init__(f"{describe_sample(sample)}: {reason}")
+
+
+class BudgetError(TrajectoryError, ValueError):
+    """A budget is invalid: a bad ``max_length``, a prompt longer than it, a negative request.
+
+    >>> raise BudgetError("q1", "prompt of 9000 tokens exceeds max_length=8192")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.BudgetError: sample 'q1': prompt of 9000 tokens exceeds max_length=8192
+    """
+
+
+class TokenIdError(TrajectoryError, ValueError):
+    """A token ID is not an integer, or lies outside ``[0, limit)``.
+
+    ``field`` names the argument (``"ids"``, ``"prompt_ids"``), ``position`` the index in it
+    (None when the argument itself is not a sequence), ``value`` the offending item.
+    ``limit`` is ``vocab_size`` when the trajectory knows it, else ``2**31`` (IDs are stored as int32).
+
+    >>> raise TokenIdError("q1", "ids", 3, 50000, limit=32000, vocab_known=True)
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TokenIdError: sample 'q1': ids[3] = 50000 is outside [0, 32000) (vocab_size=32000)
+    """
+
+    def __init__(
+        self, sample: object, field: str, position: int | None, value: object, *, limit: int, vocab_known: bool
+    ) -> None:
+        self.field = field
+        self.position = position
+        self.value = value
+        if position is None:
+            reason = f"{field} must be a sequence of token ids, not {type(value).__name__}"
+        elif type(value) is int:
+            bound = f"vocab_size={limit}" if vocab_known else "token ids are stored as int32"
+            reason = f"{field}[{position}] = {value} is outside [0, {limit}) ({bound})"
+        else:
+            reason = f"{field}[{position}] = {value!r} is not an integer token id ({type(value).__name__})"
+        super().__init__(sample, reason)
+
+
+class LogprobError(TrajectoryError, ValueError):
+    """A rollout logprob is not a number, is NaN or infinite, or is positive.
+
+    Checked on the float32 value that is stored (a tiny positive double that rounds to 0.0 is 0.0).
+    ``position`` is None when the argument itself is not a sequence.
+
+    >>> raise LogprobError("q1", 2, float("nan"))
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.LogprobError: sample 'q1': logprobs[2] = nan is NaN
+    """
+
+    def __init__(self, sample: object, position: int | None, value: object) -> None:
+        self.position = position
+        self.value = value
+        if position is None:
+            reason = f"logprobs must be a sequence of floats, not {type(value).__name__}"
+        elif type(value) is not float:
+            reason = f"logprobs[{position}] = {value!r} is not a number ({type(value).__name__})"
+        elif value != value:
+            reason = f"logprobs[{position}] = nan is NaN"
+        elif value > 0.0 and value != float("inf"):
+            reason = f"logprobs[{position}] = {value!r} is positive (a log-probability is <= 0)"
+        else:
+            reason = f"logprobs[{position}] = {value!r} is not finite (float32)"
+        super().__init__(sample, reason)
+
+
+class SpanLabelError(TrajectoryError, ValueError):
+    """A span label is invalid: ``message`` must be a non-negative int or None."""
+
+
+class TrajectoryClosedError(TrajectoryError):
+    """Tokens were appended to a trajectory whose status is final (DONE, TRUNCATED, ABORTED).
+
+    ``status`` is the final status; the trajectory is unchanged. Check ``traj.running`` (or
+    ``traj.max_new_tokens()``, which is 0) before generating the next turn.
+    """
+
+    def __init__(self, sample: object, status: object, status_reason: str, what: str) -> None:
+        self.status = status
+        self.status_reason = status_reason
+        name = getattr(status, "name", status)
+        detail = f" ({status_reason})" if status_reason else ""
+        super().__init__(sample, f"cannot {what}: the trajectory is {name}{detail}; call reset() to retry")
+
+
+class CollateError(TmplError, ValueError):
+    """A batch cannot be collated; ``index`` is the trajectory's position in the batch (None for the batch)."""
+
+    def __init__(self, index: int | None, sample: object, reason: str) -> None:
+        self.index = index
+        self.sample = sample
+        self.reason = reason
+        where = "batch" if index is None else f"trajectories[{index}] ({describe_sample(sample)})"
+        super().__init__(f"{where}: {reason}")

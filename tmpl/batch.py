@@ -1,0 +1,100 @@
+"""Collation of trajectories into a TRL GRPO batch of torch tensors.
+
+The twin in use (``tmpl._core.builder``) fills numpy arrays in one pass; each becomes a tensor
+with ``torch.from_numpy`` (no copy) and moves to ``device`` only when one is given.
+
+>>> import tmpl
+>>> a = tmpl.Trajectory([11, 12], max_length=16)
+>>> a.add_completion([13, 14], [-0.1, -0.2]), a.add_suffix([15])
+(2, 1)
+>>> b = tmpl.Trajectory([21], max_length=16)
+>>> b.add_completion([22], [-0.3])
+1
+>>> batch = tmpl.collate([a, b], pad_id=0)
+>>> batch["prompt_ids"].tolist(), batch["completion_ids"].tolist()
+([[11, 12], [0, 21]], [[13, 14, 15], [22, 0, 0]])
+>>> batch["completion_mask"].tolist(), batch["tool_mask"].tolist()
+([[1, 1, 1], [1, 0, 0]], [[1, 1, 0], [1, 1, 1]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _core
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: Keys of a collated batch, in order.
+BATCH_KEYS: tuple[str, ...] = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "tool_mask",
+    "old_per_token_logps",
+    "prompt_lengths",
+    "completion_lengths",
+)
+
+
+def collate_arrays(
+    trajectories: Sequence[Any],
+    pad_id: int,
+    *,
+    pad_to_multiple_of: int | None = None,
+    mask_truncated: bool = False,
+    mask_aborted: bool = False,
+) -> dict[str, np.ndarray]:
+    """``collate`` without torch: the same keys as numpy arrays (int64, logprobs float32)."""
+    return _core.builder.collate_arrays(
+        trajectories,
+        pad_id,
+        pad_to_multiple_of=pad_to_multiple_of,
+        mask_truncated=mask_truncated,
+        mask_aborted=mask_aborted,
+    )
+
+
+def collate(
+    trajectories: Sequence[Any],
+    pad_id: int,
+    device: "str | torch.device | None" = None,
+    *,
+    pad_to_multiple_of: int | None = None,
+    mask_truncated: bool = False,
+    mask_aborted: bool = False,
+) -> dict[str, "torch.Tensor"]:
+    """Pad trajectories into a GRPO batch with TRL's keys and conventions.
+
+    - ``prompt_ids`` (B, P) left-padded with ``pad_id``; ``prompt_mask`` 1 on prompt tokens.
+    - ``completion_ids`` (B, C) right-padded with ``pad_id``; ``completion_mask`` 1 on every
+      completion token, model and suffix (tool) tokens alike, 0 on padding.
+    - ``tool_mask`` 1 on model tokens, 0 on suffix tokens, 1 on padding (as TRL pads it), so the
+      loss mask ``completion_mask * tool_mask`` is 1 exactly on model tokens.
+    - ``old_per_token_logps`` (float32) the rollout logprobs, 0.0 on suffix tokens and padding.
+    - ``prompt_lengths``, ``completion_lengths`` (B,) token counts before padding.
+
+    Widths are the batch maxima, rounded up to ``pad_to_multiple_of`` when given. All tensors are
+    int64 except the logprobs. ``mask_truncated`` / ``mask_aborted`` zero the ``completion_mask``
+    and ``tool_mask`` rows of TRUNCATED / ABORTED samples (TRL's ``mask_truncated_completions``);
+    an ABORTED sample raises CollateError unless ``mask_aborted`` is set. ``device`` moves the
+    tensors (``.to(device)``); without it they share memory with the arrays filled.
+    """
+    import torch
+
+    arrays = collate_arrays(
+        trajectories,
+        pad_id,
+        pad_to_multiple_of=pad_to_multiple_of,
+        mask_truncated=mask_truncated,
+        mask_aborted=mask_aborted,
+    )
+    tensors = {key: torch.from_numpy(arrays[key]) for key in BATCH_KEYS}
+    if device is not None:
+        tensors = {key: value.to(device) for key, value in tensors.items()}
+    return tensors
