@@ -16,7 +16,7 @@ import tmpl
 from tmpl import _core
 from tmpl.batch import BATCH_KEYS
 from tmpl.errors import CollateError
-from trajectory_model import Model, as_float32
+from .trajectory_model import Model, as_float32
 
 PAD = 99
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tmpl import _core
 from tmpl.errors import LogprobError, TmplError, TokenIdError, TrajectoryClosedError
-from trajectory_model import ABORTED, RUNNING, BadId, BadLogprob, Closed, Model, as_float32
+from .trajectory_model import ABORTED, RUNNING, BadId, BadLogprob, Closed, Model, as_float32
 
 try:
     NATIVE = _core.load("native")["builder"]
