@@ -104,3 +104,24 @@ def twin(request, monkeypatch):
     for name in _core.TWIN_MODULES:
         monkeypatch.setattr(_core, name, getattr(loaded, name))
     return loaded
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    """A random-weight 2-layer Qwen2 built from a config, with the real Qwen2.5 tokenizer.
+
+    Returns ``(model, tokenizer)``; the model is in eval mode on the CPU.
+    """
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = load_tokenizer("qwen2.5-instruct")
+    torch.manual_seed(1234)
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    return model, tok

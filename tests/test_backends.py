@@ -1,0 +1,183 @@
+"""Backends: torch on a random-weight model with the real Qwen2.5 tokenizer; the vLLM adapter
+against a stand-in module; the server client against a local server speaking vLLM's JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+import torch
+
+from tmpl.backends import (
+    VLLM,
+    BackendError,
+    GenerationRequest,
+    GenerationResult,
+    Sampling,
+    Scripted,
+    Torch,
+    VLLMServer,
+)
+
+from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
+
+#: logprobs agree with a separate float32 forward pass to within this (batched, left-padded
+#: generation and an unpadded forward differ only by float rounding)
+ATOL = 1e-4
+
+
+def _prompts(tok):
+    return [tok.encode("Hello there, how are you?"), tok.encode("Short"), tok.encode("A third prompt with more words in it, ok")]
+
+
+def _forward_logprobs(model, prompt, completion, temperature=None):
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(completion)])).logits[0].float()
+    if temperature:
+        logits = logits / temperature
+    steps = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    return torch.log_softmax(logits, -1)[steps, torch.tensor(completion)]
+
+
+@pytest.mark.parametrize("mode, temperature", [("raw", 1.0), ("raw", 0.0), ("processed", 0.7)])
+def test_torch_logprobs_equal_a_separate_forward_pass(tiny_qwen2, mode, temperature):
+    model, tok = tiny_qwen2
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    backend = Torch(model)
+    sampling = Sampling(temperature=temperature, logprobs=mode, seed=7)
+    requests = [GenerationRequest(f"r{i}", p, 12 + 3 * i, stops, sampling) for i, p in enumerate(_prompts(tok))]
+    results = backend.generate_batch(requests)
+    for req, res in zip(requests, results):
+        assert res.request_id == req.request_id and res.logprobs_mode == mode
+        assert len(res.token_ids) == len(res.logprobs) <= req.max_tokens
+        assert res.finish_reason == ("stop" if res.token_ids[-1] in stops else "length")
+        if res.finish_reason == "length":
+            assert len(res.token_ids) == req.max_tokens
+        ref = _forward_logprobs(model, req.prompt_ids, res.token_ids, temperature if mode == "processed" else None)
+        assert torch.allclose(torch.tensor(res.logprobs), ref, atol=ATOL), (ref - torch.tensor(res.logprobs)).abs().max()
+
+
+def test_torch_stops_at_the_first_stop_token_and_keeps_it(tiny_qwen2):
+    model, tok = tiny_qwen2
+    backend = Torch(model)
+    prompt = tok.encode("count")
+    [free] = backend.generate_batch([GenerationRequest("a", prompt, 20, frozenset(), Sampling(temperature=0))])
+    stop = free.token_ids[5]  # greedy: the 6th token will be generated again; make it a stop token
+    [cut] = backend.generate_batch([GenerationRequest("b", prompt, 20, frozenset({stop}), Sampling(temperature=0))])
+    first = free.token_ids.index(stop)
+    assert cut.token_ids == free.token_ids[: first + 1] and cut.finish_reason == "stop"
+    [none] = backend.generate_batch([GenerationRequest("c", prompt, 0, frozenset(), Sampling())])
+    assert none.token_ids == [] and none.finish_reason == "length"
+    [empty] = backend.generate_batch([GenerationRequest("d", [], 5, frozenset(), Sampling())])
+    assert empty.finish_reason == "error" and "empty prompt" in empty.error
+
+
+def test_torch_batching_does_not_change_greedy_outputs(tiny_qwen2):
+    model, tok = tiny_qwen2
+    backend = Torch(model)
+    greedy = Sampling(temperature=0)
+    reqs = [GenerationRequest(f"r{i}", p, 8, frozenset(), greedy) for i, p in enumerate(_prompts(tok))]
+    together = backend.generate_batch(reqs)
+    alone = [backend.generate_batch([r])[0] for r in reqs]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+
+
+def test_scripted_backend_cuts_like_an_engine():
+    backend = Scripted(lambda req: [5, 6, 7, 8, 9])
+    [a, b, c] = backend.generate_batch([
+        GenerationRequest("a", [1], 10, frozenset({7})),
+        GenerationRequest("b", [1], 3, frozenset()),
+        GenerationRequest("c", [1], 10, frozenset({9})),
+    ])
+    assert (a.token_ids, a.finish_reason) == ([5, 6, 7], "stop")
+    assert (b.token_ids, b.finish_reason) == ([5, 6, 7], "length")
+    assert (c.token_ids, c.finish_reason, len(c.logprobs)) == ([5, 6, 7, 8, 9], "stop", 5)
+
+
+# -- vLLM offline engine: the adapter against a stand-in with the same interface ---------------
+
+def test_vllm_adapter_uses_token_prompts_and_sampled_logprobs(tiny_qwen2, monkeypatch):
+    model, tok = tiny_qwen2
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
+    monkeypatch.setitem(sys.modules, "vllm.inputs", sys.modules["vllm"].inputs)
+    llm = FakeLLM(Torch(model))
+    backend = VLLM(llm)
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>"), 198})
+    reqs = [GenerationRequest(f"r{i}", p, 6, stops, Sampling(temperature=0.5, top_k=20, seed=3))
+            for i, p in enumerate(_prompts(tok))]
+    results = backend.generate_batch(reqs)
+    [(prompts, params, use_tqdm)] = llm.calls
+    assert [p["prompt_token_ids"] for p in prompts] == [list(r.prompt_ids) for r in reqs]
+    assert use_tqdm is False
+    kw = params[0].kwargs
+    assert kw["max_tokens"] == 6 and kw["stop_token_ids"] == sorted(stops) and kw["logprobs"] == 0
+    assert kw["detokenize"] is False and kw["top_k"] == 20 and kw["seed"] == 3 and kw["n"] == 1
+    for res in results:
+        assert len(res.logprobs) == len(res.token_ids) and res.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in res.logprobs)
+
+
+def test_vllm_missing_gives_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(BackendError, match=r"pip install 'tmpl\[vllm\]'"):
+        VLLM(object()).generate_batch([GenerationRequest("a", [1], 2, frozenset())])
+
+
+# -- vLLM servers: the client against a local server speaking the same JSON -------------------
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+def test_server_client_token_in_token_out(tiny_qwen2, api):
+    model, tok = tiny_qwen2
+    local = Torch(model)
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    prompt = _prompts(tok)[0]
+    with StandinServer(local) as server:
+        client = VLLMServer(server.url, api=api, timeout=60)
+        res = _run(client.agenerate(GenerationRequest("x1", prompt, 7, stops, Sampling(temperature=0))))
+    direct = local.generate_batch([GenerationRequest("x1", prompt, 7, stops, Sampling(temperature=0))])[0]
+    assert res.finish_reason in ("stop", "length") and res.error is None
+    assert res.token_ids == direct.token_ids
+    assert res.logprobs == pytest.approx(direct.logprobs, abs=ATOL)
+
+
+def test_server_client_spreads_load_and_survives_a_dropping_server(tiny_qwen2):
+    model, tok = tiny_qwen2
+    local = Scripted(lambda req: [11, 12, 13])
+    with StandinServer(local, drop_first=10**6) as bad, StandinServer(local) as good:
+        client = VLLMServer([bad.url, good.url], timeout=10, retries=2, backoff=0.01)
+
+        async def many():
+            return await asyncio.gather(*(client.agenerate(GenerationRequest(f"q{i}", [1, 2], 5, frozenset()))
+                                          for i in range(12)))
+
+        results = _run(many())
+    assert all(r.token_ids == [11, 12, 13] and r.error is None for r in results)
+    stats = {s["url"]: s for s in client.stats}
+    assert stats[good.url]["completed"] == 12 and stats[bad.url]["failures"] >= 1 and stats[bad.url]["completed"] == 0
+
+
+def test_server_client_gives_up_with_a_reason():
+    client = VLLMServer(["http://127.0.0.1:9", "http://127.0.0.1:7"], timeout=5, retries=1, backoff=0.0)
+    res = _run(client.agenerate(GenerationRequest("z", [1], 3, frozenset())))
+    assert isinstance(res, GenerationResult) and res.finish_reason == "error"
+    assert "gave up after 2 attempt(s)" in res.error and "cannot connect" in res.error
+
+
+def test_server_client_cancel_aborts_on_the_server():
+    with StandinServer(Scripted(lambda req: [1]), delay=1.0) as server:
+        client = VLLMServer(server.url, timeout=30)
+
+        async def go():
+            task = asyncio.create_task(client.agenerate(GenerationRequest("slow-1", [1, 2], 3, frozenset())))
+            await asyncio.sleep(0.2)
+            await client.cancel("slow-1")
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        _run(go())
+        assert server.aborted == ["slow-1"]
