@@ -470,6 +470,15 @@ cdef class Trajectory:
             self._status = DONE
         return STATUSES[self._status]
 
+    def truncate(self, reason):
+        """Mark a RUNNING sample TRUNCATED with ``reason`` and nothing cut (a limit other than the
+        token budgets ended it, e.g. the rollout's turn limit); a final status stays. Returns the status."""
+        if self._status == RUNNING:
+            self._status = TRUNCATED
+            self._reason = str(reason)
+            self._cut = 0
+        return STATUSES[self._status]
+
     def abort(self, reason):
         """Mark a RUNNING sample ABORTED with ``reason``; a final status stays as it is. Returns the status."""
         if self._status == RUNNING:

@@ -409,3 +409,14 @@ def test_docstring_examples_run(twin):
 def test_public_trajectory_is_the_selected_twin():
     expected = "tmpl._native.builder" if tmpl.NATIVE else "tmpl._pure.builder"
     assert tmpl.Trajectory.__module__ == expected
+
+
+def test_truncate_marks_a_running_sample_without_cutting(twin):
+    traj = twin.builder.Trajectory([1, 2], max_length=10, sample_id="t")
+    traj.add_completion([3, 4], [-0.1, -0.2])
+    assert traj.truncate("turn limit").name == "TRUNCATED"
+    assert traj.reason == "turn limit" and traj.tokens_cut == 0 and traj.completion_ids.tolist() == [3, 4]
+    assert traj.truncate("again").name == "TRUNCATED" and traj.reason == "turn limit"  # final stays
+    done = twin.builder.Trajectory([1], max_length=4)
+    done.finish()
+    assert done.truncate("late").name == "DONE"

@@ -279,6 +279,15 @@ class Trajectory:
             self._status = _DONE
         return self.status
 
+    def truncate(self, reason: str) -> Status:
+        """Mark a RUNNING sample TRUNCATED with ``reason`` and nothing cut (a limit other than the
+        token budgets ended it, e.g. the rollout's turn limit); a final status stays. Returns the status."""
+        if self._status == _RUNNING:
+            self._status = _TRUNCATED
+            self._reason = str(reason)
+            self._cut = 0
+        return self.status
+
     def abort(self, reason: str) -> Status:
         """Mark a RUNNING sample ABORTED with ``reason``; a final status stays as it is. Returns the status."""
         if self._status == _RUNNING:
