@@ -5,6 +5,7 @@
 True
 """
 
+from . import templates
 from ._core import NATIVE
 from .chat_template import ChatTemplate
 from .errors import (
@@ -13,10 +14,12 @@ from .errors import (
     MissingContentError,
     SpliceError,
     TemplateError,
+    TemplateMetadataError,
     TemplateRenderError,
     TmplError,
     ToolMessageCountError,
     UnknownRoleError,
+    UnknownTemplateError,
     UnsupportedTemplateError,
 )
 
@@ -30,9 +33,12 @@ __all__ = [
     "MissingContentError",
     "SpliceError",
     "TemplateError",
+    "TemplateMetadataError",
     "TemplateRenderError",
     "TmplError",
     "ToolMessageCountError",
     "UnknownRoleError",
+    "UnknownTemplateError",
     "UnsupportedTemplateError",
+    "templates",
 ]
