@@ -48,6 +48,8 @@ class TemplateInfo:
     """What one shipped template is: its name, the family it is for, and what it changes.
 
     ``path`` is the ``.jinja`` file (a ``Traversable``; a plain ``Path`` in a source checkout).
+    ``base_template`` names the upstream template it mirrors (a family folder of tmpl's test
+    tokenizers); ``base_file`` is that template's file there (``file#key`` for a JSON key).
     ``special_tokens`` lists every marker the template writes that is an added token of the
     family's tokenizer; ``non_special_tokens`` is the subset added with ``special=False``.
 
@@ -67,6 +69,7 @@ class TemplateInfo:
     special_tokens: tuple[str, ...]
     non_special_tokens: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    base_file: str = ""
 
     def text(self) -> str:
         """The template's Jinja text."""
@@ -121,6 +124,7 @@ def _parse(meta_file: Traversable, jinja_file: Traversable) -> TemplateInfo:
         special_tokens=tuple(meta["special_tokens"]),
         non_special_tokens=tuple(meta.get("non_special_tokens", ())),
         aliases=tuple(meta.get("aliases", ())),
+        base_file=str(meta.get("base_file", "")),
     )
 
 
