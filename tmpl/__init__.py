@@ -5,6 +5,7 @@
 True
 """
 
+from . import templates
 from ._core import NATIVE
 from ._core import builder as _builder
 from .batch import collate, collate_arrays
@@ -19,6 +20,7 @@ from .errors import (
     SpanLabelError,
     SpliceError,
     TemplateError,
+    TemplateMetadataError,
     TemplateRenderError,
     TmplError,
     TokenIdError,
@@ -26,6 +28,7 @@ from .errors import (
     TrajectoryClosedError,
     TrajectoryError,
     UnknownRoleError,
+    UnknownTemplateError,
     UnsupportedTemplateError,
 )
 from .trajectory_types import Span, Status
@@ -49,6 +52,7 @@ __all__ = [
     "SpliceError",
     "Status",
     "TemplateError",
+    "TemplateMetadataError",
     "TemplateRenderError",
     "TmplError",
     "TokenIdError",
@@ -57,7 +61,9 @@ __all__ = [
     "TrajectoryClosedError",
     "TrajectoryError",
     "UnknownRoleError",
+    "UnknownTemplateError",
     "UnsupportedTemplateError",
     "collate",
     "collate_arrays",
+    "templates",
 ]

@@ -52,6 +52,30 @@ class SpliceError(TemplateError):
         super().__init__(template, reason)
 
 
+class UnknownTemplateError(TmplError, LookupError):
+    """No shipped template has this name; ``available`` lists the names that exist.
+
+    >>> raise UnknownTemplateError("qwen4", ["qwen2.5", "qwen3"])
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.UnknownTemplateError: no shipped template named 'qwen4'; available: qwen2.5, qwen3
+    """
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = list(available)
+        super().__init__(f"no shipped template named {name!r}; available: {', '.join(self.available) or '(none)'}")
+
+
+class TemplateMetadataError(TmplError):
+    """A shipped template's ``.json`` metadata is missing or malformed; ``path`` names the file."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 class MessageError(TmplError, ValueError):
     """A message is malformed; ``index`` is its position in the list given."""
 
