@@ -156,6 +156,11 @@ def test_catalog_verdict_matches_ground_truth(entry):
         else:
             assert failed and failed[0].counterexample, verdict.label
             assert _counterexample_fails(tpl, failed[0]), f"stored counterexample does not reproduce: {verdict.label}"
+    if verdict.level == SAFE_WITH:  # the shipped template named really is safe and exact here
+        variant = tmpl.ChatTemplate(tpl.tokenizer, tmpl.templates.load(verdict.template), name=verdict.template)
+        assert variant.report().verdicts["tool_loop"].level == SAFE
+        assistant = assistant_turn(1)
+        assert check_turn(variant, list(HISTORIES["user"]), assistant, tool_results(assistant, ["ok"])).prefix_stable
     user = report.stability["user_append"]
     if report.verdicts["multi_user"].level in (UNSAFE, SAFE_WITH) and not user.ok and user.counterexample:
         assert _counterexample_fails(tpl, user)

@@ -318,7 +318,7 @@ def _try_shipped(tpl, report: TemplateReport) -> None:
         if not all(len(tpl.codec.encode(t)) == 1 for t in info.special_tokens):
             continue
         candidate = ChatTemplate(tpl.tokenizer, shipped.load(info.name), name=info.name, **tpl.template_kwargs)
-        if not renders_same_last_turn(tpl, candidate):
+        if not renders_same_last_turn(tpl, candidate, max_calls=report.max_parallel_calls):
             continue
         verdicts = build_report(candidate, shipped=False).verdicts
         for use, verdict in report.verdicts.items():
@@ -326,19 +326,32 @@ def _try_shipped(tpl, report: TemplateReport) -> None:
                 report.verdicts[use] = Verdict(SAFE_WITH, verdict.label, info.name)
 
 
-def _last_turn(text: str, marker: str) -> str | None:
+def _tail_after(text: str, marker: str) -> str | None:
     at = text.rfind(marker)
-    return text[at:] if at >= 0 else None
+    return text[at + len(marker):] if at >= 0 else None
 
 
-def renders_same_last_turn(original, candidate) -> bool:
-    """Whether ``candidate`` renders the last turn (from the last user message on) exactly as
-    ``original`` does, on the stability probe's conversations."""
-    for case in conversations(max_calls=2, n=4):
-        history, assistant, results = case["history"], case["assistant"], case["results"]
-        marker = history[-1]["content"]
+def renders_same_last_turn(original, candidate, max_calls: int = 2) -> bool:
+    """Whether ``candidate`` renders the last turn as ``original`` does.
+
+    Checked: the generation prompt after the last user message and after tool results, and
+    the final assistant message (plain, and with ``max_calls`` calls) as the last message.
+    Reasoning is left out of the final message: keeping the reasoning the model generated is
+    exactly what training-safe variants change, so there the variant may show more.
+    """
+    compared = [0, 0, 0, 0]
+    for case in conversations(max_calls=max(max_calls, 1), n=4):
+        history, results = case["history"], case["results"]
+        assistant = {k: v for k, v in case["assistant"].items() if k != "reasoning_content"}
         reply = {"role": "assistant", "content": "Here is the answer."}
-        for messages, gen in ((history, True), (history + [assistant] + results, True), (history + [reply], False)):
+        marker = history[-1]["content"]
+        checks = (
+            (history, True, marker),
+            (history + [reply], False, marker),
+            (history + [assistant], False, marker),
+            (history + [case["assistant"]] + results, True, results[-1]["content"]),
+        )
+        for n, (messages, gen, anchor) in enumerate(checks):
             try:
                 a = original.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
             except TmplError:
@@ -347,6 +360,7 @@ def renders_same_last_turn(original, candidate) -> bool:
                 b = candidate.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
             except TmplError:
                 return False
-            if _last_turn(a, marker) != _last_turn(b, marker):
+            if _tail_after(a, anchor) != _tail_after(b, anchor):
                 return False
-    return True
+            compared[n] += 1
+    return all(compared)  # nothing proven where the original could not render a case

@@ -1,0 +1,305 @@
+"""The generation loop: exact IDs at every turn, masks, logprobs, statuses, faults, drift."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+import tmpl
+from tmpl.backends import GenerationResult, Sampling, Scripted, Torch, VLLMServer
+
+from .contract import TOOLS
+from .vllm_standin import StandinServer
+
+
+def get_weather(city: str) -> str:
+    """Current weather.
+
+    Args:
+        city: The city.
+    """
+    return f"{city}: 21 C, sunny"
+
+
+def get_time(city: str, timezone: str) -> str:
+    """Local time.
+
+    Args:
+        city: The city.
+        timezone: IANA zone.
+    """
+    return f"12:00 in {city} ({timezone})"
+
+
+def search_web(query: str, max_results: int) -> str:
+    """Search.
+
+    Args:
+        query: What to look for.
+        max_results: How many.
+    """
+    return f"{max_results} results for {query!r}"
+
+
+FUNCS = [get_weather, get_time, search_web]
+ARGS = [{"city": "Paris"}, {"city": "Tokyo", "timezone": "Asia/Tokyo"}, {"query": "rain", "max_results": 2}]
+
+
+def _ids(tpl, messages, gen: bool) -> list[int]:
+    out = tpl.tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=tpl.template, tokenize=True,
+                                            add_generation_prompt=gen, **tpl.template_kwargs)
+    return list(out["input_ids"])
+
+
+class ScriptedConversation:
+    """The policy of one conversation: turn t makes ``calls[t]`` tool calls (0: final answer).
+
+    Each completion is what the template renders for that assistant turn, so the loop's
+    sequence must equal the template's full render of the conversation at every turn.
+    """
+
+    def __init__(self, tpl, user: str, calls: list[int], reasoning: bool = False):
+        self.tpl = tpl
+        self.history = [{"role": "user", "content": user}]
+        self.plan = calls
+        self.reasoning = reasoning
+        self.turn_prompts: list[list[int]] = []  # the template's render before each turn
+        self.completion_lengths: list[int] = []
+
+    def assistant(self, turn: int) -> dict:
+        k = self.plan[turn]
+        msg: dict = {"role": "assistant", "content": "" if k else "All done: it is sunny."}
+        if self.reasoning:
+            msg["reasoning_content"] = f"Turn {turn}: think about the tools."
+        if k:
+            msg["tool_calls"] = [
+                {"id": f"t{turn}c{i}abcd"[:9], "type": "function",
+                 "function": {"name": FUNCS[i % 3].__name__, "arguments": ARGS[i % 3]}}
+                for i in range(k)
+            ]
+        return msg
+
+    def completion(self, turn: int) -> list[int]:
+        prompt = _ids(self.tpl, self.history, True)
+        self.turn_prompts.append(prompt)
+        assistant = self.assistant(turn)
+        alone = _ids(self.tpl, self.history + [assistant], False)
+        assert alone[: len(prompt)] == prompt
+        stops = self.tpl.stop_token_ids
+        end = next(t for t in range(len(prompt), len(alone)) if alone[t] in stops)
+        self.history.append(assistant)
+        for i, call in enumerate(assistant.get("tool_calls", [])):
+            fn = FUNCS[i % 3]
+            self.history.append({"role": "tool", "tool_call_id": call["id"], "name": fn.__name__,
+                                 "content": fn(**call["function"]["arguments"])})
+        self.completion_lengths.append(end + 1 - len(prompt))
+        return alone[len(prompt) : end + 1]
+
+
+FAMILIES = {  # family -> (plan of calls per turn, reasoning)
+    "qwen2.5-instruct": ([1, 2, 0], False),
+    "qwen3": ([2, 1, 0], True),
+    "llama-3.2-instruct": ([1, 1, 0], False),
+    "gemma-4-it": ([2, 1, 0], False),
+    "mistral-nemo-instruct-2407": ([2, 3, 0], False),
+    "gpt-oss": ([1, 1, 0], False),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_scripted_multi_turn_equals_full_renders_at_every_turn(twin, family, tokenizer_of):
+    tpl = tmpl.ChatTemplate(tokenizer_of(family), name=family)
+    plan, reasoning = FAMILIES[family]
+    users = ["What is the weather in Paris?", "Plan my day in Tokyo."]
+    scripts = [ScriptedConversation(tpl, u, plan, reasoning) for u in users]
+
+    def policy(request):
+        i, _, turn = request.request_id.split("-")
+        script = scripts[int(i)]
+        assert list(request.prompt_ids) == _ids(tpl, script.history, True), f"turn {turn}: input drifted"
+        return script.completion(int(turn))
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=5, max_length=8192,
+                           max_completion_length=4096)
+    results = rollout.run([[{"role": "user", "content": u}] for u in users])
+    for script, res in zip(scripts, results):
+        assert res.status.name == "DONE", res.reason
+        assert res.turns == len(plan) and len(script.turn_prompts) == len(plan)
+        final = _ids(tpl, script.history, False)
+        sequence = res.prompt_ids.tolist() + res.completion_ids.tolist()
+        assert final[: len(sequence)] == sequence  # the whole sample is the template's render
+        assert len(res.completion_ids) == len(res.mask) == len(res.logprobs)
+        assert res.tool_calls == sum(plan) and res.tool_failures == 0
+        # mask 1 exactly on the model's completions, 0 on what tmpl appended
+        expected = [0] * len(res.mask)
+        for prompt, n in zip(script.turn_prompts, script.completion_lengths):
+            start = len(prompt) - res.prompt_ids.size
+            expected[start : start + n] = [1] * n
+        assert res.mask.tolist() == expected
+        assert all(lp == 0.0 for lp, m in zip(res.logprobs.tolist(), expected) if not m)
+        assert res.drift is False or family in ("qwen3", "gemma-4-it", "gpt-oss")
+    assert rollout.metrics.done == len(users) and rollout.metrics.tool_calls == len(users) * sum(plan)
+
+
+def test_torch_end_to_end_logprobs_match_a_forward_pass(tiny_qwen2):
+    model, tok = tiny_qwen2
+    tpl = tmpl.ChatTemplate(tok, name="qwen2.5")
+    rollout = tmpl.Rollout(tpl, Torch(model), tools=FUNCS, max_turns=2, max_length=512, max_completion_length=48,
+                           max_tokens_per_turn=24, sampling=Sampling(temperature=1.0, n=2, seed=11))
+    convs = [[{"role": "user", "content": "Weather in Paris?"}], [{"role": "user", "content": "Hi"}]]
+    results = rollout.run(convs)
+    assert [(r.index, r.sample) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in results:
+        assert len(r.completion_ids) == len(r.mask) == len(r.logprobs) > 0
+        assert r.status.name in ("DONE", "TRUNCATED")
+        seq = torch.tensor([r.prompt_ids.tolist() + r.completion_ids.tolist()])
+        with torch.no_grad():
+            logits = model(seq).logits[0].float()
+        lp = torch.log_softmax(logits, -1)
+        p = r.prompt_ids.size
+        for t in range(len(r.completion_ids)):
+            if r.mask[t]:
+                assert lp[p + t - 1, r.completion_ids[t]].item() == pytest.approx(float(r.logprobs[t]), abs=1e-4)
+            else:
+                assert r.logprobs[t] == 0.0
+    m = rollout.metrics
+    assert m.samples == 4 and m.engine_time > 0 and m.tokens_generated == sum(int(r.mask.sum()) for r in results)
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+def _tpl(tokenizer_of):
+    return tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct"), name="qwen2.5")
+
+
+def test_missing_logprobs_abort_the_sample_not_the_batch(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+
+    def policy(req):
+        i = int(req.request_id.split("-")[0])
+        return GenerationResult(req.request_id, end, None if i == 1 else [-0.1] * len(end), "stop")
+
+    results = tmpl.Rollout(tpl, Scripted(policy)).run([[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    assert [r.status.name for r in results] == ["DONE", "ABORTED", "DONE"]
+    assert "logprob" in results[1].reason.lower()
+    assert len(results[1].completion_ids) == 0  # nothing appended, never re-tokenized
+
+
+def test_backend_error_on_one_request(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+
+    def policy(req):
+        if req.request_id.startswith("2-"):
+            return GenerationResult.failed(req.request_id, "CUDA error: device-side assert")
+        return end
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy))
+    results = rollout.run([[{"role": "user", "content": f"q{i}"}] for i in range(4)])
+    assert [r.status.name for r in results] == ["DONE", "DONE", "ABORTED", "DONE"]
+    assert "device-side assert" in results[2].reason
+    assert rollout.metrics.aborted == 1
+
+
+def test_dropping_server_is_retried_and_dead_servers_abort(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+    with StandinServer(Scripted(lambda r: end), drop_first=2) as flaky:
+        backend = VLLMServer([flaky.url], retries=3, backoff=0.01, timeout=10)
+        results = tmpl.Rollout(tpl, backend).run([[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    assert all(r.status.name == "DONE" and r.completion_ids.tolist() == end for r in results)
+    dead = VLLMServer(["http://127.0.0.1:9"], retries=1, backoff=0.0, timeout=5)
+    [r] = tmpl.Rollout(tpl, dead).run([[{"role": "user", "content": "q"}]])
+    assert r.status.name == "ABORTED" and "cannot connect" in r.reason
+
+
+def test_budgets_and_turn_limits(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    always_call = Scripted(lambda r: call)
+    [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=3).run([[{"role": "user", "content": "q"}]])
+    assert r.status.name == "TRUNCATED" and "max_turns=3" in r.reason and r.turns == 3
+    prompt_len = len(tpl.prompt_ids([{"role": "user", "content": "q"}], tools=TOOLS[:0] or None))
+    [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=8, max_length=10_000,
+                       max_completion_length=len(call) + 10).run([[{"role": "user", "content": "q"}]])
+    assert r.status.name == "TRUNCATED" and r.trajectory.tokens_cut > 0  # the tool suffix overflowed
+    assert len(r.completion_ids) == len(call) + 10 == len(r.mask) == len(r.logprobs)
+    del prompt_len
+
+
+def test_drift_is_measured_on_the_seed_completion(tokenizer_of):
+    from .test_suffix_engine import SEED_COMPLETION
+
+    tpl = _tpl(tokenizer_of)
+    tools = [{"type": "function", "function": {"name": "multiply_tool", "description": "a*b", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+    def multiply_tool(a: int, b: int) -> int:
+        """Multiply.
+
+        Args:
+            a: a
+            b: b
+        """
+        return a * b
+
+    final = tpl.codec.encode("It is 12.<|im_end|>")
+    policy = Scripted(lambda r: SEED_COMPLETION if r.request_id.endswith("-0") else final)
+    rollout = tmpl.Rollout(tpl, policy, tools=[multiply_tool])
+    [r] = rollout.run([[{"role": "user", "content": "3 times 4?"}]])
+    assert r.status.name == "DONE" and r.completion_ids.tolist()[:47] == SEED_COMPLETION
+    assert r.messages[2] == {"role": "tool", "tool_call_id": r.messages[1]["tool_calls"][0]["id"],
+                             "name": "multiply_tool", "content": "12"}
+    assert r.drift is True and rollout.metrics.drift_rate == 1.0
+    del tools
+
+
+def test_samples_do_not_wait_for_each_other(tokenizer_of):
+    """A slow tool holds back only its own sample: other samples' turns run in the meantime."""
+    tpl = _tpl(tokenizer_of)
+
+    async def slow(city: str) -> str:
+        """Slow weather.
+
+        Args:
+            city: The city.
+        """
+        await asyncio.sleep(0.6)
+        return "slow"
+
+    def fast(city: str) -> str:
+        """Fast weather.
+
+        Args:
+            city: The city.
+        """
+        return "fast"
+
+    slow_call = tpl.codec.encode('<tool_call>\n{"name": "slow", "arguments": {"city": "A"}}\n</tool_call><|im_end|>')
+    fast_call = tpl.codec.encode('<tool_call>\n{"name": "fast", "arguments": {"city": "B"}}\n</tool_call><|im_end|>')
+    final = tpl.codec.encode("Done.<|im_end|>")
+    batches = []
+
+    class Recording(Scripted):
+        def generate_batch(self, requests):
+            batches.append(sorted(r.request_id for r in requests))
+            return super().generate_batch(requests)
+
+    def policy(r):
+        i, _, turn = r.request_id.split("-")
+        if int(turn) >= 3:
+            return final
+        return slow_call if i == "0" else fast_call
+
+    start = time.perf_counter()
+    results = tmpl.Rollout(tpl, Recording(policy), tools=[slow, fast], max_turns=5).run(
+        [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+    )
+    assert all(r.status.name == "DONE" for r in results)
+    # sample 1 went through turns 1..3 while sample 0 waited on its slow tool: no per-turn barrier
+    assert any(b == ["1-0-2"] or b == ["1-0-1"] for b in batches), batches
+    assert time.perf_counter() - start < 3 * 0.6 + 1.5

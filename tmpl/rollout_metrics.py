@@ -1,0 +1,117 @@
+"""Per-sample times and per-batch metrics of a rollout.
+
+>>> rollout.metrics.as_dict()["rollout/drift_rate"]   # doctest: +SKIP
+0.375
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SampleTimes:
+    """Seconds one sample spent outside the engine, by phase."""
+
+    parse: float = 0.0
+    tools: float = 0.0
+    suffix: float = 0.0
+    bookkeeping: float = 0.0
+    drift: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.parse + self.tools + self.suffix + self.bookkeeping + self.drift
+
+
+@dataclass
+class RolloutMetrics:
+    """What a rollout did, for logging: counts, tokens, time in and outside the engine, drift.
+
+    ``engine_time`` is the wall time during which the backend was generating;
+    ``outside`` sums, over samples, the time spent tokenizing prompts, parsing completions,
+    running tools, building suffixes, bookkeeping and measuring drift. ``drift_rate`` is the
+    share of measured samples whose token IDs would have changed had the decoded text been
+    re-rendered with the template (what token-in/token-out protects from).
+    """
+
+    samples: int = 0
+    done: int = 0
+    truncated: int = 0
+    aborted: int = 0
+    turns_mean: float = 0.0
+    turns_max: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    tokens_generated: int = 0
+    tokens_appended: int = 0
+    batches: int = 0
+    wall_time: float = 0.0
+    engine_time: float = 0.0
+    outside: dict[str, float] = field(default_factory=dict)
+    drift_measured: int = 0
+    drift_samples: int = 0
+    abort_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def drift_rate(self) -> float:
+        return self.drift_samples / self.drift_measured if self.drift_measured else 0.0
+
+    @classmethod
+    def from_results(cls, results: Sequence[Any], *, wall_time: float, engine_time: float, batches: int,
+                     tokenize_time: float = 0.0) -> RolloutMetrics:
+        m = cls(samples=len(results), wall_time=wall_time, engine_time=engine_time, batches=batches)
+        outside = {"tokenize": tokenize_time, "parse": 0.0, "tools": 0.0, "suffix": 0.0, "bookkeeping": 0.0,
+                   "drift": 0.0}
+        for r in results:
+            status = r.status.name
+            if status == "DONE":
+                m.done += 1
+            elif status == "TRUNCATED":
+                m.truncated += 1
+            elif status == "ABORTED":
+                m.aborted += 1
+                key = r.reason.split(":")[0][:80]
+                m.abort_reasons[key] = m.abort_reasons.get(key, 0) + 1
+            m.turns_max = max(m.turns_max, r.turns)
+            m.turns_mean += r.turns
+            m.tool_calls += r.tool_calls
+            m.tool_failures += r.tool_failures
+            mask = r.mask
+            generated = int(mask.sum())
+            m.tokens_generated += generated
+            m.tokens_appended += len(mask) - generated
+            for k, v in asdict(r.times).items():
+                outside[k] += v
+            if r.drift is not None:
+                m.drift_measured += 1
+                m.drift_samples += int(r.drift)
+        m.turns_mean = m.turns_mean / len(results) if results else 0.0
+        m.outside = outside
+        return m
+
+    def as_dict(self, prefix: str = "rollout/") -> dict[str, float]:
+        """Flat numbers for a logger (wandb, tensorboard)."""
+        out: dict[str, float] = {}
+        for k in ("samples", "done", "truncated", "aborted", "turns_mean", "turns_max", "tool_calls",
+                  "tool_failures", "tokens_generated", "tokens_appended", "batches", "wall_time", "engine_time",
+                  "drift_measured", "drift_samples"):
+            out[prefix + k] = float(getattr(self, k))
+        out[prefix + "drift_rate"] = self.drift_rate
+        for k, v in self.outside.items():
+            out[f"{prefix}outside/{k}"] = v
+        return out
+
+    def summary(self) -> str:
+        """One paragraph for a terminal."""
+        outside = sum(self.outside.values())
+        return (
+            f"{self.samples} samples: {self.done} done, {self.truncated} truncated, {self.aborted} aborted; "
+            f"{self.turns_mean:.1f} turns on average (max {self.turns_max}); {self.tool_calls} tool calls, "
+            f"{self.tool_failures} failed; {self.tokens_generated} tokens generated, {self.tokens_appended} appended; "
+            f"{self.wall_time:.2f} s wall, {self.engine_time:.2f} s in the engine, {outside:.2f} s outside it "
+            f"(summed over samples); drift: {self.drift_samples}/{self.drift_measured} samples would have changed "
+            "IDs if re-rendered"
+        )

@@ -1,0 +1,121 @@
+"""Feeding a backend from many concurrent samples without a barrier per turn.
+
+Each sample of a rollout runs as its own coroutine and asks for one generation at a time.
+
+- A batching backend (torch, the offline vLLM engine) gets a batch as soon as every sample
+  that *can* generate now has asked (samples busy running tools are not waited for), or when
+  ``max_batch`` requests are waiting. One batch runs at a time, in a worker thread, so tools
+  of other samples keep running meanwhile.
+- A non-batching backend (vLLM servers) gets each request as soon as it is made, with at
+  most ``max_concurrency`` in flight.
+
+Engine time (the union of intervals during which the backend works) is measured here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import contextmanager
+
+from .backends.base import Backend, GenerationRequest, GenerationResult
+
+
+class Scheduler:
+    #: seconds a request may wait for the rest of its batch before the batch goes anyway
+    max_wait = 0.25
+
+    def __init__(self, backend: Backend, *, max_batch: int = 256, max_concurrency: int = 256) -> None:
+        self.backend = backend
+        self.max_batch = max_batch
+        self.active = 0  # samples not finished yet
+        self.busy = 0  # samples doing something other than waiting for a generation
+        self.engine_time = 0.0
+        self.batches = 0
+        self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._running = False
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._inflight = 0
+        self._since = 0.0
+
+    # -- sample bookkeeping -------------------------------------------------------------
+    def start_sample(self) -> None:
+        self.active += 1
+        self.busy += 1
+
+    def end_sample(self) -> None:
+        self.active -= 1
+        self.busy -= 1
+        self._maybe_flush()
+
+    @contextmanager
+    def working(self):
+        """Mark the current sample busy (tools, parsing) for the duration of the block."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self._maybe_flush()
+
+    # -- generation -----------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.busy -= 1  # this sample now only waits for its generation
+        try:
+            if not self.backend.batching:
+                async with self._sem:
+                    self._enter()
+                    try:
+                        return await self.backend.agenerate(request)
+                    finally:
+                        self._leave()
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future = loop.create_future()
+            self._pending.append((request, future))
+            self._maybe_flush()
+            if not future.done() and not self._running:
+                loop.call_later(self.max_wait, self._force)  # never wait forever on a miscount
+            return await future
+        finally:
+            self.busy += 1
+
+    def _enter(self) -> None:
+        if self._inflight == 0:
+            self._since = time.perf_counter()
+        self._inflight += 1
+
+    def _leave(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self.engine_time += time.perf_counter() - self._since
+
+    def _force(self) -> None:
+        if self._pending and not self._running:
+            self._running = True
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            asyncio.get_running_loop().create_task(self._run(batch))
+
+    def _maybe_flush(self) -> None:
+        if self._running or not self._pending:
+            return
+        ready = self.active - self.busy  # samples waiting for a generation right now
+        if len(self._pending) >= min(ready, self.max_batch) or len(self._pending) >= self.max_batch:
+            self._running = True
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[GenerationRequest, asyncio.Future]]) -> None:
+        requests = [r for r, _ in batch]
+        self._enter()
+        try:
+            results = await asyncio.to_thread(self.backend.generate_batch, requests)
+        except Exception as exc:  # the engine failed the whole batch: every request fails with why
+            results = [GenerationResult.failed(r.request_id, f"{type(exc).__name__}: {exc}") for r in requests]
+        finally:
+            self._leave()
+            self.batches += 1
+        for (_, future), result in zip(batch, results):
+            if not future.done():
+                future.set_result(result)
+        self._running = False
+        self._maybe_flush()
