@@ -1,0 +1,77 @@
+"""Command line and the generated compatibility matrix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tmpl
+from tmpl import matrix
+from tmpl.cli import main
+
+from .conftest import DATA, REPO
+
+CATALOG = DATA / "templates" / "catalog.json"
+
+
+def test_matrix_of_shipped_templates_runs_offline(capsys):
+    assert main(["matrix", "-q"]) == 0
+    out = capsys.readouterr().out
+    for info in tmpl.templates.available():
+        assert f"| {info.name} | shipped | SAFE | SAFE |" in out
+
+
+def test_matrix_html_is_one_self_contained_sortable_page(tmp_path):
+    out = tmp_path / "m.html"
+    assert main(["matrix", "-q", "--format", "html", "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "<table id=\"matrix\">" in page
+    assert "function sortBy" in page and "onclick=\"sortBy(0)\"" in page
+    assert "http://" not in page and "https://" not in page  # nothing to fetch
+    assert page.count("<tr>") == len(tmpl.templates.available()) + 1
+
+
+def test_matrix_json_and_errors(tmp_path, capsys):
+    assert main(["matrix", "-q", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows} == {t.name for t in tmpl.templates.available()}
+    assert all(r["report"]["verdicts"]["tool_loop"]["level"] == "SAFE" for r in rows)
+    assert main(["matrix", str(tmp_path / "nothing.txt")]) == 2
+    assert "not a catalog" in capsys.readouterr().err
+    assert main(["matrix", str(REPO / "templates")]) == 2  # bare .jinja files need --tokenizer
+    assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_check_one_model_folder(tokenizer_of, capsys):
+    tokenizer_of("qwen2.5-instruct")  # skips without the data
+    assert main(["check", str(DATA / "qwen2.5-instruct"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdicts"]["tool_loop"]["label"] == "SAFE" and report["tool_close"] == "<|im_end|>"
+    assert main(["check", str(DATA / "qwen3")]) == 0
+    assert "SAFE WITH tmpl TEMPLATE qwen3" in capsys.readouterr().out
+
+
+def test_training_safe_picks_the_shipped_template(tokenizer_of):
+    tokenizer_of("qwen3")
+    tpl = tmpl.ChatTemplate.from_pretrained(DATA / "qwen3", training_safe=True)
+    assert tpl.template == tmpl.templates.load("qwen3") and tpl.name == "qwen3"
+    plain = tmpl.ChatTemplate.from_pretrained(DATA / "qwen2.5-instruct", training_safe=True)
+    assert plain.template == plain.tokenizer.chat_template  # already safe: unchanged
+
+
+def test_console_script_entry_point():
+    out = subprocess.run([sys.executable, "-m", "tmpl", "matrix", "-q"], capture_output=True, text=True, check=True)
+    assert "Tool loop: 5 SAFE." in out.stdout
+
+
+@pytest.mark.skipif(not CATALOG.is_file(), reason=f"no catalog under TMPL_TEST_DATA={DATA}")
+def test_compatibility_doc_is_current():
+    """docs/compatibility.md is `tmpl matrix <catalog>` output; regenerate it when this fails:
+    python -m tmpl matrix ../shared/tokenizers/templates/catalog.json -o docs/compatibility.md"""
+    committed = (REPO / "docs" / "compatibility.md").read_text(encoding="utf-8")
+    fresh = matrix.to_markdown(matrix.run_matrix(matrix.sources_from_paths([CATALOG]), progress=False))
+    assert fresh == committed
