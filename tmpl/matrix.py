@@ -86,15 +86,14 @@ def catalog_sources(path: Path) -> list[Source]:
     for entry in entries:
         template = root / entry["template"]
         host = root / entry["host_tokenizer"]
-        origin = str(Path(entry["template"]).relative_to("templates")) if entry["template"].startswith("templates/") \
-            else entry["template"]
+        folder = Path(entry["template"]).parent.name
 
         def load(template=template, host=host, name=template.name):
             if not host.is_dir():
                 raise TmplError(f"host tokenizer folder {host.name!r} not found next to the catalog")
             return _template(host, template, name)
 
-        out.append(Source(template.name, load, f"{origin} @ {entry['host_tokenizer']}"))
+        out.append(Source(template.name, load, f"{folder} @ {entry['host_tokenizer']}"))
     return out
 
 
