@@ -30,7 +30,12 @@ def new_call_id() -> str:
     >>> len(new_call_id()), new_call_id().isalnum()
     (9, True)
     """
-    return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
+    n = int.from_bytes(secrets.token_bytes(8), "big")  # 64 random bits; 62**9 > 2**53
+    out = []
+    for _ in range(ID_LENGTH):
+        n, r = divmod(n, 62)
+        out.append(ID_ALPHABET[r])
+    return "".join(out)
 
 
 @dataclass(frozen=True)
