@@ -33,7 +33,7 @@ def parser_for(tpl: Any, name: str | None = None) -> ToolParser:
             f"no tool-call parser recognised ({found.detail}); force one with parser=<name> "
             f"(see tmpl.toolcalls.PARSERS)",
         )
-    return get_parser(found.parser, tpl.codec)
+    return get_parser(found.parser, tpl.codec, found.think)
 
 
 def parse_completion(

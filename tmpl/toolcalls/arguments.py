@@ -146,10 +146,16 @@ def _from_text(value: str, types: tuple[str, ...]) -> tuple[bool, Any]:
     return False, value
 
 
+_PY_WORDS = {"True": True, "False": False, "None": None}
+
+
 def _guess_text(value: str) -> Any:
-    """A text value with no schema: a JSON literal other than a string when it is one, else the text."""
+    """A text value with no schema: a JSON literal other than a string when it is one (or Python's
+    ``True``/``False``/``None``), else the text."""
     text = value.strip()
-    if not text or text[0] not in '-0123456789tfnN{[' or text in ("NaN",):
+    if text in _PY_WORDS:  # Jinja writes Python's spelling of booleans and None with `| string`
+        return _PY_WORDS[text]
+    if not text or text[0] not in '-0123456789tfn{[':
         return value
     try:
         parsed = json.loads(text)

@@ -75,7 +75,9 @@ class Detection:
     render), ``"vocabulary"`` (the template renders no calls; chosen from the tokenizer's
     tokens) or ``"none"``; ``candidates`` are all parsers that read the render back;
     ``calls`` is how many calls the probe rendered; ``detail`` says why, in words;
-    ``reasoning_key`` is the message key the template renders reasoning from (None if none).
+    ``reasoning_key`` is the message key the template renders reasoning from (None if none);
+    ``think`` is the (open, close) of the template's reasoning when it differs from the format's
+    (Apriel's ``[BEGIN FINAL RESPONSE]``), passed on to the parser.
     """
 
     parser: str | None
@@ -84,6 +86,7 @@ class Detection:
     calls: int = 0
     detail: str = ""
     reasoning_key: str | None = None
+    think: tuple[str, str] | None = None
 
 
 def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assistant: dict, tools: Any) -> list[int]:
@@ -111,6 +114,7 @@ def _matches(parsed, expected: Sequence[dict[str, Any]]) -> bool:
 
 def detect_with(renderer: Renderer, codec: Codec) -> Detection:
     """Detect the parser for a template (see the module docstring). Never raises on template errors."""
+    key, layout = reasoning_probe(renderer, codec)
     history = [{"role": "user", "content": USER_SENTINEL}]
     rendered_any = False
     reasons: list[str] = []
@@ -144,33 +148,58 @@ def detect_with(renderer: Renderer, codec: Codec) -> Detection:
                 found.append(name)
         if found:
             return Detection(found[0], "render", tuple(found), k, f"the render of {k} call(s) reads back with {found[0]}",
-                             _reasoning_key(renderer))
+                             key, think_override(found[0], layout))
         reasons.append(f"no parser reads back the render of {k} call(s): {text[:120]!r}")
     if rendered_any:
-        return Detection(None, "none", (), 0, "; ".join(reasons), _reasoning_key(renderer))
+        return Detection(None, "none", (), 0, "; ".join(reasons), key)
     by_vocab = [name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)]
     if len(by_vocab) == 1:
         return Detection(by_vocab[0], "vocabulary", tuple(by_vocab), 0,
                          f"the template renders no calls; the tokenizer has {by_vocab[0]}'s tokens "
-                         f"{', '.join(PARSERS[by_vocab[0]].signature)}", _reasoning_key(renderer))
+                         f"{', '.join(PARSERS[by_vocab[0]].signature)}", key, think_override(by_vocab[0], layout))
     why = "; ".join(reasons)
     if by_vocab:
         why += f"; the vocabulary fits several parsers ({', '.join(by_vocab)})"
-    return Detection(None, "none", tuple(by_vocab), 0, why, _reasoning_key(renderer))
+    return Detection(None, "none", tuple(by_vocab), 0, why, key)
 
 
-def _reasoning_key(renderer: Renderer) -> str | None:
-    """The message key whose text the template renders as reasoning (None when none renders)."""
+def reasoning_probe(renderer: Renderer, codec: Codec) -> tuple[str | None, tuple[str, str] | None]:
+    """(message key the template renders reasoning from, (open, close) around it in the completion).
+
+    Renders an assistant message with a reasoning sentinel and a content sentinel; the text
+    before the reasoning (after the generation prompt) is the open, the text between the
+    two is the close. (None, None) when no key renders; (key, None) when the layout is unusable.
+    """
     history = [{"role": "user", "content": USER_SENTINEL}]
     for key in REASONING_KEYS:
         assistant = {"role": "assistant", "content": CONTENT_SENTINEL, key: REASONING_SENTINEL}
         try:
-            text = renderer.text(history + [assistant], add_generation_prompt=False)
+            prompt = codec.encode(renderer.text(history, add_generation_prompt=True))
+            full = codec.encode(renderer.text(history + [assistant], add_generation_prompt=False))
         except TmplError:
             continue
-        if REASONING_SENTINEL in text:
-            return key
-    return None
+        text = codec.decode(full[_core.ids.common_prefix_len(prompt, full) :])
+        if REASONING_SENTINEL not in codec.decode(full):
+            continue
+        r = text.find(REASONING_SENTINEL)
+        c = text.find(CONTENT_SENTINEL, r + 1)
+        if r < 0 or c < 0:
+            return key, None
+        return key, (text[:r].strip(), text[r + len(REASONING_SENTINEL) : c].strip())
+    return None, None
+
+
+def think_override(parser: str, layout: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The reasoning delimiters to give ``parser`` when the template's differ from the format's."""
+    default = PARSERS[parser].think
+    if default is None or layout is None:
+        return None
+    open_, close = layout
+    if not close or len(close) > 64 or len(open_) > 64:
+        return None
+    if close == default[1] and (not open_ or default[0] in open_):
+        return None
+    return (open_, close)
 
 
 _CACHE: dict[str, Detection] = {}

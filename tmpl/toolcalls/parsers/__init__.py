@@ -49,23 +49,26 @@ PARSERS: dict[str, type[ToolParser]] = {
     )
 }
 
-_CACHE: "weakref.WeakKeyDictionary[Codec, dict[str, ToolParser]]" = weakref.WeakKeyDictionary()
+_CACHE: "weakref.WeakKeyDictionary[Codec, dict[tuple, ToolParser]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def get_parser(name: str, codec: Codec) -> ToolParser:
-    """The parser ``name`` for a tokenizer's codec (built once per codec and name).
+def get_parser(name: str, codec: Codec, think: tuple[str, str] | None = None) -> ToolParser:
+    """The parser ``name`` for a tokenizer's codec (built once per codec, name and ``think``).
 
-    Raises :class:`~tmpl.errors.UnknownParserError` for a name not in :data:`PARSERS`.
+    ``think`` overrides the format's reasoning delimiters (open, close) for a template that
+    writes reasoning its own way. Raises :class:`~tmpl.errors.UnknownParserError` for a name
+    not in :data:`PARSERS`.
     """
     cls = PARSERS.get(name)
     if cls is None:
         raise UnknownParserError(name, list(PARSERS))
+    key = (name, think)
     with _LOCK:
         per_codec = _CACHE.setdefault(codec, {})
-        parser = per_codec.get(name)
+        parser = per_codec.get(key)
         if parser is None:
-            parser = per_codec[name] = cls(codec)
+            parser = per_codec[key] = cls(codec, think)
     return parser
 
 

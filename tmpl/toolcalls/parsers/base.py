@@ -60,7 +60,8 @@ class ToolParser:
 
     ``delimiters``: texts that delimit calls; where one is a single added token of the
     tokenizer it is matched only as that token. ``think``: the reasoning block's open and
-    close (None for formats that mark reasoning otherwise). ``signature``: added tokens that
+    close (None for formats that mark reasoning otherwise); a template whose probe shows other
+    delimiters passes them to the constructor (an empty open: reasoning starts the completion). ``signature``: added tokens that
     identify the format in a tokenizer's vocabulary (used when a template renders no call).
 
     >>> parser = get_parser("hermes", codec)          # doctest: +SKIP
@@ -75,16 +76,19 @@ class ToolParser:
     signature: ClassVar[tuple[str, ...]] = ()
     reasoning_key: ClassVar[str] = "reasoning_content"
 
-    def __init__(self, codec: Codec) -> None:
+    def __init__(self, codec: Codec, think: tuple[str, str] | None = None) -> None:
         self.codec = codec
-        self.table = MarkerTable(codec, self.delimiters + (self.think or ()))
+        if think is not None:  # the template's own reasoning delimiters, found by probing
+            self.think = think
+        self.table = MarkerTable(codec, self.delimiters + tuple(t for t in (self.think or ()) if t))
         self.p: Callable[[str], str] = self.table.pattern
         #: marker characters of special tokens that are not this format's delimiters (turn ends)
         self.stops: frozenset[str] = frozenset(
             self.table.char[t] for t in codec.special_ids if t in self.table.char and t not in self.table.delimiter_ids
         )
         if self.think is not None:
-            self._think_open = re.compile(self.p(self.think[0]))
+            # an empty open means the reasoning starts where the completion starts (the prompt opened it)
+            self._think_open = re.compile(self.p(self.think[0]) if self.think[0] else "(?!)")
             self._think_close = re.compile(self.p(self.think[1]))
         self.compile()
 
