@@ -18,13 +18,15 @@ Nothing in :meth:`ToolParser.parse` raises on model output: what cannot be read 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ...codec import Codec
 from ..arguments import coerce_arguments, read_arguments
+from ..literal import LiteralError, read_literal
 from ..schema import parameters_by_name
 from ..tokentext import MarkerTable, TokenText
 from ..types import ParsedCompletion, ParseError, ToolCall, new_call_id
@@ -221,36 +223,47 @@ def _params(tools: Any) -> dict[str, dict[str, Any]] | None:
 
 # -- helpers shared by format parsers ---------------------------------------------------
 
-_DECODER = __import__("json").JSONDecoder()
+_DECODER = json.JSONDecoder()
 
 
-def json_objects(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int, Any, str | None]]:
-    """Consecutive JSON (or Python-literal) values in ``text[start:end]``, as (start, end, value, error).
+class Value(NamedTuple):
+    """One value read by :func:`json_objects`: its span, the value (None on error), the error,
+    and whether it needed the lenient reader (single quotes, Python literals, trailing commas)."""
+
+    start: int
+    end: int
+    value: Any
+    error: str | None
+    lenient: bool = False
+
+
+def json_objects(text: str, start: int = 0, end: int | None = None) -> list[Value]:
+    """Consecutive JSON (or Python-literal) values in ``text[start:end]``.
 
     Values may be separated by whitespace, commas or semicolons (two calls glued together).
     Reading stops at the first thing that is not a value: it is returned with ``value`` None and
     an error, spanning the rest.
     """
-    from ..literal import LiteralError, read_literal
-
     end = len(text) if end is None else end
     body = text[:end]
-    out: list[tuple[int, int, Any, str | None]] = []
+    out: list[Value] = []
     i = start
     while True:
         while i < end and body[i] in " \t\r\n,;":
             i += 1
         if i >= end:
             return out
+        lenient = False
         try:
             value, j = _DECODER.raw_decode(body, i)
         except (ValueError, RecursionError):
             try:
                 value, j = read_literal(body, i)
+                lenient = True
             except LiteralError as exc:
-                out.append((i, end, None, exc.reason))
+                out.append(Value(i, end, None, exc.reason))
                 return out
-        out.append((i, j, value, None))
+        out.append(Value(i, j, value, None, lenient))
         i = j
 
 
@@ -283,10 +296,13 @@ def blocks(
         c = close_re.search(text, m.end(), limit)
         if c is not None:
             out.append(Block(m.start(), m.end(), c.start(), c.end(), True, False))
-        else:
-            tail = text[m.end() : limit].rstrip()
-            cut = nxt is None and end == len(text) and not (tail and tail[-1] in stops)
-            out.append(Block(m.start(), m.end(), limit, limit, False, cut))
+        else:  # unclosed: a turn end (stop marker) ends it; no turn end at the very end: cut off
+            stop = next((i for i in range(m.end(), limit) if text[i] in stops), -1)
+            if stop >= 0:
+                out.append(Block(m.start(), m.end(), stop, stop, False, False))
+            else:
+                cut = nxt is None and end == len(text)
+                out.append(Block(m.start(), m.end(), limit, limit, False, cut))
         m = nxt
     return out
 

@@ -84,7 +84,7 @@ class HarmonyParser(ToolParser):
         if term is not None:
             return RawCall(a, term.end(), name=name, arguments=args)
         found = json_objects(text, body, body_end)
-        if not found or found[0][3] is not None:
+        if not found or found[0].error is not None:
             return RawCall(a, body_end, name=name, error=TRUNCATED, error_kind="truncated")
         return RawCall(a, body_end, name=name, arguments=args, repairs=[f"no {CALL} after the arguments"])
 

@@ -57,9 +57,9 @@ def _array_items(text: str, i: int, end: int) -> list[tuple[int, int, Any]] | No
         if j < end and text[j] == "]" and not items:
             return items
         found = json_objects(text, j, end)
-        if not found or found[0][3] is not None:
+        if not found or found[0].error is not None:
             return None
-        s, e, value, _ = found[0]
+        s, e, value = found[0].start, found[0].end, found[0].value
         items.append((s, e, value))
         j = e
         while j < end and text[j] in " \t\r\n":
@@ -85,7 +85,7 @@ def calls_in_json(text: str, start: int, end: int, *, at_end: bool = False) -> l
     ``truncated``).
     """
     out: list[RawCall] = []
-    for s, e, value, error in json_objects(text, start, end):
+    for s, e, value, error, lenient in json_objects(text, start, end):
         if error is not None:
             tail = text[s:e]
             if _only_markers(tail):
@@ -108,7 +108,10 @@ def calls_in_json(text: str, start: int, end: int, *, at_end: bool = False) -> l
                 kind = "missing_name" if isinstance(obj, Mapping) else "malformed"
                 out.append(RawCall(a, b, name=name, error=err, error_kind=kind))
             else:
-                out.append(RawCall(a, b, name=name, arguments=args, id=cid))
+                repairs = ["python literal"] if lenient else []
+                if isinstance(args, str):
+                    repairs.append("json in a string")
+                out.append(RawCall(a, b, name=name, arguments=args, id=cid, repairs=repairs))
     for k in range(1, len(out)):  # separators (", ", ";", newlines) belong to the next call
         if out[k - 1].end <= out[k].start:
             out[k].start = out[k - 1].end

@@ -70,11 +70,12 @@ class MistralParser(ToolParser):
                 out.append(RawCall(pos, stop, error="expected NAME[ARGS]{...} after [TOOL_CALLS]", error_kind="malformed"))
                 break
             found = json_objects(text, m.end(), stop)
-            if not found or found[0][3] is not None:
+            if not found or found[0].error is not None:
                 kind, why = ("truncated", TRUNCATED) if cut else ("bad_json", "arguments after [ARGS] are not a JSON object")
                 out.append(RawCall(pos, stop, name=m.group(1), error=why, error_kind=kind))
                 break
-            a, b, value, _ = found[0]
-            out.append(RawCall(pos, b, name=m.group(1), arguments=value, id=m.group(2) or None))
+            b, value = found[0].end, found[0].value
+            out.append(RawCall(pos, b, name=m.group(1), arguments=value, id=m.group(2) or None,
+                               repairs=["python literal"] if found[0].lenient else []))
             pos = b
         return out
