@@ -3,7 +3,8 @@
 Shared by the formats whose call bodies are JSON: Hermes/Qwen ``<tool_call>``, Mistral's list,
 Llama's bare JSON, the ``<tool_calls>[...]`` family.
 
->>> [(c.name, c.arguments) for c in calls_in_json('{"name": "a", "arguments": {"x": 1}}; {"name": "b"}', 0, 50)]
+>>> text = '{"name": "a", "arguments": {"x": 1}}; {"name": "b"}'
+>>> [(c.name, c.arguments) for c in calls_in_json(text, 0, len(text))]
 [('a', {'x': 1}), ('b', None)]
 """
 
