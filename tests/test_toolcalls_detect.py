@@ -62,7 +62,6 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "llama.cpp/meta-llama-Llama-3.1-8B-Instruct.jinja": ("llama3_json", R),
     "llama.cpp/meta-llama-Llama-3.2-3B-Instruct.jinja": ("llama3_json", R),
     "llama.cpp/fireworks-ai-llama-3-firefunction-v2.jinja": ("llama3_json", V),
-    "llama.cpp/meetkai-functionary-medium-v3.2.jinja": ("llama3_json", V),
     "mistral.rs/llama3.jinja": ("llama3_json", V),
     "npm-lenml/meta-llama-3-instruct.jinja": ("llama3_json", V),
     # Mistral [TOOL_CALLS]
@@ -93,6 +92,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "llama.cpp/moonshotai-Kimi-K2.jinja": ("kimi_k2", R),
     "llama.cpp/LFM2.5-8B-A1B.jinja": ("pythonic", R),
     "llama.cpp/meetkai-functionary-medium-v3.1.jinja": ("functionary", R),
+    "llama.cpp/meetkai-functionary-medium-v3.2.jinja": ("functionary_v3", R),  # arguments rendered from JSON text
     "llama.cpp/Apriel-1.6-15b-Thinker-fixed.jinja": ("tool_calls_tag", R),
     "llama.cpp/unsloth-Apriel-1.5.jinja": ("tool_calls_tag", R),
     "llama.cpp/MiniMax-M1.jinja": ("tool_calls_tag", R),

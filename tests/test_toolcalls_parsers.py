@@ -338,6 +338,16 @@ def test_kimi_pythonic_functionary_and_tagged_kin():
     assert calls(p) == [("get_time", {})]
 
 
+def test_functionary_v3_segments():
+    key = "llama.cpp/meetkai-functionary-medium-v3.2.jinja"
+    p = parse(key, 'all\nSure, checking.>>>get_weather\n{"city": "Paris"}>>>get_time\n{}<|eot_id|>')
+    assert calls(p) == [("get_weather", {"city": "Paris"}), ("get_time", {})] and p.content == "Sure, checking."
+    p = parse(key, "all\nNo tools needed.<|eot_id|>")
+    assert (calls(p), p.content) == ([], "No tools needed.")
+    p = parse(key, "get_weather\n{'city': <|eot_id|>")
+    assert calls(p) == [] and kinds(p) == ["bad_json"]
+
+
 def test_every_parser_reads_plain_content_as_content():
     for key in (QWEN, CODER, LLAMA, NEMO, GEMMA, DSV31, GLM):
         tpl = chat_template(key)

@@ -6,6 +6,7 @@ Expected calls in these tests are always the ones the test put into the rendered
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,15 @@ CALLS = [
 ]
 
 
-def assistant_message(calls, *, content: str = "", reasoning: tuple[str, str] | None = None, ids=None) -> dict:
+def assistant_message(calls, *, content: str = "", reasoning: tuple[str, str] | None = None, ids=None,
+                      as_text: bool = False) -> dict:
+    """An assistant message making ``calls``; ``as_text`` writes arguments as JSON text (OpenAI's wire format)."""
     msg: dict[str, Any] = {
         "role": "assistant",
         "content": content,
         "tool_calls": [
-            {"id": (ids[i] if ids else f"c{i}aBcDeFg"), "type": "function", "function": {"name": n, "arguments": a}}
+            {"id": (ids[i] if ids else f"c{i}aBcDeFg"), "type": "function",
+             "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False) if as_text else a}}
             for i, (n, a) in enumerate(calls)
         ],
     }

@@ -18,6 +18,7 @@ tokenizer (``how="vocabulary"``). A template that renders calls no parser can re
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,23 +119,26 @@ def detect_with(renderer: Renderer, codec: Codec) -> Detection:
     history = [{"role": "user", "content": USER_SENTINEL}]
     rendered_any = False
     reasons: list[str] = []
-    for k in (2, 1):
+    for k, as_text in ((2, False), (2, True), (1, False), (1, True)):
         calls = probe_calls(k)
         assistant = {
             "role": "assistant",
             "content": "",
-            "tool_calls": [
-                {"id": call_id(7, i), "type": "function", "function": dict(c)} for i, c in enumerate(calls)
+            "tool_calls": [  # some templates want arguments as a JSON string (OpenAI's wire format)
+                {"id": call_id(7, i), "type": "function",
+                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]}}
+                for i, c in enumerate(calls)
             ],
         }
+        how = f"{k} call(s) with arguments as {'JSON text' if as_text else 'a dict'}"
         try:
             ids = completion_ids(renderer, codec, history, assistant, DETECT_TOOLS)
         except TmplError as exc:
-            reasons.append(f"{k} call(s) do not render ({exc})")
+            reasons.append(f"{how} do not render ({exc})")
             continue
         text = codec.decode(ids)
         if arg_sentinel(0) not in text:
-            reasons.append(f"{k} call(s) render as nothing")
+            reasons.append(f"{how} render as nothing")
             continue
         rendered_any = True
         found = []
@@ -149,7 +153,7 @@ def detect_with(renderer: Renderer, codec: Codec) -> Detection:
         if found:
             return Detection(found[0], "render", tuple(found), k, f"the render of {k} call(s) reads back with {found[0]}",
                              key, think_override(found[0], layout))
-        reasons.append(f"no parser reads back the render of {k} call(s): {text[:120]!r}")
+        reasons.append(f"no parser reads back the render of {how}: {text[:120]!r}")
     if rendered_any:
         return Detection(None, "none", (), 0, "; ".join(reasons), key)
     by_vocab = [name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)]

@@ -18,6 +18,7 @@ from ...errors import UnknownParserError
 from .base import RawCall, ToolParser
 from .deepseek import DeepSeekParser
 from .functionary import FunctionaryParser
+from .functionary_v3 import FunctionaryV3Parser
 from .gemma4 import Gemma4Parser
 from .glm4 import Glm4Parser
 from .harmony import HarmonyParser
@@ -46,6 +47,7 @@ PARSERS: dict[str, type[ToolParser]] = {
         PythonicParser,
         FunctionaryParser,
         Llama3JsonParser,
+        FunctionaryV3Parser,
     )
 }
 
