@@ -88,6 +88,10 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "llama.cpp/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": ("deepseek_v3", V),
     "llama.cpp/llama-cpp-deepseek-r1.jinja": ("deepseek_v3", V),
     "onnxruntime-extensions/deepseek-ai-DeepSeek-R1-Distill-Qwen.jinja": ("deepseek_v3", V),
+    # XML invoke (DeepSeek V4 DSML, MiniCPM5)
+    "llama.cpp/deepseek-ai-DeepSeek-V4-Flash-0731.jinja": ("xml_invoke", R),
+    "llama.cpp/deepseek-ai-DeepSeek-V4.jinja": ("xml_invoke", R),
+    "llama.cpp/openbmb-MiniCPM5-1B.jinja": ("xml_invoke", R),
     # other formats
     "llama.cpp/moonshotai-Kimi-K2.jinja": ("kimi_k2", R),
     "llama.cpp/LFM2.5-8B-A1B.jinja": ("pythonic", R),
@@ -105,10 +109,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "llama.cpp/GigaChat3-10B-A1.8B.jinja": (None, "none"),
     "llama.cpp/GigaChat3.1-10B-A1.8B.jinja": (None, "none"),
     "llama.cpp/MiniMax-M3.jinja": (None, "none"),
-    "llama.cpp/deepseek-ai-DeepSeek-V4-Flash-0731.jinja": (None, "none"),
-    "llama.cpp/deepseek-ai-DeepSeek-V4.jinja": (None, "none"),
     "llama.cpp/muse-glimmer.jinja": (None, "none"),
-    "llama.cpp/openbmb-MiniCPM5-1B.jinja": (None, "none"),
     "ollama/glimmer_chat_template.jinja": (None, "none"),
     # no calls rendered: Gemma 2/3 and Phi-3 tokenizers have no call tokens
     "llama.cpp/google-gemma-2-2b-it.jinja": (None, "none"),

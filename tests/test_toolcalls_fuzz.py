@@ -39,6 +39,7 @@ HOSTS = {
     "tool_calls_tag": "llama.cpp/unsloth-Apriel-1.5.jinja",
     "nemotron": "llama.cpp/NVIDIA-Nemotron-Nano-v2.jinja",
     "phi4": "phi-4-mini-instruct",
+    "xml_invoke": "llama.cpp/deepseek-ai-DeepSeek-V4.jinja",
 }
 
 FRAGMENTS = [
@@ -48,7 +49,8 @@ FRAGMENTS = [
     "{'name': 'f', 'arguments': {'x': 1}}", '"{\\"a\\": 1}"', "call:", "functions.get_weather", "to=functions.f",
     " to=", "json", "commentary", "analysis", "final", "<function=get_weather>", "</function>", "<parameter=city>",
     "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "```json\n", "```", "function",
-    "get_weather(city='Paris')", ".call(", ">>>", ">>>all\n", "get_weather\n", "[ARGS]", "[CALL_ID]", "<think>", "</think>", "é漢🙂", "\U000f0001",
+    "get_weather(city='Paris')", ".call(", ">>>", ">>>all\n", "get_weather\n", "[ARGS]", "[CALL_ID]", "<think>", "</think>", "é漢🙂", "\U000f0001", '<｜DSML｜invoke name="f">', '<｜DSML｜parameter name="k" string="false">',
+    "</｜DSML｜parameter>", "</｜DSML｜invoke>", '<function name="f">', '<param name="k">', "</param>", "<![CDATA[",
     "[" * 30, "{" * 30,
 ]
 
@@ -203,6 +205,7 @@ _ARGS = st.dictionaries(_IDENT, _VALUE, max_size=4)
 _KIND = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
 ROUND_TRIP = ["qwen3", "llama.cpp/Qwen3-Coder.jinja", "llama.cpp/GLM-4.6.jinja", "gemma-4-it",
+              "llama.cpp/deepseek-ai-DeepSeek-V4.jinja",
               "mistral-nemo-instruct-2407", "gpt-oss", "llama-3.2-instruct", "llama.cpp/deepseek-ai-DeepSeek-V3.1.jinja"]
 
 

@@ -348,6 +348,24 @@ def test_functionary_v3_segments():
     assert calls(p) == [] and kinds(p) == ["bad_json"]
 
 
+def test_xml_invoke_dsml_and_minicpm():
+    v4 = "llama.cpp/deepseek-ai-DeepSeek-V4.jinja"
+    text = ('Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+            '<｜DSML｜parameter name="city" string="true">42</｜DSML｜parameter>\n'
+            '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+            '</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>')
+    p = parse(v4, text)
+    assert calls(p) == [("get_weather", {"city": "42", "days": 3})] and p.content == "Sure."
+    p = parse(v4, '<｜DSML｜invoke name="get_time">\n<｜end▁of▁sentence｜>')
+    assert calls(p) == [("get_time", {})] and p.tool_calls[0].repairs == ("missing </｜DSML｜invoke>",)
+    p = parse(v4, '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Par')
+    assert calls(p) == [] and kinds(p) == ["truncated"]
+    cpm = "llama.cpp/openbmb-MiniCPM5-1B.jinja"
+    p = parse(cpm, '<function name="search"><param name="query"><![CDATA[a<b & c]]></param>'
+                   "<param name=\"filters\">{'n': 2}</param></function><|im_end|>", tools=TOOLS)
+    assert calls(p) == [("search", {"query": "a<b & c", "filters": {"n": 2}})]
+
+
 def test_every_parser_reads_plain_content_as_content():
     for key in (QWEN, CODER, LLAMA, NEMO, GEMMA, DSV31, GLM):
         tpl = chat_template(key)

@@ -5,7 +5,7 @@ exactly by several parsers, the first one wins (the most specific formats come f
 bare JSON last).
 
 >>> sorted(PARSERS)[:3]
-['deepseek_v3', 'functionary', 'gemma4']
+['deepseek_v3', 'functionary', 'functionary_v3']
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .mistral import MistralParser
 from .pythonic import PythonicParser
 from .qwen_xml import QwenXmlParser
 from .tagged import HermesParser, NemotronParser, Phi4Parser, ToolCallsTagParser
+from .xml_invoke import XmlInvokeParser
 
 #: name -> parser class, in detection priority order
 PARSERS: dict[str, type[ToolParser]] = {
@@ -39,6 +40,7 @@ PARSERS: dict[str, type[ToolParser]] = {
         KimiK2Parser,
         MistralParser,
         QwenXmlParser,
+        XmlInvokeParser,
         Glm4Parser,
         HermesParser,
         ToolCallsTagParser,
