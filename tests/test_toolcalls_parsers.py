@@ -121,6 +121,15 @@ def test_hermes_unreadable_calls_are_errors_in_order():
     assert "not json at all" in p.errors[0].raw and p.content == ""
 
 
+def test_ids_as_numpy_and_torch():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    tpl = chat_template(QWEN)
+    ids = tpl.codec.encode('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    for array in (np.array(ids), torch.tensor(ids)):
+        assert calls(tpl.parse_completion(array)) == [("get_time", {})]
+
+
 def test_call_records_ids_spans_and_message():
     tpl = chat_template(QWEN)
     ids = tpl.codec.encode('Sure.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>')

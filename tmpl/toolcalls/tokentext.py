@@ -64,7 +64,7 @@ class TokenText:
 
     def __init__(self, table: MarkerTable, ids: Sequence[int]) -> None:
         self.table = table
-        self.ids = list(ids)
+        self.ids = [int(t) for t in ids]  # numpy / torch integers too
         codec = table.codec
         cuts = _core.ids.positions_of(self.ids, table.ids)
         pieces: list[str] = []
@@ -162,11 +162,5 @@ class TokenText:
         return _PRIVATE.sub(lambda m: self.table.text_of.get(self.table.id_of.get(m.group(), -1), ""), part)
 
     def clean(self, start: int = 0, end: int | None = None) -> str:
-        """The characters ``[start, end)`` as content: special tokens and delimiters dropped."""
-        special = self.table.ids
-
-        def sub(m: re.Match) -> str:
-            tid = self.table.id_of.get(m.group(), -1)
-            return "" if tid in special else self.table.text_of.get(tid, "")
-
-        return _PRIVATE.sub(sub, self.text[start:end])
+        """The characters ``[start, end)`` as content: markers (special tokens, delimiters) dropped."""
+        return _PRIVATE.sub("", self.text[start:end])

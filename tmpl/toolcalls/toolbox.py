@@ -54,7 +54,14 @@ class _Tool:
 
 @dataclass(frozen=True)
 class BatchResult:
-    """Outcome of :meth:`Toolbox.run_batch`, per sample: tool messages, stop flags, outcomes; and metrics."""
+    """Outcome of :meth:`Toolbox.run_batch`.
+
+    ``messages[b]``: sample b's tool messages, one per call in the order the model wrote them
+    (failed calls included: their content states the error). ``stop[b]``: with
+    ``on_error="stop"``, True when a call of sample b failed (its messages are still there, for
+    logging); always False with ``on_error="message"``. ``outcomes[b]``: the per-call records
+    (error kind, latency, the tool's return value). ``metrics``: the batch's counts and latencies.
+    """
 
     messages: list[list[dict[str, Any]]]
     stop: list[bool]
