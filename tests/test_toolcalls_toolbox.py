@@ -98,7 +98,11 @@ def test_schemas_come_from_type_hints_and_docstrings():
     tpl = chat_template("qwen3")
     prompt = tpl.codec.decode(tpl.prompt_ids([{"role": "user", "content": "hi"}], tools=box.schemas))
     assert '"name": "get_weather"' in prompt and "How many days ahead." in prompt
-    assert tmpl.Toolbox([(get_weather, box.schemas[0])]).schemas[0] is not None
+    assert tmpl.Toolbox([(get_weather, box.schemas[0])]).schemas == [box.schemas[0]]
+    # the Toolbox itself can be passed as tools= (it iterates as its schemas)
+    messages = [{"role": "user", "content": "hi"}]
+    assert tpl.prompt_ids(messages, tools=box) == tpl.prompt_ids(messages, tools=box.schemas)
+    assert tpl.prompt_ids(messages, tools=[get_weather, search]) == tpl.prompt_ids(messages, tools=box.schemas)
 
 
 def test_results_errors_and_order_per_sample():

@@ -63,8 +63,9 @@ class ToolParser:
     ``delimiters``: texts that delimit calls; where one is a single added token of the
     tokenizer it is matched only as that token. ``think``: the reasoning block's open and
     close (None for formats that mark reasoning otherwise); a template whose probe shows other
-    delimiters passes them to the constructor (an empty open: reasoning starts the completion). ``signature``: added tokens that
-    identify the format in a tokenizer's vocabulary (used when a template renders no call).
+    delimiters passes them to the constructor (an empty open: reasoning starts the completion).
+    ``signature``: added tokens that identify the format in a tokenizer's vocabulary (used when
+    a template renders no call).
 
     >>> parser = get_parser("hermes", codec)          # doctest: +SKIP
     >>> parser.parse(completion_ids).tool_calls       # doctest: +SKIP
@@ -213,12 +214,24 @@ class ToolParser:
         )
 
 
+_PARAMS_MEMO: dict[int, tuple[Any, dict[str, dict[str, Any]]]] = {}
+
+
 def _params(tools: Any) -> dict[str, dict[str, Any]] | None:
+    """``{name: parameters}`` of a tools argument, memoized per tools object (callables' schemas
+    are built once per list, not once per completion). Lists are treated as immutable."""
     if tools is None:
         return None
     if isinstance(tools, Mapping):  # already {name: parameters}
         return dict(tools)
-    return parameters_by_name(tools)
+    memo = _PARAMS_MEMO.get(id(tools))
+    if memo is not None and memo[0] is tools:
+        return memo[1]
+    params = parameters_by_name(tools)
+    if len(_PARAMS_MEMO) > 64:
+        _PARAMS_MEMO.clear()
+    _PARAMS_MEMO[id(tools)] = (tools, params)
+    return params
 
 
 # -- helpers shared by format parsers ---------------------------------------------------
