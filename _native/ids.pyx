@@ -70,3 +70,33 @@ def ends_with_any(ids, stops):
     if PyList_GET_SIZE(x) == 0:
         return False
     return <object>PyList_GET_ITEM(x, PyList_GET_SIZE(x) - 1) in stops
+
+
+def positions_of(ids, targets, Py_ssize_t start=0):
+    """Positions ``i >= start`` whose ID is in ``targets`` (a set or frozenset), in order.
+
+    Used to cut a completion at delimiter tokens (special tokens, tool-call markers).
+    """
+    cdef list x = _as_list(ids)
+    cdef Py_ssize_t n = PyList_GET_SIZE(x)
+    cdef Py_ssize_t i
+    cdef list out = []
+    if start < 0:
+        start = 0
+    for i in range(start, n):
+        if <object>PyList_GET_ITEM(x, i) in targets:
+            out.append(i)
+    return out
+
+
+def index_of_any(ids, targets, Py_ssize_t start=0):
+    """First position ``i >= start`` whose ID is in ``targets``; -1 if there is none."""
+    cdef list x = _as_list(ids)
+    cdef Py_ssize_t n = PyList_GET_SIZE(x)
+    cdef Py_ssize_t i
+    if start < 0:
+        start = 0
+    for i in range(start, n):
+        if <object>PyList_GET_ITEM(x, i) in targets:
+            return i
+    return -1

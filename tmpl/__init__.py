@@ -5,9 +5,10 @@
 True
 """
 
-from . import templates
+from . import backends, templates
 from ._core import NATIVE
 from ._core import builder as _builder
+from .backends import Sampling
 from .batch import collate, collate_arrays
 from .chat_template import ChatTemplate
 from .errors import (
@@ -17,6 +18,7 @@ from .errors import (
     LogprobError,
     MessageError,
     MissingContentError,
+    NoToolParserError,
     SpanLabelError,
     SpliceError,
     TemplateError,
@@ -24,13 +26,30 @@ from .errors import (
     TemplateRenderError,
     TmplError,
     TokenIdError,
+    ToolboxError,
     ToolMessageCountError,
+    ToolSchemaError,
     TrajectoryClosedError,
     TrajectoryError,
+    UnknownParserError,
     UnknownRoleError,
     UnknownTemplateError,
     UnsupportedTemplateError,
 )
+from .rollout import Rollout, RolloutResult
+from .rollout_metrics import RolloutMetrics
+from .toolcalls import (
+    BatchResult,
+    CallOutcome,
+    Detection,
+    ParsedCompletion,
+    ParseError,
+    ToolCall,
+    Toolbox,
+    ToolMetrics,
+    get_parser,
+)
+from .toolcalls import detect as detect_parser
 from .trajectory_types import Span, Status
 
 #: One sample's token-in/token-out trajectory (compiled core, or its pure twin; see ``tmpl.NATIVE``).
@@ -40,30 +59,54 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NATIVE",
-    "BudgetError",
+    # templates and suffixes
     "ChatTemplate",
+    "templates",
+    # trajectories
+    "Trajectory",
+    "Status",
+    "Span",
+    "collate",
+    "collate_arrays",
+    # tool calls
+    "BatchResult",
+    "CallOutcome",
+    "Detection",
+    "ParseError",
+    "ParsedCompletion",
+    "ToolCall",
+    "ToolMetrics",
+    "Toolbox",
+    "detect_parser",
+    "get_parser",
+    # rollouts
+    "Rollout",
+    "RolloutResult",
+    "RolloutMetrics",
+    "Sampling",
+    "backends",
+    # errors
+    "BudgetError",
     "CollateError",
     "HistoryRequiredError",
     "LogprobError",
     "MessageError",
     "MissingContentError",
-    "Span",
+    "NoToolParserError",
     "SpanLabelError",
     "SpliceError",
-    "Status",
     "TemplateError",
     "TemplateMetadataError",
     "TemplateRenderError",
     "TmplError",
     "TokenIdError",
     "ToolMessageCountError",
-    "Trajectory",
+    "ToolSchemaError",
+    "ToolboxError",
     "TrajectoryClosedError",
     "TrajectoryError",
+    "UnknownParserError",
     "UnknownRoleError",
     "UnknownTemplateError",
     "UnsupportedTemplateError",
-    "collate",
-    "collate_arrays",
-    "templates",
 ]

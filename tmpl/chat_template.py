@@ -260,6 +260,34 @@ class ChatTemplate:
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, fingerprint={self.fingerprint[:12]})"
 
+    # -- tool calls (tmpl.toolcalls) ----------------------------------------------------
+    @property
+    def parser(self) -> Any:
+        """The tool-call parser of this template, detected by probing (see :mod:`tmpl.toolcalls.detect`).
+
+        Raises :class:`~tmpl.errors.NoToolParserError` when none is recognised.
+        """
+        from .toolcalls.api import parser_for
+
+        return parser_for(self)
+
+    def parse_completion(
+        self, completion_ids: Sequence[int], *, tools: Sequence[Any] | Any | None = None, parser: str | None = None
+    ) -> Any:
+        """Read a completion's token IDs: content, reasoning, tool calls, and what could not be read.
+
+        ``tools`` (schemas, callables or a :class:`~tmpl.Toolbox`) lets arguments be coerced to
+        the declared types; ``parser`` forces a parser by name (see ``tmpl.toolcalls.PARSERS``).
+        Never raises on what the model wrote: unreadable calls are in ``.errors``.
+
+        >>> done = tpl.parse_completion(completion_ids, tools=toolbox)  # doctest: +SKIP
+        >>> done.tool_calls[0].name, done.tool_calls[0].arguments       # doctest: +SKIP
+        ('get_weather', {'city': 'Paris'})
+        """
+        from .toolcalls.api import parse_completion
+
+        return parse_completion(self, completion_ids, tools=tools, parser=parser)
+
 
 def _generation_config_eos(path_or_id: str | os.PathLike) -> list[int]:
     path = Path(str(path_or_id)) / "generation_config.json"

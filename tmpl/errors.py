@@ -210,3 +210,29 @@ class CollateError(TmplError, ValueError):
         self.reason = reason
         where = "batch" if index is None else f"trajectories[{index}] ({describe_sample(sample)})"
         super().__init__(f"{where}: {reason}")
+
+
+class ToolSchemaError(TmplError, ValueError):
+    """A tool given to tmpl has no usable JSON schema; ``tool`` names it."""
+
+    def __init__(self, tool: str, reason: str) -> None:
+        self.tool = tool
+        self.reason = reason
+        super().__init__(f"tool {tool!r}: {reason}")
+
+
+class UnknownParserError(TmplError, ValueError):
+    """A tool-call parser was asked for by a name that does not exist."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(f"unknown tool-call parser {name!r}; known parsers: {', '.join(known)}")
+
+
+class NoToolParserError(TemplateError):
+    """No tool-call parser was recognised for a template; force one with ``parser=<name>``."""
+
+
+class ToolboxError(TmplError, ValueError):
+    """The Toolbox was used wrongly (a bad option, a duplicate tool name, a malformed batch)."""

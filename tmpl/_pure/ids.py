@@ -38,3 +38,21 @@ def join_ids(chunks: Sequence[Sequence[int]]) -> list[int]:
 def ends_with_any(ids: Sequence[int], stops) -> bool:
     """True when the last ID of ``ids`` is in the set ``stops`` (False for an empty sequence)."""
     return bool(len(ids)) and ids[-1] in stops
+
+
+def positions_of(ids: Sequence[int], targets, start: int = 0) -> list[int]:
+    """Positions ``i >= start`` whose ID is in ``targets`` (a set or frozenset), in order.
+
+    Used to cut a completion at delimiter tokens (special tokens, tool-call markers).
+    """
+    x = list(ids)
+    return [i for i in range(max(start, 0), len(x)) if x[i] in targets]
+
+
+def index_of_any(ids: Sequence[int], targets, start: int = 0) -> int:
+    """First position ``i >= start`` whose ID is in ``targets``; -1 if there is none."""
+    x = list(ids)
+    for i in range(max(start, 0), len(x)):
+        if x[i] in targets:
+            return i
+    return -1

@@ -1,0 +1,45 @@
+"""Tool calls for multi-turn RL: parse every major format from token IDs, run tools safely.
+
+>>> import tmpl
+>>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")          # doctest: +SKIP
+>>> tools = tmpl.Toolbox([get_weather, search], timeout=10.0)         # doctest: +SKIP
+>>> parsed = tpl.parse_completion(completion_ids, tools=tools)        # doctest: +SKIP
+>>> result = tools.run_batch([parsed])                                # doctest: +SKIP
+>>> suffix = tpl.suffix_ids(result.messages[0], completion_ids=completion_ids, tools=tools.schemas)  # doctest: +SKIP
+
+Modules: :mod:`.types` (records), :mod:`.arguments` and :mod:`.literal` (reading arguments),
+:mod:`.tokentext` (IDs as marked text), :mod:`.parsers` (one module per format),
+:mod:`.detect` (which parser a template needs), :mod:`.toolbox` and :mod:`.metrics` (running tools).
+"""
+
+from .api import parse_completion, parser_for
+from .arguments import Arguments, coerce_arguments, read_arguments
+from .detect import Detection, detect
+from .metrics import FAILURE_KINDS, CallOutcome, ToolMetrics
+from .parsers import PARSERS, ToolParser, get_parser
+from .schema import tool_schema
+from .toolbox import BatchResult, Toolbox
+from .types import ParsedCompletion, ParseError, ToolCall, new_call_id
+
+__all__ = [
+    "FAILURE_KINDS",
+    "PARSERS",
+    "Arguments",
+    "BatchResult",
+    "CallOutcome",
+    "Detection",
+    "ParseError",
+    "ParsedCompletion",
+    "ToolCall",
+    "ToolMetrics",
+    "ToolParser",
+    "Toolbox",
+    "coerce_arguments",
+    "detect",
+    "get_parser",
+    "new_call_id",
+    "parse_completion",
+    "parser_for",
+    "read_arguments",
+    "tool_schema",
+]

@@ -1,0 +1,53 @@
+"""``ChatTemplate.parse_completion`` and ``ChatTemplate.parser``, delegated here.
+
+>>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")              # doctest: +SKIP
+>>> done = tpl.parse_completion(completion_ids, tools=toolbox)            # doctest: +SKIP
+>>> [(c.name, c.arguments) for c in done.tool_calls]                      # doctest: +SKIP
+[('get_weather', {'city': 'Paris'})]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import NoToolParserError
+from .detect import Detection, detect
+from .parsers import ToolParser, get_parser
+from .types import ParsedCompletion
+
+
+def parser_for(tpl: Any, name: str | None = None) -> ToolParser:
+    """The parser of a template: ``name`` when given, else the detected one.
+
+    Raises :class:`~tmpl.errors.UnknownParserError` for an unknown name and
+    :class:`~tmpl.errors.NoToolParserError` when none was detected.
+    """
+    if name is not None:
+        return get_parser(name, tpl.codec)
+    found = detect(tpl)
+    if found.parser is None:
+        raise NoToolParserError(
+            tpl.name,
+            f"no tool-call parser recognised ({found.detail}); force one with parser=<name> "
+            f"(see tmpl.toolcalls.PARSERS)",
+        )
+    return get_parser(found.parser, tpl.codec, found.think)
+
+
+def parse_completion(
+    tpl: Any, completion_ids: Sequence[int], *, tools: Any = None, parser: str | None = None
+) -> ParsedCompletion:
+    """Parse one completion's token IDs with the template's parser (see :func:`parser_for`)."""
+    if isinstance(completion_ids, (str, bytes)):
+        raise TypeError("completion_ids must be a sequence of token IDs, not text (encode it first)")
+    p = parser_for(tpl, parser)
+    parsed = p.parse(completion_ids, tools=tools)
+    key = detect(tpl).reasoning_key if parser is None else None
+    if key and key != parsed.reasoning_key:
+        parsed = dataclasses.replace(parsed, reasoning_key=key)
+    return parsed
+
+
+__all__ = ["Detection", "detect", "parse_completion", "parser_for"]

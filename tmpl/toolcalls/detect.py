@@ -1,0 +1,222 @@
+"""Which parser reads a template's tool calls: found by rendering dummy calls and reading them back.
+
+The probe renders a conversation whose assistant turn makes two calls (one when the template
+accepts only one) with sentinel arguments of two types, cuts the assistant turn out of the
+render, tokenizes it, and runs every parser on it. A parser that gives back exactly the calls
+that were rendered (names, argument values and types, nothing else) recognises the format; the
+first such parser in :data:`~tmpl.toolcalls.parsers.PARSERS` order wins. The template's source
+text is never matched.
+
+A template that renders no calls at all (DeepSeek V3's own, Phi-4-mini, SmolLM3) falls back to
+the tokenizer's vocabulary: the one parser whose signature tokens are all added tokens of the
+tokenizer (``how="vocabulary"``). A template that renders calls no parser can read gets none.
+
+>>> detection = detect(tpl)     # doctest: +SKIP
+>>> detection.parser, detection.how
+('hermes', 'render')
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _core
+from ..codec import Codec
+from ..errors import TmplError
+from ..probe import USER_SENTINEL, arg_sentinel, call_id
+from ..render import Renderer
+from .parsers import PARSERS, get_parser
+
+#: Tools of the detection probe: a string and an integer argument, then a string one.
+DETECT_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "tmpl_probe_lookup",
+            "description": "A tool used by tmpl to recognise the call format.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query", "limit"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "tmpl_probe_note",
+            "description": "A second tool used by tmpl to recognise the call format.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        },
+    },
+]
+REASONING_SENTINEL = "TmPlReAsOnInG"
+CONTENT_SENTINEL = "TmPlViSiBlEtExT"
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def probe_calls(k: int) -> list[dict[str, Any]]:
+    """The ``k`` (1 or 2) dummy calls the probe renders: what a parser must give back."""
+    calls = [
+        {"name": "tmpl_probe_lookup", "arguments": {"query": arg_sentinel(0), "limit": 7}},
+        {"name": "tmpl_probe_note", "arguments": {"text": arg_sentinel(1)}},
+    ]
+    return calls[:k]
+
+
+@dataclass(frozen=True)
+class Detection:
+    """Outcome of parser detection for one template.
+
+    ``parser`` is the chosen parser's name or None; ``how`` is ``"render"`` (read back from a
+    render), ``"vocabulary"`` (the template renders no calls; chosen from the tokenizer's
+    tokens) or ``"none"``; ``candidates`` are all parsers that read the render back;
+    ``calls`` is how many calls the probe rendered; ``detail`` says why, in words;
+    ``reasoning_key`` is the message key the template renders reasoning from (None if none);
+    ``think`` is the (open, close) of the template's reasoning when it differs from the format's
+    (Apriel's ``[BEGIN FINAL RESPONSE]``), passed on to the parser.
+    """
+
+    parser: str | None
+    how: str
+    candidates: tuple[str, ...] = ()
+    calls: int = 0
+    detail: str = ""
+    reasoning_key: str | None = None
+    think: tuple[str, str] | None = None
+
+
+def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assistant: dict, tools: Any) -> list[int]:
+    """The IDs the model would generate for ``assistant``: the render's tokens after the generation prompt.
+
+    The cut is at the longest common token prefix of the prompt render and the full render, so a
+    prompt that opens a block the full render does not have (``<think>`` in QwQ, an empty thought
+    channel in Gemma 4) is cut where the two differ.
+    """
+    prompt = codec.encode(renderer.text(history, tools=tools, add_generation_prompt=True))
+    full = codec.encode(renderer.text(history + [assistant], tools=tools, add_generation_prompt=False))
+    return full[_core.ids.common_prefix_len(prompt, full) :]
+
+
+def _matches(parsed, expected: Sequence[dict[str, Any]]) -> bool:
+    if parsed.errors or len(parsed.tool_calls) != len(expected):
+        return False
+    for call, want in zip(parsed.tool_calls, expected):
+        if call.name != want["name"] or call.arguments != want["arguments"]:
+            return False
+        if any(type(call.arguments[k]) is not type(v) for k, v in want["arguments"].items()):
+            return False
+    return True
+
+
+def detect_with(renderer: Renderer, codec: Codec) -> Detection:
+    """Detect the parser for a template (see the module docstring). Never raises on template errors."""
+    key, layout = reasoning_probe(renderer, codec)
+    history = [{"role": "user", "content": USER_SENTINEL}]
+    rendered_any = False
+    reasons: list[str] = []
+    for k, as_text in ((2, False), (2, True), (1, False), (1, True)):
+        calls = probe_calls(k)
+        assistant = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [  # some templates want arguments as a JSON string (OpenAI's wire format)
+                {"id": call_id(7, i), "type": "function",
+                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]}}
+                for i, c in enumerate(calls)
+            ],
+        }
+        how = f"{k} call(s) with arguments as {'JSON text' if as_text else 'a dict'}"
+        try:
+            ids = completion_ids(renderer, codec, history, assistant, DETECT_TOOLS)
+        except TmplError as exc:
+            reasons.append(f"{how} do not render ({exc})")
+            continue
+        text = codec.decode(ids)
+        if arg_sentinel(0) not in text:
+            reasons.append(f"{how} render as nothing")
+            continue
+        rendered_any = True
+        found = []
+        for name in PARSERS:
+            try:
+                parsed = get_parser(name, codec).parse(ids, tools=DETECT_TOOLS)
+            except Exception as exc:  # a parser bug must not break detection; tests hold parsers to no-raise
+                reasons.append(f"{name} raised {type(exc).__name__}: {exc}")
+                continue
+            if _matches(parsed, calls):
+                found.append(name)
+        if found:
+            return Detection(found[0], "render", tuple(found), k, f"the render of {k} call(s) reads back with {found[0]}",
+                             key, think_override(found[0], layout))
+        reasons.append(f"no parser reads back the render of {how}: {text[:120]!r}")
+    if rendered_any:
+        return Detection(None, "none", (), 0, "; ".join(reasons), key)
+    by_vocab = [name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)]
+    if len(by_vocab) == 1:
+        return Detection(by_vocab[0], "vocabulary", tuple(by_vocab), 0,
+                         f"the template renders no calls; the tokenizer has {by_vocab[0]}'s tokens "
+                         f"{', '.join(PARSERS[by_vocab[0]].signature)}", key, think_override(by_vocab[0], layout))
+    why = "; ".join(reasons)
+    if by_vocab:
+        why += f"; the vocabulary fits several parsers ({', '.join(by_vocab)})"
+    return Detection(None, "none", tuple(by_vocab), 0, why, key)
+
+
+def reasoning_probe(renderer: Renderer, codec: Codec) -> tuple[str | None, tuple[str, str] | None]:
+    """(message key the template renders reasoning from, (open, close) around it in the completion).
+
+    Renders an assistant message with a reasoning sentinel and a content sentinel; the text
+    before the reasoning (after the generation prompt) is the open, the text between the
+    two is the close. (None, None) when no key renders; (key, None) when the layout is unusable.
+    """
+    history = [{"role": "user", "content": USER_SENTINEL}]
+    for key in REASONING_KEYS:
+        assistant = {"role": "assistant", "content": CONTENT_SENTINEL, key: REASONING_SENTINEL}
+        try:
+            prompt = codec.encode(renderer.text(history, add_generation_prompt=True))
+            full = codec.encode(renderer.text(history + [assistant], add_generation_prompt=False))
+        except TmplError:
+            continue
+        text = codec.decode(full[_core.ids.common_prefix_len(prompt, full) :])
+        if REASONING_SENTINEL not in codec.decode(full):
+            continue
+        r = text.find(REASONING_SENTINEL)
+        c = text.find(CONTENT_SENTINEL, r + 1)
+        if r < 0 or c < 0:
+            return key, None
+        return key, (text[:r].strip(), text[r + len(REASONING_SENTINEL) : c].strip())
+    return None, None
+
+
+def think_override(parser: str, layout: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The reasoning delimiters to give ``parser`` when the template's differ from the format's."""
+    default = PARSERS[parser].think
+    if default is None or layout is None:
+        return None
+    open_, close = layout
+    if not close or len(close) > 64 or len(open_) > 64:
+        return None
+    if close == default[1] and (not open_ or default[0] in open_):
+        return None
+    return (open_, close)
+
+
+_CACHE: dict[str, Detection] = {}
+_LOCK = threading.Lock()
+
+
+def detect(tpl: Any) -> Detection:
+    """Detection for a :class:`~tmpl.ChatTemplate`, cached per template fingerprint."""
+    key = tpl.fingerprint
+    found = _CACHE.get(key)
+    if found is None:
+        with _LOCK:
+            found = _CACHE.get(key)
+            if found is None:
+                found = _CACHE[key] = detect_with(tpl.renderer, tpl.codec)
+    return found

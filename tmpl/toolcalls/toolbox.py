@@ -1,0 +1,347 @@
+"""``Toolbox``: run a batch of tool calls concurrently, safely, and turn results into tool messages.
+
+    tools = tmpl.Toolbox([get_weather, async_search], timeout=10.0, max_concurrency=64)
+    tpl.prompt_ids(messages, tools=tools.schemas)
+    parsed = [tpl.parse_completion(ids, tools=tools) for ids in completions]
+    result = tools.run_batch(parsed)          # or: await tools.run_batch_async(parsed)
+    result.messages[b]                        # tool messages of sample b, in call order
+    result.stop[b]                            # with on_error="stop": a call of sample b failed
+    result.metrics.as_dict()                  # calls, failures by kind, timeouts, latency
+
+All calls of a batch run at once on an event loop (at most ``max_concurrency`` at a time),
+async tools as tasks and sync tools each on its own daemon thread, every call under its
+timeout. Nothing is dropped: a malformed call, an unknown tool, arguments that do not fit, an
+exception or a timeout each give a tool message that says so plainly (``on_error="message"``,
+the default); with ``on_error="stop"`` the sample is also flagged to stop.
+
+A sync tool that hangs cannot be killed from Python: at its timeout the call is answered with
+a timeout message and the batch goes on; the thread keeps running until the function returns
+(it is a daemon thread, so it does not keep the process alive). :attr:`Toolbox.hung_threads`
+counts such threads. An async tool is cancelled at its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ToolboxError
+from .arguments import coerce_arguments, read_arguments
+from .metrics import CallOutcome, ToolMetrics
+from .schema import tool_name, tool_schema
+from .types import ParsedCompletion, ParseError, ToolCall, new_call_id
+
+ON_ERROR = ("message", "stop")
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str
+    fn: Any
+    schema: dict[str, Any]
+    is_async: bool
+    signature: inspect.Signature | None
+    timeout: float
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Outcome of :meth:`Toolbox.run_batch`.
+
+    ``messages[b]``: sample b's tool messages, one per call in the order the model wrote them
+    (failed calls included: their content states the error). ``stop[b]``: with
+    ``on_error="stop"``, True when a call of sample b failed (its messages are still there, for
+    logging); always False with ``on_error="message"``. ``outcomes[b]``: the per-call records
+    (error kind, latency, the tool's return value). ``metrics``: the batch's counts and latencies.
+    """
+
+    messages: list[list[dict[str, Any]]]
+    stop: list[bool]
+    outcomes: list[list[CallOutcome]]
+    metrics: ToolMetrics
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+def _content(value: Any) -> str:
+    """A tool's return value as message content: text as is, None as "", the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _short(text: str, n: int = 300) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class Toolbox:
+    """A set of tools (sync or async callables) with their JSON schemas, and a safe batch runner.
+
+    ``tools``: callables (schema from type hints and docstring, as transformers'
+    ``get_json_schema`` builds it) or ``(callable, schema)`` pairs. ``timeout``: seconds per call
+    (``timeouts`` overrides it per tool name). ``max_concurrency``: calls running at once.
+    ``on_error``: ``"message"`` (errors become tool messages) or ``"stop"`` (also flag the sample).
+
+    >>> def add(a: int, b: int) -> int:
+    ...     '''Add two numbers.
+    ...
+    ...     Args:
+    ...         a: First number.
+    ...         b: Second number.
+    ...     '''
+    ...     return a + b
+    >>> box = Toolbox([add], timeout=5)
+    >>> result = box.run_batch([[{"name": "add", "arguments": {"a": 2, "b": "3"}}], []])
+    >>> result.messages[0][0]["content"], result.messages[1], result.metrics.calls
+    ('5', [], 1)
+    >>> box.run_batch([[{"name": "mul", "arguments": {}}]]).messages[0][0]["content"]
+    "Error: unknown tool 'mul'; available: add"
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Any],
+        *,
+        timeout: float = 10.0,
+        max_concurrency: int = 64,
+        on_error: str = "message",
+        timeouts: Mapping[str, float] | None = None,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ToolboxError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ToolboxError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if not (isinstance(max_concurrency, int) and max_concurrency >= 1):
+            raise ToolboxError(f"max_concurrency must be a positive integer, not {max_concurrency!r}")
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise ToolboxError(f"tools must be a list of callables, not {type(tools).__name__}")
+        self.timeout = float(timeout)
+        self.max_concurrency = max_concurrency
+        self.on_error = on_error
+        self._tools: dict[str, _Tool] = {}
+        timeouts = dict(timeouts or {})
+        for i, item in enumerate(tools):
+            fn, schema = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+            if not callable(fn):
+                raise ToolboxError(f"tools[{i}] is not callable ({type(fn).__name__})")
+            schema = tool_schema(schema if schema is not None else fn)
+            name = tool_name(schema)
+            if name in self._tools:
+                raise ToolboxError(f"tools[{i}]: two tools are named {name!r}")
+            try:
+                sig: inspect.Signature | None = inspect.signature(fn)
+            except (TypeError, ValueError):
+                sig = None
+            is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+            self._tools[name] = _Tool(name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)))
+        if timeouts:
+            raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+        self._hung: set[concurrent.futures.Future] = set()
+
+    # -- tools ------------------------------------------------------------------------
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas, for ``tools=`` of a chat template."""
+        return [t.schema for t in self._tools.values()]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self):
+        return iter(self.schemas)
+
+    @property
+    def hung_threads(self) -> int:
+        """Sync calls that timed out and are still running in their threads."""
+        self._hung = {f for f in self._hung if not f.done()}
+        return len(self._hung)
+
+    # -- running ------------------------------------------------------------------------
+    def run_batch(self, samples: Sequence[Any]) -> BatchResult:
+        """Run every call of every sample concurrently; returns when all are answered.
+
+        ``samples``: one entry per sample, a :class:`ParsedCompletion` or a list of calls
+        (:class:`ToolCall`, :class:`ParseError`, or dicts ``{"name", "arguments", "id"?}`` /
+        OpenAI ``{"id", "function": {"name", "arguments"}}``). Safe to call from inside a running
+        event loop (the calls run on the Toolbox's own loop thread).
+        """
+        plan = self._plan(samples)
+        future = asyncio.run_coroutine_threadsafe(self._run(plan), self._ensure_loop())
+        return future.result()
+
+    async def run_batch_async(self, samples: Sequence[Any]) -> BatchResult:
+        """:meth:`run_batch` for callers already on an event loop (the calls run on that loop)."""
+        plan = self._plan(samples)
+        return await self._run(plan)
+
+    def close(self) -> None:
+        """Stop the Toolbox's loop thread (a later run starts a new one)."""
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+    def __enter__(self) -> Toolbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                threading.Thread(target=serve, name="tmpl-toolbox-loop", daemon=True).start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    # -- planning ---------------------------------------------------------------------
+    def _plan(self, samples: Sequence[Any]) -> list[list[ToolCall | ParseError]]:
+        if isinstance(samples, (ParsedCompletion, str, bytes, Mapping)) or not isinstance(samples, Sequence):
+            raise ToolboxError(
+                f"run_batch takes a list with one entry per sample, not {type(samples).__name__}"
+            )
+        plan: list[list[ToolCall | ParseError]] = []
+        for b, sample in enumerate(samples):
+            if isinstance(sample, ParsedCompletion):
+                plan.append(list(sample.items))
+                continue
+            if isinstance(sample, (str, bytes, Mapping)) or not isinstance(sample, Sequence):
+                raise ToolboxError(
+                    f"samples[{b}] must be a ParsedCompletion or a list of calls, not {type(sample).__name__}"
+                )
+            plan.append([self._as_call(item, b, j) for j, item in enumerate(sample)])
+        return plan
+
+    @staticmethod
+    def _as_call(item: Any, b: int, j: int) -> ToolCall | ParseError:
+        if isinstance(item, (ToolCall, ParseError)):
+            return item
+        if not isinstance(item, Mapping):
+            raise ToolboxError(f"samples[{b}][{j}] must be a ToolCall, ParseError or dict, not {type(item).__name__}")
+        fn = item.get("function") if isinstance(item.get("function"), Mapping) else item
+        name = fn.get("name")
+        cid = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else new_call_id()
+        raw = json.dumps(dict(item), default=str)
+        if not isinstance(name, str) or not name:
+            return ParseError("missing_name", "the call has no tool name", raw=raw, id=cid)
+        args = read_arguments(fn.get("arguments", fn.get("parameters")))
+        if args.value is None:
+            return ParseError("bad_json", args.error or "unreadable arguments", raw=raw, name=name, id=cid)
+        return ToolCall(id=cid, name=name, arguments=args.value, raw=raw, repairs=args.repairs)
+
+    # -- execution --------------------------------------------------------------------
+    async def _run(self, plan: list[list[ToolCall | ParseError]]) -> BatchResult:
+        start = time.perf_counter()
+        sem = asyncio.Semaphore(self.max_concurrency)
+        tasks = [[asyncio.ensure_future(self._one(item, sem)) for item in sample] for sample in plan]
+        outcomes = [[await t for t in sample] for sample in tasks]
+        stop = [self.on_error == "stop" and any(not o.ok for o in sample) for sample in outcomes]
+        metrics = ToolMetrics.from_outcomes(
+            outcomes, wall_time=time.perf_counter() - start, stopped=sum(stop), hung_threads=self.hung_threads
+        )
+        messages = [[o.message() for o in sample] for sample in outcomes]
+        return BatchResult(messages=messages, stop=stop, outcomes=outcomes, metrics=metrics)
+
+    async def _one(self, item: ToolCall | ParseError, sem: asyncio.Semaphore) -> CallOutcome:
+        if isinstance(item, ParseError):
+            what = f" to '{item.name}'" if item.name else ""
+            return CallOutcome(item.id, item.name or "unknown", "malformed_call",
+                               f"Error: the tool call{what} could not be read ({item.message}); it was not run.", None)
+        tool = self._tools.get(item.name)
+        if tool is None:
+            available = ", ".join(self._tools) or "(none)"
+            return CallOutcome(item.id, item.name, "unknown_tool",
+                               f"Error: unknown tool '{item.name}'; available: {available}", None)
+        params = tool.schema.get("function", {}).get("parameters")
+        args, _ = coerce_arguments(item.arguments, params if isinstance(params, Mapping) else None)
+        if tool.signature is not None:
+            try:
+                tool.signature.bind(**args)
+            except TypeError as exc:
+                return CallOutcome(item.id, item.name, "bad_arguments",
+                                   f"Error: wrong arguments for {item.name}: {exc}", None)
+        async with sem:
+            return await self._execute(tool, item, args)
+
+    async def _execute(self, tool: _Tool, call: ToolCall, args: dict[str, Any]) -> CallOutcome:
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        thread_future: concurrent.futures.Future | None = None
+        if tool.is_async:
+            task: asyncio.Future = asyncio.ensure_future(tool.fn(**args))
+        else:
+            thread_future = _in_daemon_thread(functools.partial(tool.fn, **args))
+            task = asyncio.wrap_future(thread_future, loop=loop)
+        done, _ = await asyncio.wait({task}, timeout=tool.timeout)
+        if not done:
+            task.cancel()
+            if thread_future is not None and not thread_future.done():
+                self._hung.add(thread_future)
+            return CallOutcome(call.id, call.name, "timeout",
+                               f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout)
+        try:
+            value = task.result()
+            if inspect.isawaitable(value):  # a sync callable that returned a coroutine
+                left = max(tool.timeout - (time.perf_counter() - began), 0.001)
+                inner = asyncio.ensure_future(value)
+                done, _ = await asyncio.wait({inner}, timeout=left)
+                if not done:
+                    inner.cancel()
+                    return CallOutcome(call.id, call.name, "timeout",
+                                       f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout)
+                value = inner.result()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the tool raised (SystemExit, its own CancelledError too): a message
+            text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return CallOutcome(call.id, call.name, "exception", f"Error: {call.name} raised {text}",
+                               time.perf_counter() - began)
+        return CallOutcome(call.id, call.name, None, _content(value), time.perf_counter() - began, value)
+
+
+def _in_daemon_thread(fn: Any) -> concurrent.futures.Future:
+    """Run ``fn()`` on a new daemon thread; its outcome lands in the returned future."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
+            future.set_exception(exc)
+
+    threading.Thread(target=target, name="tmpl-tool", daemon=True).start()
+    return future
