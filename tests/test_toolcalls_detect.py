@@ -12,7 +12,7 @@ import pytest
 import tmpl
 from tmpl.errors import NoToolParserError, UnknownParserError
 from tmpl.toolcalls import PARSERS, detect, get_parser
-from toolcalls_data import chat_template, template_ids
+from .toolcalls_data import chat_template, template_ids
 
 R, V = "render", "vocabulary"
 

@@ -20,7 +20,7 @@ from tmpl.toolcalls.arguments import coerce_arguments
 from tmpl.toolcalls.literal import LiteralError, read_literal
 from tmpl.toolcalls.parsers.base import NAME_RE
 from tmpl.toolcalls.types import PARSE_ERROR_KINDS
-from toolcalls_data import TOOLS, chat_template
+from .toolcalls_data import TOOLS, chat_template
 
 #: parser -> template whose tokenizer it is fuzzed on
 HOSTS = {
@@ -144,7 +144,7 @@ def test_fuzz_argument_readers(text):
 
 def _real_completion(parser: str) -> tuple[object, list[int]]:
     """A real render of an assistant turn with two calls (one where the template takes only one)."""
-    from toolcalls_data import CALLS, assistant_message, completion_ids
+    from .toolcalls_data import CALLS, assistant_message, completion_ids
 
     tpl = chat_template(HOSTS[parser])
     for k in (2, 1):
@@ -212,7 +212,7 @@ ROUND_TRIP = ["qwen3", "llama.cpp/Qwen3-Coder.jinja", "llama.cpp/GLM-4.6.jinja",
 @pytest.mark.parametrize("key", ROUND_TRIP)
 def test_fuzz_round_trip_of_generated_calls(key):
     """Generated names and arguments, rendered by the real template, read back identically."""
-    from toolcalls_data import assistant_message, completion_ids, same, tool
+    from .toolcalls_data import assistant_message, completion_ids, same, tool
 
     tpl = chat_template(key)
     single = key in ("gpt-oss", "llama-3.2-instruct")

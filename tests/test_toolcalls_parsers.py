@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tmpl.toolcalls import ParseError, ToolCall, get_parser
-from toolcalls_data import TOOLS, chat_template
+from .toolcalls_data import TOOLS, chat_template
 
 QWEN = "qwen3"
 CODER = "llama.cpp/Qwen3-Coder.jinja"

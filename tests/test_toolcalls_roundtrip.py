@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import catalog
+from .conftest import catalog
 from tmpl.errors import TemplateRenderError
 from tmpl.toolcalls import detect
-from toolcalls_data import CALLS, FAMILIES, TOOLS, assistant_message, chat_template, completion_ids, same, template_ids
+from .toolcalls_data import CALLS, FAMILIES, TOOLS, assistant_message, chat_template, completion_ids, same, template_ids
 
 CONTENT = "Checking that now."
 REASONING = "TmPlThInKiNgAbOuT the weather"

@@ -16,7 +16,7 @@ from transformers.utils import get_json_schema
 import tmpl
 from tmpl.errors import ToolboxError, ToolSchemaError
 from tmpl.toolcalls import FAILURE_KINDS, ParseError, ToolCall
-from toolcalls_data import assistant_message, chat_template, completion_ids
+from .toolcalls_data import assistant_message, chat_template, completion_ids
 
 RELEASE = threading.Event()  # lets hung sync tools finish when the module's tests are done
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DATA, catalog, family_source, load_tokenizer
+from .conftest import DATA, catalog, family_source, load_tokenizer
 from tmpl import ChatTemplate, _core
 
 #: Families whose tokenizer folder ships its own chat template.

@@ -184,12 +184,12 @@ def _assistant_mask(tpl) -> bool:
 
 
 def _parser_name(tpl) -> str | None:
-    detect = getattr(tpl, "parser", None)
+    """The detected tool-call parser's name (None when no parser reads this template's calls)."""
     try:
-        parser = detect() if callable(detect) else detect
+        parser = tpl.parser
     except TmplError:
         return None
-    return getattr(parser, "name", parser) if parser is not None else None
+    return getattr(parser, "name", None) or str(parser)
 
 
 def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
