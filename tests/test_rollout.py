@@ -11,7 +11,6 @@ import torch
 import tmpl
 from tmpl.backends import GenerationResult, Sampling, Scripted, Torch, VLLMServer
 
-from .contract import TOOLS
 from .vllm_standin import StandinServer
 
 
@@ -45,11 +44,12 @@ def search_web(query: str, max_results: int) -> str:
 
 
 FUNCS = [get_weather, get_time, search_web]
+SCHEMAS = tmpl.Toolbox(FUNCS).schemas  # what the rollout renders with
 ARGS = [{"city": "Paris"}, {"city": "Tokyo", "timezone": "Asia/Tokyo"}, {"query": "rain", "max_results": 2}]
 
 
 def _ids(tpl, messages, gen: bool) -> list[int]:
-    out = tpl.tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=tpl.template, tokenize=True,
+    out = tpl.tokenizer.apply_chat_template(messages, tools=SCHEMAS, chat_template=tpl.template, tokenize=True,
                                             add_generation_prompt=gen, **tpl.template_kwargs)
     return list(out["input_ids"])
 
@@ -76,7 +76,7 @@ class ScriptedConversation:
             msg["reasoning_content"] = f"Turn {turn}: think about the tools."
         if k:
             msg["tool_calls"] = [
-                {"id": f"t{turn}c{i}abcd"[:9], "type": "function",
+                {"id": f"t{turn}c{i}abcde"[:9], "type": "function",
                  "function": {"name": FUNCS[i % 3].__name__, "arguments": ARGS[i % 3]}}
                 for i in range(k)
             ]
@@ -223,12 +223,10 @@ def test_budgets_and_turn_limits(tokenizer_of):
     always_call = Scripted(lambda r: call)
     [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=3).run([[{"role": "user", "content": "q"}]])
     assert r.status.name == "TRUNCATED" and "max_turns=3" in r.reason and r.turns == 3
-    prompt_len = len(tpl.prompt_ids([{"role": "user", "content": "q"}], tools=TOOLS[:0] or None))
     [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=8, max_length=10_000,
                        max_completion_length=len(call) + 10).run([[{"role": "user", "content": "q"}]])
     assert r.status.name == "TRUNCATED" and r.trajectory.tokens_cut > 0  # the tool suffix overflowed
     assert len(r.completion_ids) == len(call) + 10 == len(r.mask) == len(r.logprobs)
-    del prompt_len
 
 
 def test_drift_is_measured_on_the_seed_completion(tokenizer_of):
