@@ -189,15 +189,13 @@ class Rollout:
         stops = tpl.stop_token_ids
         calls = failures = turns = 0
         finish = "stop"
+        sequence = list(prompt)  # the engine's next input: prompt + everything appended so far
         for turn in range(self.max_turns):
             budget = traj.max_new_tokens(self.max_tokens_per_turn)
             if budget <= 0:
                 traj.truncate("no token budget left for another turn")
                 break
-            t0 = time.perf_counter()
-            sequence = _core.ids.join_ids([traj.prompt_ids.tolist(), traj.completion_ids.tolist()])
-            request = GenerationRequest(f"{i}-{s}-{turn}", sequence, budget, stops, sampling)
-            times.bookkeeping += time.perf_counter() - t0
+            request = GenerationRequest(f"{i}-{s}-{turn}", list(sequence), budget, stops, sampling)
             result = await scheduler.generate(request)
             turns += 1
             finish = result.finish_reason
@@ -209,6 +207,7 @@ class Rollout:
                 break
             t0 = time.perf_counter()
             kept = traj.add_completion(result.token_ids, result.logprobs, message=len(history))
+            sequence += result.token_ids[:kept]
             times.bookkeeping += time.perf_counter() - t0
             if not traj.running:
                 break
@@ -251,7 +250,7 @@ class Rollout:
                 break
             message_index = len(history) + 1
             history += [assistant] + tool_messages
-            traj.add_suffix(suffix, message=message_index)
+            sequence += suffix[: traj.add_suffix(suffix, message=message_index)]
             if batch.stop[0]:
                 traj.truncate("a tool failed and on_error='stop'")
                 break

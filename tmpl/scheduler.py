@@ -108,7 +108,10 @@ class Scheduler:
         requests = [r for r, _ in batch]
         self._enter()
         try:
-            results = await asyncio.to_thread(self.backend.generate_batch, requests)
+            if self.backend.threaded:
+                results = await asyncio.to_thread(self.backend.generate_batch, requests)
+            else:
+                results = self.backend.generate_batch(requests)
         except Exception as exc:  # the engine failed the whole batch: every request fails with why
             results = [GenerationResult.failed(r.request_id, f"{type(exc).__name__}: {exc}") for r in requests]
         finally:

@@ -94,10 +94,14 @@ class Backend:
     """Base class. Subclasses override :meth:`generate_batch`, :meth:`agenerate`, or both.
 
     ``batching`` tells the rollout whether to gather requests into batches (True for
-    engines that generate a batch at a time) or to send each as soon as it is ready.
+    engines that generate a batch at a time) or to send each as soon as it is ready;
+    ``threaded`` whether a batch runs in a worker thread.
     """
 
     batching: bool = True
+    #: run ``generate_batch`` in a worker thread (engines that release the GIL while they
+    #: compute); False runs it on the event loop (cheap pure-Python backends)
+    threaded: bool = True
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for many requests; one result per request, in order."""

@@ -20,6 +20,7 @@ from .base import Backend, GenerationRequest, GenerationResult
 
 class Scripted(Backend):
     batching = True
+    threaded = False  # replaying is instant: a worker thread would only add GIL hand-offs
 
     def __init__(self, policy: Callable[[GenerationRequest], Any], *, logprob: float = -0.25) -> None:
         self.policy = policy
