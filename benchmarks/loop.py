@@ -107,7 +107,7 @@ def main() -> None:
     n = args.samples * args.turns
     print(f"{args.samples} samples x {args.turns} turns ({args.family}), engine time ~0 (scripted policy); "
           "time outside the engine, per sample-turn")
-    for label, chars in RESULT.items():
+    for chars in RESULT.values():
         _result_chars = chars
         run_tmpl(tpl, conversations[:8], args.turns, toolbox)  # warm the probe and caches
         t_tmpl = run_tmpl(tpl, conversations, args.turns, toolbox)

@@ -197,7 +197,7 @@ def _slots(text: str, start: int, patterns: Sequence[tuple[str, Slot]]) -> list[
         for pos in _find_all(text, needle, start):
             spans.append((pos, pos + len(needle), slot))
     spans.sort(key=lambda s: s[0])
-    for (s1, e1, _), (s2, _, _) in zip(spans, spans[1:]):
+    for (_, e1, _), (s2, _, _) in zip(spans, spans[1:]):
         if s2 < e1:
             return None  # overlapping slots: ambiguous
     return spans

@@ -13,9 +13,8 @@ token) in that common part is the turn close. Whitespace after the close (the
 
 from __future__ import annotations
 
-import os.path
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .codec import Codec

@@ -146,7 +146,7 @@ class Toolbox:
                 sig: inspect.Signature | None = inspect.signature(fn)
             except (TypeError, ValueError):
                 sig = None
-            is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+            is_async = inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
             self._tools[name] = _Tool(name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)))
         if timeouts:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")

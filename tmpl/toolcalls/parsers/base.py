@@ -104,6 +104,25 @@ class ToolParser:
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------------------
+    def calls_per_block(self, view: TokenText, start: int, end: int) -> list[RawCall]:
+        """One call per ``self._open`` ... ``self._close`` block, read by ``self._call(text, a, b)``.
+
+        For formats whose blocks each hold exactly one call (Qwen XML, GLM-4). A block cut off
+        by the end of the completion is a ``truncated`` error; one closed by the turn end
+        instead of its close tag is read, with the repair noted.
+        """
+        out: list[RawCall] = []
+        for block in blocks(view.text, self._open, self._close, start, end, self.stops):
+            if block.truncated:
+                out.append(RawCall(block.start, block.end, error=TRUNCATED, error_kind="truncated"))
+                continue
+            call = self._call(view.text, block.body_start, block.body_end)
+            call.start, call.end = block.start, block.end
+            if not block.closed and call.error is None:
+                call.repairs.append("missing close tag")
+            out.append(call)
+        return out
+
     def split_reasoning(self, view: TokenText) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(reasoning spans, other regions) of the completion, as character ranges.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from ..tokentext import TokenText
-from .base import TRUNCATED, RawCall, ToolParser, blocks
+from .base import RawCall, ToolParser
 
 
 class Glm4Parser(ToolParser):
@@ -35,17 +35,7 @@ class Glm4Parser(ToolParser):
         self._value_end = re.compile(self.p("</arg_value>"))
 
     def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:
-        out: list[RawCall] = []
-        for block in blocks(view.text, self._open, self._close, start, end, self.stops):
-            if block.truncated:
-                out.append(RawCall(block.start, block.end, error=TRUNCATED, error_kind="truncated"))
-                continue
-            call = self._call(view.text, block.body_start, block.body_end)
-            call.start, call.end = block.start, block.end
-            if not block.closed and call.error is None:
-                call.repairs.append("missing close tag")
-            out.append(call)
-        return out
+        return self.calls_per_block(view, start, end)
 
     def _call(self, text: str, a: int, b: int) -> RawCall:
         k = self._key.search(text, a, b)
