@@ -301,3 +301,27 @@ def test_samples_do_not_wait_for_each_other(tokenizer_of):
     # sample 1 went through turns 1..3 while sample 0 waited on its slow tool: no per-turn barrier
     assert any(b == ["1-0-2"] or b == ["1-0-1"] for b in batches), batches
     assert time.perf_counter() - start < 3 * 0.6 + 1.5
+
+
+def test_a_retried_sample_starts_clean(tokenizer_of):
+    """slime-retool's stale-state bug: a retried sample must not keep the failed attempt's tokens."""
+    tpl = _tpl(tokenizer_of)
+    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    final = tpl.codec.encode("Sunny.<|im_end|>")
+
+    def policy(req):
+        parts = req.request_id.split("-")
+        if parts[2] == "1" and len(parts) == 3:  # first attempt fails on its second turn
+            return GenerationResult.failed(req.request_id, "engine restarted")
+        return call if parts[2] == "0" else final
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, sample_retries=1)
+    [r] = rollout.run([[{"role": "user", "content": "weather?"}]])
+    assert r.status.name == "DONE" and r.attempts == 2 and r.metrics["attempts"] == 2
+    # exactly one first turn, its tool result, and the final answer: nothing stale from attempt 1
+    assert r.completion_ids.tolist()[: len(call)] == call
+    assert r.completion_ids.tolist()[-len(final):] == final
+    assert int(r.mask.sum()) == len(call) + len(final) and r.turns == 2
+    assert len(r.spans) == 3 and len(r.messages) == 4
+    no_retry = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS).run([[{"role": "user", "content": "weather?"}]])[0]
+    assert no_retry.status.name == "ABORTED" and "engine restarted" in no_retry.reason and no_retry.attempts == 1

@@ -55,6 +55,7 @@ class RolloutResult:
     finish_reason: str  # the last generation's: stop / length / abort / error
     drift: bool | None = None  # would re-rendering the text have changed the IDs? (None: not measured)
     times: SampleTimes = field(default_factory=SampleTimes, repr=False)
+    _attempts: int = field(default=1, repr=False)
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -84,6 +85,23 @@ class RolloutResult:
     def spans(self) -> list[Span]:
         return self.trajectory.spans
 
+    @property
+    def attempts(self) -> int:
+        """How many times the sample was run (more than 1 after retries, see ``sample_retries``)."""
+        return self._attempts
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Per-sample numbers: turns, tool calls and failures, tokens, drift, seconds by phase."""
+        generated = int(self.mask.sum())
+        return {
+            "status": self.status.name, "reason": self.reason, "turns": self.turns, "attempts": self.attempts,
+            "tool_calls": self.tool_calls, "tool_failures": self.tool_failures,
+            "tokens_generated": generated, "tokens_appended": len(self.mask) - generated,
+            "drift": self.drift, "finish_reason": self.finish_reason,
+            **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
+        }
+
 
 class Rollout:
     """Run conversations turn after turn until the model stops calling tools.
@@ -95,7 +113,9 @@ class Rollout:
     budget leaves). ``measure_drift``: re-render each finished sample once, to count samples
     whose IDs re-rendering would have changed. ``verify_every``: check every k-th suffix against
     a full render of the conversation (0: never); a mismatch aborts the sample.
-    ``progress``: a tqdm bar (default: when stderr is a terminal).
+    ``sample_retries``: how many times a sample whose generation failed (backend error or
+    abort) is run again from its prompt; its trajectory is reset first, so nothing of the
+    failed attempt stays. ``progress``: a tqdm bar (default: when stderr is a terminal).
     """
 
     def __init__(
@@ -111,6 +131,7 @@ class Rollout:
         sampling: Sampling | None = None,
         measure_drift: bool = True,
         verify_every: int = 0,
+        sample_retries: int = 0,
         max_batch: int = 256,
         max_concurrency: int = 256,
         progress: bool | None = None,
@@ -128,6 +149,7 @@ class Rollout:
         self.sampling = sampling or Sampling()
         self.measure_drift = measure_drift
         self.verify_every = verify_every
+        self.sample_retries = sample_retries
         self.max_batch = max_batch
         self.max_concurrency = max_concurrency
         self.progress = progress
@@ -159,7 +181,14 @@ class Rollout:
         async def one(i: int, s: int) -> RolloutResult:
             scheduler.start_sample()
             try:
-                return await self._sample(i, s, conversations[i], prompts[i], scheduler)
+                traj = None
+                for attempt in range(self.sample_retries + 1):
+                    result = await self._sample(i, s, conversations[i], prompts[i], scheduler, traj, attempt)
+                    traj = result.trajectory
+                    if not result.reason.startswith(_RETRYABLE):
+                        break
+                result._attempts = attempt + 1
+                return result
             finally:
                 scheduler.end_sample()
                 if bar is not None:
@@ -177,11 +206,15 @@ class Rollout:
         return results
 
     # -- one sample -----------------------------------------------------------------------
-    async def _sample(self, i: int, s: int, conversation, prompt: list[int], scheduler: Scheduler) -> RolloutResult:
+    async def _sample(self, i: int, s: int, conversation, prompt: list[int], scheduler: Scheduler,
+                      traj=None, attempt: int = 0) -> RolloutResult:
         times = SampleTimes()
         tpl = self.tpl
-        traj = _core.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
-                                        vocab_size=tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+        if traj is None:
+            traj = _core.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
+                                            vocab_size=tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+        else:
+            traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
         history: list[dict[str, Any]] = [dict(m) for m in conversation]
         sampling = self.sampling
         if sampling.seed is not None and sampling.n > 1:
@@ -195,15 +228,16 @@ class Rollout:
             if budget <= 0:
                 traj.truncate("no token budget left for another turn")
                 break
-            request = GenerationRequest(f"{i}-{s}-{turn}", list(sequence), budget, stops, sampling)
+            rid = f"{i}-{s}-{turn}" if not attempt else f"{i}-{s}-{turn}-r{attempt}"
+            request = GenerationRequest(rid, list(sequence), budget, stops, sampling)
             result = await scheduler.generate(request)
             turns += 1
             finish = result.finish_reason
             if result.finish_reason == "error":
-                traj.abort(f"generation failed: {result.error}")
+                traj.abort(f"{_RETRYABLE[0]}: {result.error}")
                 break
             if result.finish_reason == "abort":
-                traj.abort("the backend aborted the request")
+                traj.abort(_RETRYABLE[1])
                 break
             t0 = time.perf_counter()
             kept = traj.add_completion(result.token_ids, result.logprobs, message=len(history))
@@ -296,6 +330,10 @@ class Rollout:
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
+
+
+#: abort reasons after which a sample may be retried (``sample_retries``)
+_RETRYABLE = ("generation failed", "the backend aborted the request")
 
 
 def _toolbox(tools: Any):
