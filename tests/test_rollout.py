@@ -325,3 +325,26 @@ def test_a_retried_sample_starts_clean(tokenizer_of):
     assert len(r.spans) == 3 and len(r.messages) == 4
     no_retry = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS).run([[{"role": "user", "content": "weather?"}]])[0]
     assert no_retry.status.name == "ABORTED" and "engine restarted" in no_retry.reason and no_retry.attempts == 1
+
+
+def test_one_crashing_sample_does_not_take_the_batch_down(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    final = tpl.codec.encode("Sunny.<|im_end|>")
+
+    def policy(req):
+        if req.request_id == "1-0-0":
+            return GenerationResult(req.request_id, [10**9], [-0.1], "stop")  # an id outside the vocabulary
+        return call if req.request_id.endswith("-0") else final
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS)
+    results = rollout.run([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]])
+    assert results[0].status.name == "DONE"
+    assert results[1].status.name == "ABORTED" and "TokenIdError" in results[1].reason
+    assert rollout.metrics.aborted == 1
+
+
+def test_tools_with_a_template_that_has_no_parser_fail_early(tokenizer_of):
+    tpl = tmpl.ChatTemplate(tokenizer_of("gemma-3-it"), name="gemma-3-it")
+    with pytest.raises(tmpl.NoToolParserError, match="gemma-3-it"):
+        tmpl.Rollout(tpl, Scripted(lambda r: [1]), tools=FUNCS)

@@ -141,6 +141,8 @@ class Rollout:
         self.tpl = template
         self.backend = backend
         self.toolbox = _toolbox(tools)
+        if self.toolbox is not None:
+            template.parser  # noqa: B018 - fail now (NoToolParserError, with why) rather than mid-rollout
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
         self.max_turns = max_turns
         self.max_length = max_length
@@ -183,7 +185,10 @@ class Rollout:
             try:
                 traj = None
                 for attempt in range(self.sample_retries + 1):
-                    result = await self._sample(i, s, conversations[i], prompts[i], scheduler, traj, attempt)
+                    try:
+                        result = await self._sample(i, s, conversations[i], prompts[i], scheduler, traj, attempt)
+                    except Exception as exc:  # one sample's failure must not take the batch down
+                        result = self._crashed(i, s, conversations[i], prompts[i], traj, exc)
                     traj = result.trajectory
                     if not result.reason.startswith(_RETRYABLE):
                         break
@@ -298,6 +303,14 @@ class Rollout:
             drift = self._drift(history, traj)
             times.drift += time.perf_counter() - t0
         return RolloutResult(i, s, traj, history, turns, calls, failures, finish, drift, times)
+
+    def _crashed(self, i, s, conversation, prompt, traj, exc: Exception) -> RolloutResult:
+        """An unexpected error in one sample: the sample is ABORTED with the error as its reason."""
+        if traj is None:
+            traj = _core.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
+                                            vocab_size=self.tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+        traj.abort(f"unexpected error in the rollout: {type(exc).__name__}: {exc}")
+        return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error")
 
     # -- checks -----------------------------------------------------------------------------
     def _drift(self, history: list[dict[str, Any]], traj) -> bool | None:
