@@ -175,7 +175,6 @@ class Frame:
     transforms: dict[str, str]
     calls_visible: bool
     id_slots: tuple[bool, ...]
-    per_call_checked: bool = False
     history_dependence: str | None = None  # why the suffix depends on earlier messages, if it does
     notes: list[str] = field(default_factory=list)
 
@@ -463,4 +462,3 @@ class FrameBuilder:
                 frame.transforms[cls] = candidates[0]
             else:
                 frame.notes.append(f"{cls} contents go through the per-call render path")
-        frame.per_call_checked = True

@@ -274,6 +274,8 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
     if stability.date_injected:
         notes.append("the template renders today's date: prompts rendered on different days differ "
                      "(pass date_string= or a fixed template kwarg to pin it)")
+    if turns.plain is not None and turns.plain.tools_needed:
+        notes.append("the template renders a plain conversation only when given a tools list")
     if frame is not None and not frame.calls_visible:
         notes.append("the assistant's tool calls are not rendered: history does not show what was called")
     report.verdicts = judge(report)
