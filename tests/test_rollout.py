@@ -301,3 +301,22 @@ def test_samples_do_not_wait_for_each_other(tokenizer_of):
     # sample 1 went through turns 1..3 while sample 0 waited on its slow tool: no per-turn barrier
     assert any(b == ["1-0-2"] or b == ["1-0-1"] for b in batches), batches
     assert time.perf_counter() - start < 3 * 0.6 + 1.5
+
+
+def test_first_turn_of_every_sample_goes_in_one_batch(tokenizer_of):
+    """Samples start one after another; their first requests still reach the engine together."""
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+    batches = []
+
+    class Recording(Scripted):
+        threaded = True  # as the torch and vLLM backends
+
+        def generate_batch(self, requests):
+            batches.append(sorted(r.request_id for r in requests))
+            return super().generate_batch(requests)
+
+    results = tmpl.Rollout(tpl, Recording(lambda r: end), sampling=Sampling(n=2)).run(
+        [[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    assert all(r.status.name == "DONE" for r in results)
+    assert batches == [sorted(f"{i}-{s}-0" for i in range(3) for s in range(2))]
