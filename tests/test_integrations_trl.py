@@ -589,3 +589,15 @@ def test_runs_inside_a_running_event_loop(tok):
 
     out = asyncio.run(notebook_cell())
     assert out["tool_calls"] == [1, 0] and out["status"] == ["DONE", "DONE"]
+
+
+def test_truncated_samples_can_be_masked_out(tok):
+    policy = ToolPolicy(tok)  # request ids of tmpl's loop: sample 0 of a pair calls a tool, sample 1 answers
+    kept = make_rollout_func(tools=TOOLS, max_turns=1, backend=Scripted(policy))(prompts(), standin(tok))
+    masked = make_rollout_func(tools=TOOLS, max_turns=1, backend=Scripted(policy), mask_truncated=True)(
+        prompts(), standin(tok))
+    assert kept["status"] == masked["status"] == ["TRUNCATED", "DONE"]
+    assert "max_turns=1" in kept["reason"][0]
+    assert kept["env_mask"][0] == [1] * len(kept["completion_ids"][0]) and masked["env_mask"][0] == [0] * len(
+        kept["completion_ids"][0])
+    assert kept["env_mask"][1] == masked["env_mask"][1] == [1] * len(kept["completion_ids"][1])

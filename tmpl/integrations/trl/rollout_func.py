@@ -64,6 +64,7 @@ class TmplRolloutFunc:
         sampling: Sampling | None = None,
         template: ChatTemplate | str | None = None,
         mask_aborted: bool = True,
+        mask_truncated: bool = False,
         log_metrics: bool = True,
         on_results: Callable[[list[RolloutResult], RolloutMetrics], None] | None = None,
         **rollout_kwargs: Any,
@@ -92,6 +93,7 @@ class TmplRolloutFunc:
         self.sampling = sampling
         self.template = template
         self.mask_aborted = mask_aborted
+        self.mask_truncated = mask_truncated
         self.log_metrics = log_metrics
         self.on_results = on_results
         self.rollout_kwargs = {"progress": False, **rollout_kwargs}
@@ -120,7 +122,7 @@ class TmplRolloutFunc:
         if self.on_results is not None:
             self.on_results(results, metrics)
         return to_trl_output(results, metrics, conversations, fill_id=_fill_id(tpl),
-                             mask_aborted=self.mask_aborted)
+                             mask_aborted=self.mask_aborted, mask_truncated=self.mask_truncated)
 
     def chat_template(self, trainer: Any) -> ChatTemplate:
         """The :class:`tmpl.ChatTemplate` used with ``trainer`` (built once per trainer)."""
@@ -153,6 +155,8 @@ def make_rollout_func(
     name of a template tmpl ships (``"qwen3"``), template text, or None for the trainer's own
     (with its ``chat_template_kwargs``). Other keywords: ``mask_aborted`` (default True: an
     ABORTED completion gets an all-zero ``env_mask``, so it takes no part in the loss),
+    ``mask_truncated`` (default False: the same for TRUNCATED completions, e.g. still calling
+    tools after ``max_turns``; TRL's ``mask_truncated_completions`` only sees a missing EOS),
     ``log_metrics`` (add tmpl's rollout metrics to the trainer's logs as ``tmpl/...``),
     ``on_results(results, metrics)`` (called after each rollout, e.g. to export it), and
     :class:`tmpl.Rollout` options (``max_length``, ``max_tokens_per_turn``, ``verify_every``,
@@ -297,12 +301,14 @@ def to_trl_output(
     *,
     fill_id: int,
     mask_aborted: bool = True,
+    mask_truncated: bool = False,
 ) -> dict[str, Any]:
     """TRL's ``rollout_func`` output for finished rollouts (one row per result, in order).
 
     A completion that holds no token (a sample aborted before its first token) becomes one
     ``fill_id`` token with ``env_mask`` 0, because TRL reads every completion's last token.
-    With ``mask_aborted``, an ABORTED completion's ``env_mask`` is all 0.
+    With ``mask_aborted`` (``mask_truncated``), an ABORTED (TRUNCATED) completion's ``env_mask``
+    is all 0: it keeps its place in its group but adds nothing to the loss.
     """
     out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
     extras: dict[str, list[Any]] = {k: [] for k in REWARD_KEYS if k != "rollout_metrics"}
@@ -312,7 +318,7 @@ def to_trl_output(
         logprobs = r.logprobs.tolist()
         if not ids:
             ids, mask, logprobs = [fill_id], [0], [0.0]
-        if mask_aborted and r.status.name == "ABORTED":
+        if (mask_aborted and r.status.name == "ABORTED") or (mask_truncated and r.status.name == "TRUNCATED"):
             mask = [0] * len(mask)
         out["prompt_ids"].append(r.prompt_ids.tolist())
         out["completion_ids"].append(ids)
