@@ -65,7 +65,11 @@ def test_jsonl_round_trip_is_identical(rolled, tmp_path, name):
     for a, b in zip(results, back):
         _assert_same(a, b)
     # what is on disk is plain JSON any trainer can read, one sample per line
-    raw = gzip.open(path, "rt").read() if name.endswith(".gz") else path.read_text(encoding="utf-8")
+    if name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            raw = f.read()
+    else:
+        raw = path.read_text(encoding="utf-8")
     lines = raw.splitlines()
     assert len(lines) == 3
     first = json.loads(lines[0])

@@ -20,18 +20,26 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
-import tmpl  # noqa: E402
-from tmpl.backends import VLLM, GenerationRequest, GenerationResult, Sampling, Scripted, Torch, VLLMServer  # noqa: E402
-from tmpl.errors import (  # noqa: E402
+import tmpl
+from tmpl.backends import (
+    VLLM,
+    GenerationRequest,
+    GenerationResult,
+    Sampling,
+    Scripted,
+    Torch,
+    VLLMServer,
+)
+from tmpl.errors import (
     RolloutContractError,
     TrainerConfigError,
     TrlNotInstalledError,
     UnsupportedTrlVersionError,
 )
-from tmpl.integrations.trl import VLLMClientBackend, make_rollout_func  # noqa: E402
+from tmpl.integrations.trl import VLLMClientBackend, make_rollout_func
 
-from .conftest import load_tokenizer  # noqa: E402
-from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module  # noqa: E402
+from .conftest import load_tokenizer
+from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -118,7 +126,7 @@ def dataset():
 
 def train_args(cls, tmp_path, **overrides):
     settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=64,
-                    max_steps=2, learning_rate=1e-2, gradient_checkpointing=False, logging_steps=1, report_to="none",
+                    max_steps=2, learning_rate=1e-2, activation_checkpointing=False, logging_steps=1, report_to="none",
                     use_cpu=True, save_strategy="no", seed=3)
     return cls(**{**settings, **overrides})
 
@@ -162,11 +170,9 @@ def check_batch_is_tmpl(tok, batch, results):
 
 @pytest.fixture(scope="module")
 def grpo_run(tok, model_dir, tmp_path_factory):
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     class Capturing(GRPOTrainer):
-        batches: list = []
-
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in out.items()})
@@ -186,10 +192,11 @@ def grpo_run(tok, model_dir, tmp_path_factory):
 
     trainer = Capturing(model=model_dir, args=train_args(trl.GRPOConfig, tmp_path_factory.mktemp("grpo")),
                         reward_funcs=reward, train_dataset=dataset(), processing_class=tok, rollout_func=rollout_func)
+    trainer.batches = []
     before = snapshot(trainer.model)
     trainer.train()
     return SimpleNamespace(trainer=trainer, before=before, rollouts=rollouts, received=received, rewarded=rewarded,
-                           batches=Capturing.batches, func=tmpl_func)
+                           batches=trainer.batches, func=tmpl_func)
 
 
 def test_grpo_receives_repeated_prompts_and_gets_one_completion_each(grpo_run):
@@ -246,8 +253,6 @@ def rloo_run(tok, model_dir, tmp_path_factory):
     from tmpl.integrations.trl import ToolRLOOTrainer
 
     class Capturing(ToolRLOOTrainer):
-        records: list = []
-
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             batch = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in out.items()}
@@ -271,9 +276,10 @@ def rloo_run(tok, model_dir, tmp_path_factory):
 
     trainer = Capturing(model=model_dir, args=train_args(trl.RLOOConfig, tmp_path_factory.mktemp("rloo"), beta=0.1),
                         reward_funcs=reward, train_dataset=dataset(), processing_class=tok, rollout_func=func)
+    trainer.records = []
     before = snapshot(trainer.model)
     trainer.train()
-    return SimpleNamespace(trainer=trainer, before=before, rollouts=rollouts, records=Capturing.records)
+    return SimpleNamespace(trainer=trainer, before=before, rollouts=rollouts, records=trainer.records)
 
 
 def test_rloo_trains_two_steps_on_tmpl_sequences(rloo_run, tok):
@@ -314,7 +320,7 @@ def test_rloo_loss_sums_model_tokens_only(rloo_run):
             mask = inputs["completion_mask"] * inputs["tool_mask"]
             adv = inputs["advantages"]
 
-            def ppo(logps):
+            def ppo(logps, inputs=inputs, adv=adv):
                 coef = torch.exp(logps - inputs["old_logps"])
                 clipped = torch.clamp(coef, 1 - trainer.epsilon_low, 1 + trainer.epsilon_high)
                 return float(-torch.min(coef * adv, clipped * adv).mean())
@@ -526,8 +532,9 @@ def test_version_gate(monkeypatch):
     from tmpl.integrations.trl import SUPPORTED_TRL, supported
 
     assert supported(trl.__version__)  # the installed TRL is in the range
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "trl" + SUPPORTED_TRL in extras["trl"] and "trl" + SUPPORTED_TRL in extras["test"]
@@ -547,7 +554,7 @@ def test_version_gate(monkeypatch):
     import tmpl.integrations.trl as integration
 
     with pytest.raises(TrlNotInstalledError):
-        integration.ToolRLOOTrainer  # noqa: B018 - the lazy attribute imports TRL
+        getattr(integration, "ToolRLOOTrainer")  # noqa: B009 (the lazy attribute imports TRL)
 
 
 def test_arguments_and_trainer_settings_that_cannot_be_honoured(tok):

@@ -145,7 +145,7 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
     }
     try:
         traj = restore_trajectory(state)
-    except Exception as exc:  # noqa: BLE001 - a record the trajectory refuses (bad ids, budgets)
+    except Exception as exc:
         raise ExportError(where, f"cannot rebuild the trajectory: {exc}") from exc
     messages = record["messages"]
     if isinstance(messages, str):

@@ -21,7 +21,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from ...backends import VLLM, Backend, GenerationRequest, GenerationResult, Torch, VLLMServer
+from ...backends import (
+    VLLM,
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    Torch,
+    VLLMServer,
+)
 from ...errors import TrainerConfigError
 
 
@@ -79,7 +86,7 @@ class VLLMClientBackend(Backend):
             token_rows = answer.get("logprob_token_ids")
             if len(ids_rows) != len(group):
                 raise ValueError(f"the server answered {len(ids_rows)} completions for {len(group)} prompts")
-        except Exception as exc:  # the client or server failed this batch: each request fails with why
+        except Exception as exc:  # noqa: BLE001 - the client or server failed this batch: each request fails with why
             return [GenerationResult.failed(r.request_id, f"VLLMClient: {type(exc).__name__}: {exc}") for r in group]
         stop_set = set(stops)
         results = []

@@ -44,6 +44,10 @@ class ToolRLOOTrainer(RLOOTrainer):
 
     Takes every argument of ``RLOOTrainer`` plus ``rollout_func`` (required), with the contract of
     ``GRPOTrainer(rollout_func=...)``: :func:`tmpl.integrations.trl.make_rollout_func` builds one.
+
+    >>> ToolRLOOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=RLOOConfig(output_dir="out"),
+    ...                 reward_funcs=reward, train_dataset=ds,
+    ...                 rollout_func=make_rollout_func(tools=[get_weather])).train()   # doctest: +SKIP
     """
 
     def __init__(self, *args: Any, rollout_func: Any, **kwargs: Any) -> None:

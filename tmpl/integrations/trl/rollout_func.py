@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from ...backends import Backend, Sampling
 from ...chat_template import ChatTemplate
-from ...errors import TrainerConfigError
+from ...errors import TmplError, TrainerConfigError
 from ...rollout import Rollout, RolloutResult
 from ...rollout_metrics import RolloutMetrics
 from .backends import trainer_backend, trainer_name
@@ -53,6 +54,11 @@ class TmplRolloutFunc:
     After each call, ``last_results`` holds the :class:`tmpl.RolloutResult` of every completion
     returned (same order), ``last_metrics`` the :class:`tmpl.RolloutMetrics`, and ``last_backend``
     the backend that generated them.
+
+    >>> rollout_func = make_rollout_func(tools=[get_weather])            # doctest: +SKIP
+    >>> out = rollout_func([[{"role": "user", "content": "Weather in Paris?"}]] * 2, trainer)  # doctest: +SKIP
+    >>> sorted(out)[:4], out["status"]                                    # doctest: +SKIP
+    (['completion_ids', 'env_mask', 'logprobs', 'messages'], ['DONE', 'DONE'])
     """
 
     def __init__(
@@ -257,22 +263,14 @@ def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, 
 
 # -- running and converting ------------------------------------------------------------------------
 
-class _backend:
-    """The forced backend, or the trainer's for the duration of the rollout."""
-
-    def __init__(self, forced: Backend | None, trainer: Any) -> None:
-        self.forced, self.trainer, self.ctx = forced, trainer, None
-
-    def __enter__(self) -> Backend:
-        if self.forced is not None:
-            return self.forced
-        self.ctx = trainer_backend(self.trainer)
-        return self.ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        if self.ctx is not None:
-            return self.ctx.__exit__(*exc)
-        return None
+@contextmanager
+def _backend(forced: Backend | None, trainer: Any) -> Iterator[Backend]:
+    """The forced backend, or the trainer's own for the duration of the rollout."""
+    if forced is not None:
+        yield forced
+        return
+    with trainer_backend(trainer) as backend:
+        yield backend
 
 
 def _run(rollout: Rollout, conversations: list[list[dict[str, Any]]]) -> list[RolloutResult]:
@@ -289,7 +287,7 @@ def _fill_id(tpl: ChatTemplate) -> int:
     """The token that stands in for an empty completion (the turn close, else EOS)."""
     try:
         return int(tpl.tool_close_ids[-1])
-    except Exception:  # noqa: BLE001 - a template without tool turns: fall back to EOS
+    except TmplError:  # a template that cannot render tool turns: EOS stands in
         eos = getattr(tpl.tokenizer, "eos_token_id", None)
         return int(eos if eos is not None else min(tpl.stop_token_ids))
 
