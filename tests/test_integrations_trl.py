@@ -608,3 +608,16 @@ def test_truncated_samples_can_be_masked_out(tok):
     assert kept["env_mask"][0] == [1] * len(kept["completion_ids"][0]) and masked["env_mask"][0] == [0] * len(
         kept["completion_ids"][0])
     assert kept["env_mask"][1] == masked["env_mask"][1] == [1] * len(kept["completion_ids"][1])
+
+
+def test_template_follows_the_trainer_or_the_argument(tok):
+    trainer = standin(tok, chat_template_kwargs={"enable_thinking": False})
+    own = make_rollout_func(tools=TOOLS).chat_template(trainer)
+    assert own.tokenizer is tok and own.template == tok.chat_template and own.template_kwargs == {"enable_thinking": False}
+    shipped = make_rollout_func(tools=TOOLS, template="qwen2.5").chat_template(trainer)
+    assert shipped.name == "qwen2.5" and shipped.template == tmpl.templates.load("qwen2.5")
+    out = make_rollout_func(tools=TOOLS, template="qwen2.5", backend=Scripted(ToolPolicy(tok)))(prompts(), trainer)
+    assert out["status"] == ["DONE", "DONE"] and out["tool_calls"] == [1, 0]
+    other = tmpl.ChatTemplate(load_tokenizer("llama-3.2-instruct"))
+    with pytest.raises(TrainerConfigError, match="built on a different tokenizer"):
+        make_rollout_func(tools=TOOLS, template=other).chat_template(trainer)

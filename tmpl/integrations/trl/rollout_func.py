@@ -34,7 +34,7 @@ from typing import Any
 from ...backends import Backend, Sampling
 from ...chat_template import ChatTemplate
 from ...errors import TmplError, TrainerConfigError
-from ...rollout import Rollout, RolloutResult
+from ...rollout import Rollout, RolloutResult, _toolbox
 from ...rollout_metrics import RolloutMetrics
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
@@ -44,8 +44,7 @@ REWARD_KEYS: tuple[str, ...] = (
     "messages", "tool_results", "status", "reason", "turns", "tool_calls", "tool_failures", "rollout_metrics",
 )
 #: Rollout options that come from the trainer and cannot be overridden here.
-_FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)",
-                 "template": "template=", "backend": "backend=", "sampling": "sampling=", "tools": "tools="}
+_FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)"}
 
 
 class TmplRolloutFunc:
@@ -76,7 +75,8 @@ class TmplRolloutFunc:
         **rollout_kwargs: Any,
     ) -> None:
         require_trl()
-        allowed = set(inspect.signature(Rollout.__init__).parameters) - {"self", "template", "backend"}
+        allowed = set(inspect.signature(Rollout.__init__).parameters) - {"self", "template", "backend", "tools",
+                                                                          "max_turns", "sampling"}
         for key in rollout_kwargs:
             if key in _FROM_TRAINER:
                 raise TypeError(f"make_rollout_func: {key} comes from the trainer; set {_FROM_TRAINER[key]} instead")
@@ -91,8 +91,6 @@ class TmplRolloutFunc:
             )
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        from ...rollout import _toolbox
-
         self.toolbox = _toolbox(tools)
         self.max_turns = max_turns
         self.backend = backend
