@@ -348,3 +348,22 @@ def test_tools_with_a_template_that_has_no_parser_fail_early(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("gemma-3-it"), name="gemma-3-it")
     with pytest.raises(tmpl.NoToolParserError, match="gemma-3-it"):
         tmpl.Rollout(tpl, Scripted(lambda r: [1]), tools=FUNCS)
+
+
+def test_first_turn_of_every_sample_goes_in_one_batch(tokenizer_of):
+    """Samples start one after another; their first requests still reach the engine together."""
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+    batches = []
+
+    class Recording(Scripted):
+        threaded = True  # as the torch and vLLM backends
+
+        def generate_batch(self, requests):
+            batches.append(sorted(r.request_id for r in requests))
+            return super().generate_batch(requests)
+
+    results = tmpl.Rollout(tpl, Recording(lambda r: end), sampling=Sampling(n=2)).run(
+        [[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    assert all(r.status.name == "DONE" for r in results)
+    assert batches == [sorted(f"{i}-{s}-0" for i in range(3) for s in range(2))]

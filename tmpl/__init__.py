@@ -5,7 +5,7 @@
 True
 """
 
-from . import backends, templates
+from . import backends, export, templates
 from ._core import NATIVE
 from ._core import builder as _builder
 from .backends import Sampling
@@ -14,11 +14,14 @@ from .chat_template import ChatTemplate
 from .errors import (
     BudgetError,
     CollateError,
+    ExportError,
     HistoryRequiredError,
+    IntegrationError,
     LogprobError,
     MessageError,
     MissingContentError,
     NoToolParserError,
+    RolloutContractError,
     SpanLabelError,
     SpliceError,
     TemplateError,
@@ -27,14 +30,17 @@ from .errors import (
     TmplError,
     TokenIdError,
     ToolboxError,
+    TrainerConfigError,
     ToolMessageCountError,
     ToolSchemaError,
     TrajectoryClosedError,
     TrajectoryError,
+    TrlNotInstalledError,
     UnknownParserError,
     UnknownRoleError,
     UnknownTemplateError,
     UnsupportedTemplateError,
+    UnsupportedTrlVersionError,
 )
 from .rollout import Rollout, RolloutResult
 from .rollout_metrics import RolloutMetrics
@@ -85,14 +91,18 @@ __all__ = [
     "RolloutMetrics",
     "Sampling",
     "backends",
+    "export",
     # errors
     "BudgetError",
     "CollateError",
+    "ExportError",
     "HistoryRequiredError",
+    "IntegrationError",
     "LogprobError",
     "MessageError",
     "MissingContentError",
     "NoToolParserError",
+    "RolloutContractError",
     "SpanLabelError",
     "SpliceError",
     "TemplateError",
@@ -103,10 +113,13 @@ __all__ = [
     "ToolMessageCountError",
     "ToolSchemaError",
     "ToolboxError",
+    "TrainerConfigError",
     "TrajectoryClosedError",
     "TrajectoryError",
+    "TrlNotInstalledError",
     "UnknownParserError",
     "UnknownRoleError",
     "UnknownTemplateError",
     "UnsupportedTemplateError",
+    "UnsupportedTrlVersionError",
 ]

@@ -236,3 +236,86 @@ class NoToolParserError(TemplateError):
 
 class ToolboxError(TmplError, ValueError):
     """The Toolbox was used wrongly (a bad option, a duplicate tool name, a malformed batch)."""
+
+
+class IntegrationError(TmplError):
+    """A trainer integration (``tmpl.integrations``) cannot work with what it was given."""
+
+
+class TrlNotInstalledError(IntegrationError, ImportError):
+    """``tmpl.integrations.trl`` was used but TRL is not installed.
+
+    >>> raise TrlNotInstalledError()
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TrlNotInstalledError: tmpl.integrations.trl needs TRL, which is not installed: pip install 'tmpl[trl]'
+    """
+
+    def __init__(self, detail: str = "") -> None:
+        message = "tmpl.integrations.trl needs TRL, which is not installed: pip install 'tmpl[trl]'"
+        super().__init__(message + (f" ({detail})" if detail else ""))
+
+
+class UnsupportedTrlVersionError(IntegrationError):
+    """The installed TRL is outside the range whose trainer contract tmpl was checked against.
+
+    >>> raise UnsupportedTrlVersionError("1.9.2", ">=1.11,<1.17")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.UnsupportedTrlVersionError: TRL 1.9.2 is installed; tmpl.integrations.trl supports trl>=1.11,<1.17 (pip install 'tmpl[trl]'), or set TMPL_TRL_SKIP_VERSION_CHECK=1 to try it anyway
+    """
+
+    def __init__(self, installed: str, supported: str) -> None:
+        self.installed = installed
+        self.supported = supported
+        super().__init__(
+            f"TRL {installed} is installed; tmpl.integrations.trl supports trl{supported} (pip install 'tmpl[trl]'), "
+            "or set TMPL_TRL_SKIP_VERSION_CHECK=1 to try it anyway"
+        )
+
+
+class TrainerConfigError(IntegrationError, ValueError):
+    """A trainer is configured in a way the integration cannot honour; ``trainer`` names its class,
+    ``setting`` the argument at fault.
+
+    >>> raise TrainerConfigError("GRPOTrainer", "tools", "pass the tools to make_rollout_func only")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TrainerConfigError: GRPOTrainer(tools=...): pass the tools to make_rollout_func only
+    """
+
+    def __init__(self, trainer: str, setting: str, reason: str) -> None:
+        self.trainer = trainer
+        self.setting = setting
+        self.reason = reason
+        super().__init__(f"{trainer}({setting}=...): {reason}")
+
+
+class RolloutContractError(IntegrationError, ValueError):
+    """What a ``rollout_func`` returned breaks TRL's contract (a missing key, lengths that differ).
+
+    >>> raise RolloutContractError("completion_ids", "3 rows for 4 prompts")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.RolloutContractError: rollout_func output 'completion_ids': 3 rows for 4 prompts
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"rollout_func output {key!r}: {reason}")
+
+
+class ExportError(TmplError, ValueError):
+    """A rollout file or record cannot be written or read back; ``where`` names the file and line or row.
+
+    >>> raise ExportError("rollouts.jsonl:3", "missing field 'mask'")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ExportError: rollouts.jsonl:3: missing field 'mask'
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")

@@ -4,7 +4,8 @@ Each sample of a rollout runs as its own coroutine and asks for one generation a
 
 - A batching backend (torch, the offline vLLM engine) gets a batch as soon as every sample
   that *can* generate now has asked (samples busy running tools are not waited for), or when
-  ``max_batch`` requests are waiting. One batch runs at a time, in a worker thread, so tools
+  ``max_batch`` requests are waiting. The decision is taken one pass of the event loop after a
+  request arrives, so requests made in the same pass (the first turn of every sample) go together. One batch runs at a time, in a worker thread, so tools
   of other samples keep running meanwhile.
 - A non-batching backend (vLLM servers) gets each request as soon as it is made, with at
   most ``max_concurrency`` in flight.
@@ -72,9 +73,10 @@ class Scheduler:
             loop = asyncio.get_running_loop()
             future: asyncio.Future = loop.create_future()
             self._pending.append((request, future))
-            self._maybe_flush()
-            if not future.done() and not self._running:
-                loop.call_later(self.max_wait, self._force)  # never wait forever on a miscount
+            # decide on the next pass of the loop: samples that are ready in this pass (all of them, on
+            # the first turn, before they have even registered) join the same batch
+            loop.call_soon(self._maybe_flush)
+            loop.call_later(self.max_wait, self._force)  # never wait forever on a miscount
             return await future
         finally:
             self.busy += 1

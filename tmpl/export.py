@@ -1,0 +1,275 @@
+"""Rollouts to files and tables any trainer can read: JSON Lines, and ``datasets.Dataset`` (Parquet).
+
+>>> results = rollout.run(conversations)                                      # doctest: +SKIP
+>>> tmpl.export.to_jsonl(results, "rollouts.jsonl", metrics=rollout.metrics)  # doctest: +SKIP
+>>> again = tmpl.export.from_jsonl("rollouts.jsonl")   # RolloutResults, identical arrays  # doctest: +SKIP
+>>> tmpl.export.to_dataset(results).to_parquet("rollouts.parquet")            # doctest: +SKIP
+
+One record per sample (``to_records``), in the order given:
+
+- ``prompt_ids``, ``completion_ids``: token IDs; ``mask``: 1 on model tokens, 0 on appended
+  tokens (tool results, generation prompts); ``logprobs``: the rollout logprobs (0.0 where
+  ``mask`` is 0). The four arrays of a sample are read back exactly (int32, uint8, float32).
+- ``status`` (``DONE`` / ``TRUNCATED`` / ``ABORTED``), ``reason``, ``finish_reason``;
+  ``turns``, ``tool_calls``, ``tool_failures``, ``drift``; ``messages`` (the parsed
+  conversation, for rewards and logs); ``spans`` (``kind``, ``turn``, ``message``, ``start``,
+  ``end``); budgets (``max_length``, ``max_completion_length``, ``vocab_size``), ``tokens_cut``,
+  ``num_turns``, ``sample_id``; ``times`` (seconds per phase outside the engine);
+- ``run_metrics``: the rollout's :class:`tmpl.RolloutMetrics` as flat numbers, when given.
+
+In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
+call, which a columnar schema cannot hold); :func:`from_dataset` parses it back. ``datasets``
+is imported only by the two dataset functions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import ExportError
+from .rollout import RolloutResult
+from .rollout_metrics import RolloutMetrics, SampleTimes
+from .trajectory_types import Status, restore_trajectory, state_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    import datasets
+
+#: Written in every record; records of another format are refused.
+FORMAT = "tmpl.rollout.v1"
+
+_ARRAYS = {"prompt_ids": np.int32, "completion_ids": np.int32, "mask": np.uint8, "logprobs": np.float32}
+_REQUIRED = (
+    "prompt_ids", "completion_ids", "mask", "logprobs", "status", "reason", "messages", "spans",
+    "max_length", "max_completion_length",
+)
+
+__all__ = ["FORMAT", "from_dataset", "from_jsonl", "from_records", "to_dataset", "to_jsonl", "to_records"]
+
+
+# -- records ------------------------------------------------------------------------------------
+
+def to_records(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
+               ) -> list[dict[str, Any]]:
+    """One plain dict per result (JSON-ready: lists, numbers, strings, None).
+
+    >>> records = to_records(results, metrics=rollout.metrics)  # doctest: +SKIP
+    >>> records[0]["status"], records[0]["mask"][:3]             # doctest: +SKIP
+    ('DONE', [1, 1, 1])
+    """
+    run = _run_metrics(metrics)
+    records = []
+    for k, r in enumerate(results):
+        if not isinstance(r, RolloutResult):
+            raise ExportError(f"results[{k}]", f"expected a tmpl.RolloutResult, got {type(r).__name__}")
+        state = state_of(r.trajectory)
+        record: dict[str, Any] = {
+            "format": FORMAT,
+            "index": r.index,
+            "sample": r.sample,
+            "sample_id": _plain_id(state["sample_id"]),
+            "prompt_ids": state["prompt_ids"].tolist(),
+            "completion_ids": state["completion_ids"].tolist(),
+            "mask": state["mask"].tolist(),
+            "logprobs": state["logprobs"].tolist(),
+            "status": Status(state["status"]).name,
+            "reason": state["reason"],
+            "finish_reason": r.finish_reason,
+            "turns": r.turns,
+            "tool_calls": r.tool_calls,
+            "tool_failures": r.tool_failures,
+            "drift": r.drift,
+            "messages": r.messages,
+            "spans": [{"kind": s[0], "turn": s[1], "message": s[2], "start": s[3], "end": s[4]}
+                      for s in state["spans"]],
+            "max_length": state["max_length"],
+            "max_completion_length": state["max_completion_length"],
+            "vocab_size": state["vocab_size"],
+            "tokens_cut": state["tokens_cut"],
+            "num_turns": state["num_turns"],
+            "times": asdict(r.times),
+        }
+        if run is not None:
+            record["run_metrics"] = run
+        records.append(record)
+    return records
+
+
+def from_records(records: Iterable[Mapping[str, Any]], *, source: str = "records") -> list[RolloutResult]:
+    """Rebuild :class:`tmpl.RolloutResult` objects (with their trajectories) from records.
+
+    ``source`` names where the records came from, for errors (``"rollouts.jsonl"``).
+    """
+    out = []
+    for k, record in enumerate(records):
+        where = f"{source}[{k}]"
+        out.append(_result(record, where))
+    return out
+
+
+def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
+    if record.get("format") != FORMAT:
+        raise ExportError(where, f"format {record.get('format')!r} is not {FORMAT!r}")
+    missing = [key for key in _REQUIRED if key not in record]
+    if missing:
+        raise ExportError(where, f"missing field(s) {', '.join(repr(m) for m in missing)}")
+    arrays = {key: np.asarray(record[key], dtype=dtype) for key, dtype in _ARRAYS.items()}
+    n = len(arrays["completion_ids"])
+    for key in ("mask", "logprobs"):
+        if len(arrays[key]) != n:
+            raise ExportError(where, f"{key} has {len(arrays[key])} entries but completion_ids has {n}")
+    try:
+        status = Status[record["status"]]
+    except KeyError:
+        raise ExportError(where, f"unknown status {record['status']!r}") from None
+    spans = record["spans"] or []
+    state = {
+        **arrays,
+        "max_length": int(record["max_length"]),
+        "max_completion_length": record["max_completion_length"],
+        "vocab_size": record.get("vocab_size"),
+        "sample_id": record.get("sample_id"),
+        "spans": [(s["kind"], s["turn"], s["message"], s["start"], s["end"]) for s in spans],
+        "status": int(status),
+        "reason": record["reason"],
+        "tokens_cut": int(record.get("tokens_cut", 0)),
+        "num_turns": int(record.get("num_turns", 0)),
+    }
+    try:
+        traj = restore_trajectory(state)
+    except Exception as exc:
+        raise ExportError(where, f"cannot rebuild the trajectory: {exc}") from exc
+    messages = record["messages"]
+    if isinstance(messages, str):
+        messages = json.loads(messages)
+    times = SampleTimes(**(record.get("times") or {}))
+    return RolloutResult(
+        index=int(record.get("index", 0)), sample=int(record.get("sample", 0)), trajectory=traj, messages=messages,
+        turns=int(record.get("turns", 0)), tool_calls=int(record.get("tool_calls", 0)),
+        tool_failures=int(record.get("tool_failures", 0)), finish_reason=record.get("finish_reason", "stop"),
+        drift=record.get("drift"), times=times,
+    )
+
+
+# -- JSON Lines ---------------------------------------------------------------------------------
+
+def to_jsonl(results: Iterable[RolloutResult], path: str | os.PathLike,
+             metrics: RolloutMetrics | Mapping[str, float] | None = None) -> Path:
+    """Write one JSON record per result to ``path`` (gzip-compressed when it ends with ``.gz``).
+
+    >>> tmpl.export.to_jsonl(results, "rollouts.jsonl.gz", metrics=rollout.metrics)  # doctest: +SKIP
+    PosixPath('rollouts.jsonl.gz')
+    """
+    path = Path(path)
+    records = to_records(results, metrics)
+    with _open(path, "w") as f:
+        for k, record in enumerate(records):
+            try:
+                f.write(json.dumps(record, ensure_ascii=False, allow_nan=False, default=_jsonable))
+            except (TypeError, ValueError) as exc:
+                raise ExportError(f"{path} (result {k})", f"cannot be written as JSON: {exc}") from exc
+            f.write("\n")
+    return path
+
+
+def from_jsonl(path: str | os.PathLike) -> list[RolloutResult]:
+    """Read results written by :func:`to_jsonl` (token arrays identical to the ones written)."""
+    path = Path(path)
+    out = []
+    with _open(path, "r") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise ExportError(where, f"not JSON: {exc}") from exc
+            out.append(_result(record, where))
+    return out
+
+
+def _open(path: Path, mode: str) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+# -- datasets ----------------------------------------------------------------------------------
+
+def to_dataset(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
+               ) -> datasets.Dataset:
+    """A ``datasets.Dataset`` with one row per result (``.to_parquet(path)`` saves it).
+
+    Columns are the record fields; ``messages`` holds the conversation as a JSON string.
+
+    >>> ds = tmpl.export.to_dataset(results); ds.to_parquet("rollouts.parquet")  # doctest: +SKIP
+    """
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets comes with the trl extra
+        raise ImportError("tmpl.export.to_dataset needs the datasets library: pip install datasets") from exc
+    rows = []
+    for record in to_records(results, metrics):
+        record["messages"] = json.dumps(record["messages"], ensure_ascii=False, default=_jsonable)
+        record["sample_id"] = None if record["sample_id"] is None else str(record["sample_id"])
+        rows.append(record)
+    if not rows:
+        return datasets.Dataset.from_dict({})
+    return datasets.Dataset.from_list(rows, features=_features(datasets, rows[0]))
+
+
+def from_dataset(dataset: Sequence[Mapping[str, Any]] | Any) -> list[RolloutResult]:
+    """Rebuild results from a dataset made by :func:`to_dataset` (or read back from its Parquet file)."""
+    return from_records((dataset[i] for i in range(len(dataset))), source="dataset")
+
+
+def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
+    """Explicit column types: token arrays keep their widths, nullable columns do not depend on row 0."""
+    V, S = datasets.Value, datasets.Sequence
+    features = {
+        "format": V("string"), "index": V("int64"), "sample": V("int64"), "sample_id": V("string"),
+        "prompt_ids": S(V("int32")), "completion_ids": S(V("int32")), "mask": S(V("uint8")),
+        "logprobs": S(V("float32")), "status": V("string"), "reason": V("string"), "finish_reason": V("string"),
+        "turns": V("int64"), "tool_calls": V("int64"), "tool_failures": V("int64"), "drift": V("bool"),
+        "messages": V("string"),
+        "spans": [{"kind": V("string"), "turn": V("int64"), "message": V("int64"), "start": V("int64"),
+                   "end": V("int64")}],
+        "max_length": V("int64"), "max_completion_length": V("int64"), "vocab_size": V("int64"),
+        "tokens_cut": V("int64"), "num_turns": V("int64"),
+        "times": {k: V("float64") for k in first["times"]},
+    }
+    if "run_metrics" in first:
+        features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}
+    return datasets.Features(features)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _run_metrics(metrics: RolloutMetrics | Mapping[str, float] | None) -> dict[str, float] | None:
+    if metrics is None:
+        return None
+    if isinstance(metrics, RolloutMetrics):
+        return metrics.as_dict()
+    return {str(k): float(v) for k, v in metrics.items()}
+
+
+def _plain_id(sample_id: Any) -> Any:
+    return sample_id if sample_id is None or isinstance(sample_id, (str, int)) else str(sample_id)
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays become numbers and lists; anything else is written as its text."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)

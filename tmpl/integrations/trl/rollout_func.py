@@ -1,0 +1,347 @@
+"""``make_rollout_func``: tmpl's multi-turn tool rollout as TRL's ``rollout_func``.
+
+>>> from tmpl.integrations.trl import make_rollout_func
+>>> trainer = GRPOTrainer(model=model, args=GRPOConfig(...), reward_funcs=reward, train_dataset=ds,
+...                       rollout_func=make_rollout_func(tools=[get_weather], max_turns=8))  # doctest: +SKIP
+
+TRL's contract (checked in TRL 1.11 to 1.16; see :mod:`.version`): ``GRPOTrainer._generate``
+calls ``rollout_func(prompts, trainer)`` with the prompts of the current process's generation
+batch (``per_device_train_batch_size * steps_per_generation`` of them), in which the sampler
+already repeats every dataset prompt ``num_generations`` times in a row. The function returns
+one completion per prompt received, as lists of lists:
+
+- ``prompt_ids``, ``completion_ids``: token IDs (the completion holds every turn: model
+  tokens and the tool results and generation prompts appended between them);
+- ``logprobs``: the sampling logprobs, one per completion token (0.0 on appended tokens);
+  TRL uses them for its vLLM importance-sampling correction;
+- ``env_mask``: 1 on model tokens, 0 on appended tokens; TRL turns it into its ``tool_mask``,
+  which removes appended tokens from the loss, the KL term and the importance ratios;
+- every other key is added to the batch's inputs and reaches the reward functions as a keyword
+  argument (a list, one value per completion): ``messages``, ``tool_results``, ``status``,
+  ``reason``, ``turns``, ``tool_calls``, ``tool_failures``, and ``rollout_metrics`` (the same
+  dict for every completion). They replace dataset columns of the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from ...backends import Backend, Sampling
+from ...chat_template import ChatTemplate
+from ...errors import TmplError, TrainerConfigError
+from ...rollout import Rollout, RolloutResult, _toolbox
+from ...rollout_metrics import RolloutMetrics
+from .backends import trainer_backend, trainer_name
+from .version import require_trl
+
+#: Keys this function adds for the reward functions (besides TRL's required ones and env_mask).
+REWARD_KEYS: tuple[str, ...] = (
+    "messages", "tool_results", "status", "reason", "turns", "tool_calls", "tool_failures", "rollout_metrics",
+)
+#: Rollout options that come from the trainer and cannot be overridden here.
+_FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)"}
+
+
+class TmplRolloutFunc:
+    """A ``rollout_func(prompts, trainer) -> dict`` for TRL trainers. Build it with :func:`make_rollout_func`.
+
+    After each call, ``last_results`` holds the :class:`tmpl.RolloutResult` of every completion
+    returned (same order), ``last_metrics`` the :class:`tmpl.RolloutMetrics`, and ``last_backend``
+    the backend that generated them.
+
+    >>> rollout_func = make_rollout_func(tools=[get_weather])            # doctest: +SKIP
+    >>> out = rollout_func([[{"role": "user", "content": "Weather in Paris?"}]] * 2, trainer)  # doctest: +SKIP
+    >>> sorted(out)[:4], out["status"]                                    # doctest: +SKIP
+    (['completion_ids', 'env_mask', 'logprobs', 'messages'], ['DONE', 'DONE'])
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Any = None,
+        max_turns: int = 8,
+        backend: Backend | None = None,
+        sampling: Sampling | None = None,
+        template: ChatTemplate | str | None = None,
+        mask_aborted: bool = True,
+        mask_truncated: bool = False,
+        log_metrics: bool = True,
+        on_results: Callable[[list[RolloutResult], RolloutMetrics], None] | None = None,
+        **rollout_kwargs: Any,
+    ) -> None:
+        require_trl()
+        allowed = set(inspect.signature(Rollout.__init__).parameters) - {"self", "template", "backend", "tools",
+                                                                          "max_turns", "sampling"}
+        for key in rollout_kwargs:
+            if key in _FROM_TRAINER:
+                raise TypeError(f"make_rollout_func: {key} comes from the trainer; set {_FROM_TRAINER[key]} instead")
+            if key not in allowed:
+                raise TypeError(f"make_rollout_func got an unexpected keyword argument {key!r}; "
+                                f"Rollout options are: {', '.join(sorted(allowed - set(_FROM_TRAINER)))}")
+        if sampling is not None and sampling.n != 1:
+            raise TrainerConfigError(
+                "make_rollout_func", "sampling",
+                f"n={sampling.n}: TRL already repeats each prompt num_generations times and expects one "
+                "completion per prompt it passes; use Sampling(n=1) and set GRPOConfig(num_generations=...)",
+            )
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.toolbox = _toolbox(tools)
+        self.max_turns = max_turns
+        self.backend = backend
+        self.sampling = sampling
+        self.template = template
+        self.mask_aborted = mask_aborted
+        self.mask_truncated = mask_truncated
+        self.log_metrics = log_metrics
+        self.on_results = on_results
+        self.rollout_kwargs = {"progress": False, **rollout_kwargs}
+        self.last_results: list[RolloutResult] = []
+        self.last_metrics: RolloutMetrics | None = None
+        self.last_backend: Backend | None = None
+        self._tpl: ChatTemplate | None = None
+        self._tpl_trainer: Any = None
+
+    # -- the contract -----------------------------------------------------------------------
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, Any]:
+        check_trainer(trainer)
+        conversations = _conversations(prompts, trainer)
+        tpl = self.chat_template(trainer)
+        sampling = self.sampling or sampling_of(trainer)
+        with _backend(self.backend, trainer) as backend:
+            rollout = Rollout(tpl, backend, tools=self.toolbox, max_turns=self.max_turns,
+                              max_completion_length=int(trainer.max_completion_length),
+                              sampling=sampling, **self._length_kwargs(trainer))
+            results = _run(rollout, conversations)
+        metrics = rollout.metrics
+        assert metrics is not None
+        self.last_results, self.last_metrics, self.last_backend = results, metrics, backend
+        if self.log_metrics:
+            _log(trainer, metrics)
+        if self.on_results is not None:
+            self.on_results(results, metrics)
+        return to_trl_output(results, metrics, conversations, fill_id=_fill_id(tpl),
+                             mask_aborted=self.mask_aborted, mask_truncated=self.mask_truncated)
+
+    def chat_template(self, trainer: Any) -> ChatTemplate:
+        """The :class:`tmpl.ChatTemplate` used with ``trainer`` (built once per trainer)."""
+        if self._tpl is None or self._tpl_trainer is not trainer:
+            self._tpl = template_for(trainer, self.template)
+            self._tpl_trainer = trainer
+        return self._tpl
+
+    def _length_kwargs(self, trainer: Any) -> dict[str, Any]:
+        kwargs = dict(self.rollout_kwargs)
+        if "max_length" not in kwargs:
+            kwargs["max_length"] = default_max_length(trainer)
+        return kwargs
+
+
+def make_rollout_func(
+    tools: Any = None,
+    max_turns: int = 8,
+    backend: Backend | None = None,
+    sampling: Sampling | None = None,
+    template: ChatTemplate | str | None = None,
+    **rollout_kwargs: Any,
+) -> TmplRolloutFunc:
+    """A drop-in ``rollout_func`` for TRL's ``GRPOTrainer`` (and :class:`ToolRLOOTrainer`).
+
+    ``tools``: callables or a :class:`tmpl.Toolbox` (give them here, never to the trainer).
+    ``max_turns``: generations per completion. ``backend``: force a backend (default: the
+    trainer's vLLM engine or server, else its model). ``sampling``: override the trainer's
+    temperature/top_p/top_k (``n`` must be 1). ``template``: a :class:`tmpl.ChatTemplate`, the
+    name of a template tmpl ships (``"qwen3"``), template text, or None for the trainer's own
+    (with its ``chat_template_kwargs``). Other keywords: ``mask_aborted`` (default True: an
+    ABORTED completion gets an all-zero ``env_mask``, so it takes no part in the loss),
+    ``mask_truncated`` (default False: the same for TRUNCATED completions, e.g. still calling
+    tools after ``max_turns``; TRL's ``mask_truncated_completions`` only sees a missing EOS),
+    ``log_metrics`` (add tmpl's rollout metrics to the trainer's logs as ``tmpl/...``),
+    ``on_results(results, metrics)`` (called after each rollout, e.g. to export it), and
+    :class:`tmpl.Rollout` options (``max_length``, ``max_tokens_per_turn``, ``verify_every``,
+    ``measure_drift``, ...). ``max_completion_length`` comes from the trainer's config.
+
+    >>> rollout_func = make_rollout_func(tools=[get_weather, get_time], max_turns=4)  # doctest: +SKIP
+    >>> GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=ds,
+    ...             rollout_func=rollout_func).train()                                # doctest: +SKIP
+    """
+    return TmplRolloutFunc(tools=tools, max_turns=max_turns, backend=backend, sampling=sampling, template=template,
+                           **rollout_kwargs)
+
+
+# -- what comes from the trainer -----------------------------------------------------------------
+
+def check_trainer(trainer: Any) -> None:
+    """Refuse trainers that would run their own tool loop on top of tmpl's."""
+    if getattr(trainer, "tools", None):
+        names = ", ".join(getattr(t, "__name__", repr(t)) for t in trainer.tools)
+        raise TrainerConfigError(
+            trainer_name(trainer), "tools",
+            f"the trainer was given tools ({names}) together with tmpl's rollout_func; it would run its own tool "
+            "loop on the completions tmpl returns (re-tokenizing tool results). Give the tools to "
+            "make_rollout_func(tools=...) only",
+        )
+    if getattr(trainer, "environment_factories", None):
+        raise TrainerConfigError(
+            trainer_name(trainer), "environment_factory",
+            "environments run TRL's own tool loop; with tmpl's rollout_func pass the environment's methods "
+            "as make_rollout_func(tools=...)",
+        )
+    for setting, default in (("repetition_penalty", 1.0), ("min_p", 0.0)):
+        value = getattr(trainer, setting, None)
+        if value not in (None, default):
+            raise TrainerConfigError(trainer_name(trainer), setting,
+                                     f"{value} is not supported by tmpl's rollout (temperature, top_p, top_k only)")
+    kwargs = getattr(getattr(trainer, "args", None), "generation_kwargs", None)
+    if kwargs:
+        raise TrainerConfigError(trainer_name(trainer), "generation_kwargs",
+                                 f"{sorted(kwargs)} are not supported by tmpl's rollout (temperature, top_p, top_k only)")
+
+
+def sampling_of(trainer: Any) -> Sampling:
+    """The trainer's sampling settings; logprobs after temperature/top-k/top-p, as TRL's vLLM reports them."""
+    top_p = getattr(trainer, "top_p", None)
+    return Sampling(temperature=float(getattr(trainer, "temperature", 1.0)),
+                    top_p=1.0 if top_p is None else float(top_p),
+                    top_k=int(getattr(trainer, "top_k", 0) or 0), n=1, logprobs="processed")
+
+
+def template_for(trainer: Any, template: ChatTemplate | str | None) -> ChatTemplate:
+    """The chat template of a trainer: its tokenizer, its template (or ``template``), its kwargs."""
+    tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer, "processing_class", None)
+    if tokenizer is None or not hasattr(tokenizer, "convert_tokens_to_ids"):
+        raise TrainerConfigError(trainer_name(trainer), "processing_class",
+                                 "tmpl's rollout needs a text tokenizer (multimodal processors are not supported)")
+    kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+    if isinstance(template, ChatTemplate):
+        from ...chat_template import codec_for
+
+        if template.codec.content_hash != codec_for(tokenizer).content_hash:
+            raise TrainerConfigError(trainer_name(trainer), "processing_class",
+                                     f"template {template.name!r} was built on a different tokenizer than the trainer's")
+        return template
+    if isinstance(template, str):
+        from ... import templates
+
+        if template in {t.name for t in templates.available()}:
+            return ChatTemplate(tokenizer, templates.load(template), name=template, **kwargs)
+        return ChatTemplate(tokenizer, template, **kwargs)
+    if template is not None:
+        raise TypeError(f"template must be a ChatTemplate, a template name or text, or None, not {type(template).__name__}")
+    return ChatTemplate(tokenizer, getattr(trainer, "chat_template", None), **kwargs)
+
+
+def default_max_length(trainer: Any) -> int:
+    """A sample's total budget: vLLM's ``max_model_len`` when set, else the model's context size."""
+    args = getattr(trainer, "args", None)
+    if getattr(trainer, "use_vllm", False) and getattr(args, "vllm_max_model_length", None):
+        return int(args.vllm_max_model_length)
+    config = getattr(getattr(trainer, "model", None), "config", None)
+    size = getattr(config, "max_position_embeddings", None) if config is not None else None
+    return int(size) if isinstance(size, int) and size > 0 else 32768
+
+
+def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, Any]]]:
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str) or not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
+            raise TrainerConfigError(
+                trainer_name(trainer), "train_dataset",
+                f"prompt {i} is {type(prompt).__name__}, not a conversation: tmpl's rollout renders prompts with the "
+                "chat template, so the dataset's 'prompt' column must hold lists of messages",
+            )
+        out.append([dict(m) for m in prompt])
+    return out
+
+
+# -- running and converting ------------------------------------------------------------------------
+
+@contextmanager
+def _backend(forced: Backend | None, trainer: Any) -> Iterator[Backend]:
+    """The forced backend, or the trainer's own for the duration of the rollout."""
+    if forced is not None:
+        yield forced
+        return
+    with trainer_backend(trainer) as backend:
+        yield backend
+
+
+def _run(rollout: Rollout, conversations: list[list[dict[str, Any]]]) -> list[RolloutResult]:
+    """``rollout.run``, also from a thread that already runs an event loop (notebooks)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return rollout.run(conversations)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmpl-rollout") as pool:
+        return pool.submit(rollout.run, conversations).result()
+
+
+def _fill_id(tpl: ChatTemplate) -> int:
+    """The token that stands in for an empty completion (the turn close, else EOS)."""
+    try:
+        return int(tpl.tool_close_ids[-1])
+    except TmplError:  # a template that cannot render tool turns: EOS stands in
+        eos = getattr(tpl.tokenizer, "eos_token_id", None)
+        return int(eos if eos is not None else min(tpl.stop_token_ids))
+
+
+def to_trl_output(
+    results: Sequence[RolloutResult],
+    metrics: RolloutMetrics,
+    conversations: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    fill_id: int,
+    mask_aborted: bool = True,
+    mask_truncated: bool = False,
+) -> dict[str, Any]:
+    """TRL's ``rollout_func`` output for finished rollouts (one row per result, in order).
+
+    A completion that holds no token (a sample aborted before its first token) becomes one
+    ``fill_id`` token with ``env_mask`` 0, because TRL reads every completion's last token.
+    With ``mask_aborted`` (``mask_truncated``), an ABORTED (TRUNCATED) completion's ``env_mask``
+    is all 0: it keeps its place in its group but adds nothing to the loss.
+    """
+    out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    extras: dict[str, list[Any]] = {k: [] for k in REWARD_KEYS if k != "rollout_metrics"}
+    for r, conversation in zip(results, conversations):
+        ids = r.completion_ids.tolist()
+        mask = r.mask.tolist()
+        logprobs = r.logprobs.tolist()
+        if not ids:
+            ids, mask, logprobs = [fill_id], [0], [0.0]
+        if (mask_aborted and r.status.name == "ABORTED") or (mask_truncated and r.status.name == "TRUNCATED"):
+            mask = [0] * len(mask)
+        out["prompt_ids"].append(r.prompt_ids.tolist())
+        out["completion_ids"].append(ids)
+        out["logprobs"].append(logprobs)
+        out["env_mask"].append(mask)
+        extras["messages"].append(r.messages)
+        extras["tool_results"].append([m for m in r.messages[len(conversation):] if m.get("role") == "tool"])
+        extras["status"].append(r.status.name)
+        extras["reason"].append(r.reason)
+        extras["turns"].append(r.turns)
+        extras["tool_calls"].append(r.tool_calls)
+        extras["tool_failures"].append(r.tool_failures)
+    out.update(extras)
+    out["rollout_metrics"] = metrics.as_dict()
+    return out
+
+
+def _log(trainer: Any, metrics: RolloutMetrics) -> None:
+    """Add the rollout's metrics to the trainer's logged metrics (TRL averages them per logging step)."""
+    store = getattr(trainer, "_metrics", None)
+    if not isinstance(store, dict):
+        return
+    model = getattr(trainer, "model", None)
+    mode = "train" if getattr(model, "training", True) else "eval"
+    bucket = store.get(mode)
+    if bucket is None:
+        return
+    for key, value in metrics.as_dict(prefix="tmpl/").items():
+        if "/outside/" not in key:
+            bucket.setdefault(key, []).append(value)
