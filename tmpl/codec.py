@@ -15,7 +15,6 @@ matched after normalization.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,19 +97,9 @@ class Codec:
         info = self.added.get(tid)
         return info.content if info is not None else self.decode([tid])
 
-    def matches_hf(self, text: str) -> bool:
-        """True when the backend agrees with the HF tokenizer's own call on ``text``."""
-        hf_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(hf_ids) == self.encode(text)
-
     @property
     def content_hash(self) -> str:
         """SHA-256 of the whole tokenization pipeline (vocabulary, merges, normalizer, added tokens)."""
         if self._hash is None:
             self._hash = hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
         return self._hash
-
-    def describe_added(self) -> str:
-        """A canonical JSON listing of the added tokens (part of a template fingerprint)."""
-        rows = sorted((tid, i.content, i.special, i.atom) for tid, i in self.added.items())
-        return json.dumps(rows, ensure_ascii=False)

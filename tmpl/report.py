@@ -28,7 +28,6 @@ from .probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count
 from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
 
 SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
-USES = ("tool_loop", "multi_user")
 
 
 @dataclass

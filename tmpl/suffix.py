@@ -161,13 +161,12 @@ class SuffixEngine:
         history: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         frame = self.frame(messages, tools)
-        schemas = _schemas(tools) if tools is not None else None
         if frame.history_dependence:
-            return self._with_history(frame, messages, schemas, history)
+            return self._with_history(frame, messages, _schemas(tools) if tools is not None else None, history)
         plan = self.plan(frame, messages)
-        if plan is None:
+        if plan is None:  # only the render paths need the tools as schemas: not the fast path
             self.per_call_count += 1
-            return self.builder.per_call(frame, messages, schemas)
+            return self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
         layout, fns = plan
         return frame.fill(self.codec, layout, messages, fns)
 
