@@ -1,4 +1,4 @@
-"""Build script: cythonizes ``_native/*.pyx`` into ``tmpl._native.*``.
+"""Build script: cythonizes each compiled twin (``tmpl/**/_*_c.pyx``) in place.
 
 Set ``TMPL_NO_EXTENSIONS=1`` to install the pure-Python package only (the
 package then runs on its pure twins; ``tmpl.NATIVE`` is False).
@@ -17,14 +17,13 @@ def native_extensions() -> list:
         return []
     from Cython.Build import cythonize
 
-    sources = sorted((HERE / "_native").glob("*.pyx"))
+    sources = sorted((HERE / "tmpl").rglob("*.pyx"))
     extensions = [
-        Extension(f"tmpl._native.{path.stem}", [f"_native/{path.name}"])
+        Extension(".".join(path.relative_to(HERE).with_suffix("").parts), [str(path.relative_to(HERE))])
         for path in sources
     ]
     return cythonize(
         extensions,
-        include_path=["_native"],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,
@@ -36,9 +35,8 @@ def native_extensions() -> list:
 
 
 setup(
-    packages=find_packages(include=["tmpl", "tmpl.*"]) + ["tmpl.shipped"],
-    package_dir={"tmpl.shipped": "templates"},
-    package_data={"tmpl.shipped": ["*.jinja", "*.json"]},
+    packages=find_packages(include=["tmpl", "tmpl.*"]),
+    package_data={"tmpl": ["py.typed", "**/*.pyi"], "tmpl.templates": ["*.jinja", "*.json"]},
     ext_modules=native_extensions(),
     zip_safe=False,
 )

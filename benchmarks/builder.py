@@ -36,7 +36,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tmpl import _core  # noqa: E402
+from tmpl import _compat  # noqa: E402
 
 VOCAB = 151_936
 PAD = 151_643
@@ -203,10 +203,10 @@ def main(argv=None) -> None:
     plan = make_workload(args.samples, args.turns, args.prompt, args.min_turn, args.max_turn, args.seed)
     budgets = (args.max_length, args.max_completion)
     try:
-        native = _core.load("native")["builder"]
+        native = _compat.load("native")["builder"]
     except ImportError as exc:
         sys.exit(f"compiled core not built ({exc}): run `python setup.py build_ext --inplace`")
-    pure = _core.load("pure")["builder"]
+    pure = _compat.load("pure")["builder"]
 
     contenders = [
         ("tmpl compiled", lambda: run_tmpl(native, plan, *budgets)),

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import tmpl  # noqa: E402
 from tmpl.backends import Scripted  # noqa: E402
+from tmpl.toolcalls import parse_completion  # noqa: E402
 
 
 RESULT = {"short": 100, "long": 2000}  # characters of each tool result
@@ -79,7 +80,7 @@ def run_naive(tpl, conversations, turns: int, toolbox) -> float:
         completions = [policy(turn) for _ in histories]
         texts = tok.batch_decode(completions)  # what naive loops keep: text
         assert len(texts) == len(completions)
-        parsed = [tpl.parse_completion(c, tools=toolbox) for c in completions]
+        parsed = [parse_completion(tpl, c, tools=toolbox) for c in completions]
         batch = toolbox.run_batch(parsed)
         for history, p, msgs in zip(histories, parsed, batch.messages):
             history.append(p.to_message())

@@ -2,7 +2,7 @@
 
     python benchmarks/probe.py [--data ../shared/tokenizers]
 
-Prints, for every catalog template with its host tokenizer, the time of ``tpl.report()`` from a
+Prints, for every catalog template with its host tokenizer, the time of ``check(tpl)`` from a
 cold cache (turn probes, frame building and verification, stability checks, shipped-template
 fit), then mean / median / max, and the wall time of ``tmpl matrix`` over the whole catalog
 (tokenizer loading included). Targets from the issue: probing under 200 ms on average, the
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import tmpl  # noqa: E402
-from tmpl import matrix  # noqa: E402
+from tmpl.report import check, matrix  # noqa: E402
 from tmpl.suffix import clear_caches  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def main() -> None:
         clear_caches()
         tmpl.chat_template._REPORTS.clear()
         t0 = time.perf_counter()
-        tmpl.ChatTemplate(tok, text, name=Path(e["template"]).name).report()
+        check(tmpl.ChatTemplate(tok, text, name=Path(e["template"]).name))
         times.append(time.perf_counter() - t0)
     print(f"{len(times)} templates probed cold ({len(hosts)} host tokenizers, loaded in {load_time:.1f} s)")
     print(f"  report per template: mean {statistics.mean(times) * 1e3:.0f} ms, median "

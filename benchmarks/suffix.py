@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import tmpl  # noqa: E402
-from tmpl import _core  # noqa: E402
+from tmpl import _compat  # noqa: E402
 from tmpl.suffix import clear_caches  # noqa: E402
 
 SHORT = '{"city": "Paris", "temperature_c": 21.5, "conditions": "partly cloudy", "humidity": 0.41, "wind_kph": 12}'
@@ -124,12 +124,12 @@ def bench_family(data: Path, family: str, calls: int) -> None:
             n = max(calls * 100 // max(len(content) * k, 100), 20)
             floor = per_call_us(lambda: [backend.encode(c, add_special_tokens=False).ids for c in contents], n)
             t_native = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
-            saved = _core.ids
-            _core.ids = _core.load("pure")["ids"]
+            saved = _compat.ids
+            _compat.ids = _compat.load("pure")["ids"]
             try:
                 t_pure = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
             finally:
-                _core.ids = saved
+                _compat.ids = saved
             slow = max(n // 20, 20)
             t_trl = per_call_us(_labelled(lambda: trl_fn(msgs), "TRL"), slow) if trl_fn else float("nan")
             t_rend = per_call_us(_labelled(lambda: rend_fn(msgs), "renderers"), slow) if rend_fn else float("nan")

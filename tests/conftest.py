@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tmpl import _core
+from tmpl import _compat
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers")).resolve()
@@ -80,7 +80,7 @@ def tokenizer_of():
 
 def _load_twin(kind: str) -> SimpleNamespace:
     try:
-        modules = _core.load(kind)
+        modules = _compat.load(kind)
     except ImportError as exc:
         pytest.skip(f"compiled core not built ({exc}); run `pip install -e .`")
     return SimpleNamespace(kind=kind, **modules)
@@ -97,12 +97,12 @@ def core(request):
 def twin(request, monkeypatch):
     """Run a test on the compiled core and on its pure-Python twin.
 
-    The twin's modules replace ``tmpl._core``'s for the test, so code that calls
-    ``_core.<module>.<fn>`` runs on that twin. Returns a namespace of the modules.
+    The twin's modules replace ``tmpl._compat``'s for the test, so code that calls
+    ``_compat.<module>.<fn>`` runs on that twin. Returns a namespace of the modules.
     """
     loaded = _load_twin(request.param)
-    for name in _core.TWIN_MODULES:
-        monkeypatch.setattr(_core, name, getattr(loaded, name))
+    for name in _compat.TWIN_MODULES:
+        monkeypatch.setattr(_compat, name, getattr(loaded, name))
     return loaded
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 import tmpl
-from tmpl import _core
+from tmpl import _compat
 
 
 def _tool(name: str, params: dict[str, str]) -> dict:
@@ -123,7 +123,7 @@ def check_turn(tpl: tmpl.ChatTemplate, history: list[dict], assistant: dict, res
     """
     text, full = full_render(tpl, history + [assistant] + results, tools)
     prompt = tpl.prompt_ids(history, tools=tools)
-    start = _core.ids.common_prefix_len(prompt, full)
+    start = _compat.ids.common_prefix_len(prompt, full)
     ends = [text.find(marker(round_, i)) + len(marker(round_, i)) for i in range(len(assistant["tool_calls"]))]
     if all(e >= len(marker(0, 0)) for e in ends):
         pos = max(ends)
@@ -139,7 +139,7 @@ def check_turn(tpl: tmpl.ChatTemplate, history: list[dict], assistant: dict, res
     try:
         suffix = tpl.suffix_ids(results, completion_ids=completion, tools=tools)
         needs_history = False
-    except tmpl.HistoryRequiredError:
+    except tmpl.errors.HistoryRequiredError:
         suffix = tpl.suffix_ids(results, completion_ids=completion, tools=tools, history=history)
         needs_history = True
     expected = full[j + 1 :]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import tmpl
-from tmpl import matrix
+from tmpl.report import matrix
 from tmpl.cli import main
 
 from .conftest import DATA, REPO
@@ -41,7 +41,7 @@ def test_matrix_json_and_errors(tmp_path, capsys):
     assert all(r["report"]["verdicts"]["tool_loop"]["level"] == "SAFE" for r in rows)
     assert main(["matrix", str(tmp_path / "nothing.txt")]) == 2
     assert "not a catalog" in capsys.readouterr().err
-    assert main(["matrix", str(REPO / "templates")]) == 2  # bare .jinja files need --tokenizer
+    assert main(["matrix", str(REPO / "tmpl" / "templates")]) == 2  # bare .jinja files need --tokenizer
     assert "--tokenizer" in capsys.readouterr().err
 
 
@@ -56,9 +56,9 @@ def test_check_one_model_folder(tokenizer_of, capsys):
 
 def test_training_safe_picks_the_shipped_template(tokenizer_of):
     tokenizer_of("qwen3")
-    tpl = tmpl.ChatTemplate.from_pretrained(DATA / "qwen3", training_safe=True)
+    tpl = tmpl.report.training_safe(tmpl.ChatTemplate.from_pretrained(DATA / "qwen3"))
     assert tpl.template == tmpl.templates.load("qwen3") and tpl.name == "qwen3"
-    plain = tmpl.ChatTemplate.from_pretrained(DATA / "qwen2.5-instruct", training_safe=True)
+    plain = tmpl.report.training_safe(tmpl.ChatTemplate.from_pretrained(DATA / "qwen2.5-instruct"))
     assert plain.template == plain.tokenizer.chat_template  # already safe: unchanged
 
 

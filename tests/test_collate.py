@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence
 
 import tmpl
-from tmpl import _core
-from tmpl.batch import BATCH_KEYS
+from tmpl import _compat
+from tmpl.trajectory.batch import BATCH_KEYS
 from tmpl.errors import CollateError
 from .trajectory_model import Model, as_float32
 
@@ -125,13 +125,13 @@ def test_dtypes_and_keys_follow_trl(twin):
 
 def test_tensors_share_memory_with_the_filled_arrays(twin, monkeypatch):
     filled = {}
-    fill = _core.builder.collate_arrays
+    fill = _compat.builder.collate_arrays
 
     def capture(*args, **kwargs):
         filled.update(fill(*args, **kwargs))
         return filled
 
-    monkeypatch.setattr(_core.builder, "collate_arrays", capture)
+    monkeypatch.setattr(_compat.builder, "collate_arrays", capture)
     batch = tmpl.collate(small_batch(twin.builder), PAD)
     for key in BATCH_KEYS:
         assert np.shares_memory(batch[key].numpy(), filled[key]), key
@@ -199,10 +199,10 @@ def test_bad_pad_to_multiple_of_raises(twin):
 
 def test_collate_does_not_mix_twins():
     try:
-        native = _core.load("native")["builder"]
+        native = _compat.load("native")["builder"]
     except ImportError:
         pytest.skip("compiled core not built")
-    pure = _core.load("pure")["builder"]
+    pure = _compat.load("pure")["builder"]
     with pytest.raises(CollateError, match="trajectories\\[1\\]"):
         native.collate_arrays([native.Trajectory([1], 4), pure.Trajectory([1], 4)], PAD)
     with pytest.raises(CollateError, match="trajectories\\[0\\]"):
@@ -210,9 +210,9 @@ def test_collate_does_not_mix_twins():
 
 
 def test_collate_docstring_example_runs():
-    import tmpl.batch
+    import tmpl.trajectory.batch
 
-    result = doctest.testmod(tmpl.batch)
+    result = doctest.testmod(tmpl.trajectory.batch)
     assert result.failed == 0 and result.attempted > 0
 
 
@@ -222,7 +222,7 @@ def test_matches_trl_grpo_trainer_padding():
     pytest.importorskip("trl")
     from trl.trainer.utils import pad
 
-    builder = _core.builder
+    builder = _compat.builder
     trajectories = small_batch(builder)
     samples = [sample_lists(t) for t in trajectories]
     multiple = 4
@@ -281,10 +281,10 @@ sample = st.tuples(
 @given(st.lists(sample, min_size=1, max_size=6), st.integers(-1, 2**40))
 def test_random_batches_equal_the_reference_on_both_twins(samples, pad_id):
     try:
-        native = _core.load("native")["builder"]
+        native = _compat.load("native")["builder"]
     except ImportError:
         pytest.skip("compiled core not built")
-    pure = _core.load("pure")["builder"]
+    pure = _compat.load("pure")["builder"]
     batches, expected = {}, []
     for builder in (native, pure):
         trajectories = []

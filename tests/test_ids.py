@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tmpl import _core
+from tmpl import _compat
 
 id_lists = st.lists(st.integers(min_value=0, max_value=12), max_size=40)
 
@@ -20,11 +20,11 @@ def public_names(module) -> set[str]:
 
 def test_twins_have_the_same_public_functions():
     try:
-        native = _core.load("native")
+        native = _compat.load("native")
     except ImportError as exc:
         pytest.skip(f"compiled core not built: {exc}")
-    pure = _core.load("pure")
-    for name in _core.TWIN_MODULES:
+    pure = _compat.load("pure")
+    for name in _compat.TWIN_MODULES:
         assert public_names(native[name]) == public_names(pure[name]), name
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import tmpl
+from tmpl.report import check
 from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED
 
 from .conftest import DATA, catalog
@@ -17,7 +18,7 @@ ENTRIES = catalog()
 
 
 def _report(tok, name: str, template: str | None = None) -> tmpl.report.TemplateReport:
-    return tmpl.ChatTemplate(tok, template, name=name).report()
+    return check(tmpl.ChatTemplate(tok, template, name=name))
 
 
 def _ids(tpl, messages, gen: bool) -> list[int]:
@@ -126,7 +127,7 @@ def test_catalog_verdict_matches_ground_truth(entry):
         pytest.skip(f"host tokenizer {entry['host_tokenizer']!r} is not in TMPL_TEST_DATA")
     text = (DATA / entry["template"]).read_text(encoding="utf-8")
     tpl = tmpl.ChatTemplate(_host(entry["host_tokenizer"]), text, name=Path(entry["template"]).name)
-    report = tpl.report()
+    report = check(tpl)
     for use, verdict in report.verdicts.items():
         assert verdict.label and (verdict.level == SAFE or verdict.reason), (use, verdict)
     verdict = report.verdicts["tool_loop"]
@@ -146,19 +147,19 @@ def test_catalog_verdict_matches_ground_truth(entry):
                                                      chat_template=tpl.template, tokenize=False)
             assert "Qz0m0Kv" not in text  # the call's marker argument is nowhere in the render
         elif renders_tool_turn(tpl, HISTORIES["user"], assistant, results):
-            with pytest.raises(tmpl.TmplError):
+            with pytest.raises(tmpl.errors.TmplError):
                 tpl.suffix_ids(results, completion_ids=[0], tools=TOOLS, history=HISTORIES["user"])
     else:
         failed = [c for n, c in report.stability.items() if not c.ok and n in ("tool_append", "assistant_kept")]
         if report.splice_detail is not None:
-            with pytest.raises(tmpl.SpliceError):
+            with pytest.raises(tmpl.errors.SpliceError):
                 tpl.suffix_ids(tool_results(assistant_turn(1), ["x"]), completion_ids=[0], tools=TOOLS)
         else:
             assert failed and failed[0].counterexample, verdict.label
             assert _counterexample_fails(tpl, failed[0]), f"stored counterexample does not reproduce: {verdict.label}"
     if verdict.level == SAFE_WITH:  # the shipped template named really is safe and exact here
         variant = tmpl.ChatTemplate(tpl.tokenizer, tmpl.templates.load(verdict.template), name=verdict.template)
-        assert variant.report().verdicts["tool_loop"].level == SAFE
+        assert check(variant).verdicts["tool_loop"].level == SAFE
         assistant = assistant_turn(1)
         assert check_turn(variant, list(HISTORIES["user"]), assistant, tool_results(assistant, ["ok"])).prefix_stable
     user = report.stability["user_append"]

@@ -346,7 +346,7 @@ def test_one_crashing_sample_does_not_take_the_batch_down(tokenizer_of):
 
 def test_tools_with_a_template_that_has_no_parser_fail_early(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("gemma-3-it"), name="gemma-3-it")
-    with pytest.raises(tmpl.NoToolParserError, match="gemma-3-it"):
+    with pytest.raises(tmpl.errors.NoToolParserError, match="gemma-3-it"):
         tmpl.Rollout(tpl, Scripted(lambda r: [1]), tools=FUNCS)
 
 

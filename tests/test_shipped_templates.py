@@ -590,7 +590,7 @@ def test_suffix_contract_with_the_variant(fresh, name, kwargs):
         assistant = assistant_turn(k)
         results = tool_results(assistant, [f"result {i}: 21.5 C\n" for i in range(k)])
         if k > FAMILIES[name].max_calls:
-            with pytest.raises(tmpl.UnsupportedTemplateError):
+            with pytest.raises(tmpl.errors.UnsupportedTemplateError):
                 tpl.suffix_ids(results, completion_ids=[0])
             continue
         for hname, history in HISTORIES.items():
@@ -682,12 +682,12 @@ def test_available_lists_every_shipped_file():
 
 
 def test_unknown_name_raises_a_typed_error_listing_the_names():
-    with pytest.raises(tmpl.UnknownTemplateError) as info:
+    with pytest.raises(tmpl.errors.UnknownTemplateError) as info:
         tmpl.templates.load("qwen9")
     assert info.value.name == "qwen9"
     assert info.value.available == [t.name for t in tmpl.templates.available()]
     assert "qwen9" in str(info.value) and "qwen3" in str(info.value)
-    assert isinstance(info.value, tmpl.TmplError) and isinstance(info.value, LookupError)
+    assert isinstance(info.value, tmpl.errors.TmplError) and isinstance(info.value, LookupError)
 
 
 def test_for_family():
@@ -706,7 +706,7 @@ def test_bad_metadata_is_reported_with_its_path(tmp_path, monkeypatch):
     monkeypatch.setattr(tmpl.templates, "shipped_dir", lambda: tmp_path)
     tmpl.templates._catalog.cache_clear()
     try:
-        with pytest.raises(tmpl.TemplateMetadataError, match=r"x\.json: missing key 'base_template'"):
+        with pytest.raises(tmpl.errors.TemplateMetadataError, match=r"x\.json: missing key 'base_template'"):
             tmpl.templates.available()
     finally:
         monkeypatch.undo()

@@ -27,7 +27,7 @@ from .contract import (
     tool_results,
 )
 
-DOCUMENTED = (tmpl.UnsupportedTemplateError, tmpl.SpliceError, tmpl.TemplateRenderError, tmpl.MessageError)
+DOCUMENTED = (tmpl.errors.UnsupportedTemplateError, tmpl.errors.SpliceError, tmpl.errors.TemplateRenderError, tmpl.errors.MessageError)
 ENTRIES = catalog()
 CONTENTS = list(HARD_CONTENTS.values())
 

@@ -100,7 +100,7 @@ def test_content_transforms_it_cannot_reproduce_go_through_one_render(tokenizer_
     assistant = assistant_turn(2)
     for contents in (["Paris: sunny", "Tokyo ä"], ["", "  padded "]):
         check_turn(tpl, HISTORIES["user"], assistant, tool_results(assistant, contents))
-    frame = next(iter(tpl.engine.cache.frames.values()))
+    frame = next(iter(tpl.engine.state.frames.values()))
     assert frame.transforms == {}, "no fast transform reproduces `upper | replace`"
     assert tpl.engine.per_call_count == 2
 
@@ -109,7 +109,7 @@ def test_tojson_content_is_reproduced_without_rendering(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("llama-3.2-instruct"), name="llama-3.2")
     assistant = assistant_turn(1)
     check_turn(tpl, HISTORIES["user"], assistant, tool_results(assistant, ['say "hi"\n\tü']))
-    frame = next(iter(tpl.engine.cache.frames.values()))
+    frame = next(iter(tpl.engine.state.frames.values()))
     assert frame.transforms["plain"] == "tojson"  # Llama 3.2 json-encodes string results
     assert tpl.engine.per_call_count == 0
 
@@ -117,7 +117,7 @@ def test_tojson_content_is_reproduced_without_rendering(tokenizer_of):
 def test_history_dependent_template_requires_history(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("deepseek-v3"), name="deepseek-v3")
     msgs = [{"role": "tool", "name": "get_weather", "content": "sunny"}]
-    with pytest.raises(tmpl.HistoryRequiredError, match="pass history=") as info:
+    with pytest.raises(tmpl.errors.HistoryRequiredError, match="pass history=") as info:
         tpl.suffix_ids(msgs, completion_ids=[1], tools=TOOLS)
     assert "earlier tool round" in str(info.value)
     assert tpl.suffix_ids(msgs, completion_ids=[1], tools=TOOLS, history=HISTORIES["user"])
@@ -129,7 +129,7 @@ def test_close_that_is_not_a_token_raises_splice_error(tokenizer_of):
         pytest.skip(f"{path} not found")
     # Hermes writes <|im_end|>, which the Llama 3.2 tokenizer splits into plain-text pieces
     tpl = tmpl.ChatTemplate(tokenizer_of("llama-3.2-instruct"), path)
-    with pytest.raises(tmpl.SpliceError) as info:
+    with pytest.raises(tmpl.errors.SpliceError) as info:
         tpl.suffix_ids([{"role": "tool", "name": "get_weather", "content": "x"}], completion_ids=[1], tools=TOOLS)
     assert info.value.template == path.stem
     assert "<|im_end|>" in info.value.boundary
@@ -137,9 +137,9 @@ def test_close_that_is_not_a_token_raises_splice_error(tokenizer_of):
 
 def test_template_errors_become_typed_errors(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("gemma-3-it"), name="gemma-3-it")
-    with pytest.raises(tmpl.TemplateRenderError, match="gemma-3-it.*alternate"):
+    with pytest.raises(tmpl.errors.TemplateRenderError, match="gemma-3-it.*alternate"):
         tpl.prompt_ids([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
-    with pytest.raises(tmpl.MessageError):
+    with pytest.raises(tmpl.errors.MessageError):
         tpl.prompt_ids([{"role": "user"}])
 
 
@@ -151,5 +151,5 @@ def test_named_template_of_a_tokenizer_and_missing_template(tokenizer_of):
         name_or_path = "nowhere"
         backend_tokenizer = tok.backend_tokenizer
 
-    with pytest.raises(tmpl.TmplError, match="has no chat template"):
+    with pytest.raises(tmpl.errors.TmplError, match="has no chat template"):
         tmpl.ChatTemplate(NoTemplate())

@@ -87,7 +87,7 @@ def test_contract_hard_contents(twin, fresh, family, k, tokenizer_of):
             assistant = assistant_turn(k)
             results = tool_results(assistant, case)
             if k > MAX_CALLS[family]:
-                with pytest.raises(tmpl.UnsupportedTemplateError) as info:
+                with pytest.raises(tmpl.errors.UnsupportedTemplateError) as info:
                     tpl.suffix_ids(results, completion_ids=[0])
                 assert family in str(info.value)
                 continue
@@ -151,7 +151,7 @@ def test_batch_equals_single_calls_and_full_renders(twin, fresh, family, tokeniz
 @pytest.mark.parametrize("family", ["gemma-2-it", "gemma-3-it", "phi-3-mini-4k-instruct"])
 def test_templates_without_tool_turns_raise_unsupported(family, tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of(family), name=family)
-    with pytest.raises(tmpl.UnsupportedTemplateError) as info:
+    with pytest.raises(tmpl.errors.UnsupportedTemplateError) as info:
         tpl.suffix_ids([{"role": "tool", "name": "get_weather", "content": "x"}], completion_ids=[1])
     assert info.value.template == family
     if family.startswith("phi-3"):
@@ -160,7 +160,7 @@ def test_templates_without_tool_turns_raise_unsupported(family, tokenizer_of):
 
 def test_tool_message_without_name_where_the_template_needs_it(fresh, tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("gpt-oss"), name="gpt-oss")
-    with pytest.raises(tmpl.MessageError, match=r"tool_messages\[0\].*no 'name'"):
+    with pytest.raises(tmpl.errors.MessageError, match=r"tool_messages\[0\].*no 'name'"):
         tpl.suffix_ids([{"role": "tool", "content": "21 C"}], completion_ids=[200012])
     # Qwen does not write the name into the result: no name needed
     qwen = tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct"), name="qwen2.5")

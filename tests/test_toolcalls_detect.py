@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tmpl
+from tmpl.toolcalls import parse_completion, parser_for
 from tmpl.errors import NoToolParserError, UnknownParserError
 from tmpl.toolcalls import PARSERS, detect, get_parser
 from .toolcalls_data import chat_template, template_ids
@@ -165,21 +166,21 @@ def test_detection_is_cached_per_fingerprint():
 def test_no_parser_is_a_typed_error_and_forcing_works():
     tpl = chat_template("gemma-3-it")
     with pytest.raises(NoToolParserError, match="parser="):
-        tpl.parse_completion([1, 2, 3])
+        parse_completion(tpl, [1, 2, 3])
     with pytest.raises(NoToolParserError):
-        tpl.parser
-    forced = tpl.parse_completion(tpl.codec.encode('{"name": "f", "parameters": {"x": 1}}'), parser="llama3_json")
+        parser_for(tpl)
+    forced = parse_completion(tpl, tpl.codec.encode('{"name": "f", "parameters": {"x": 1}}'), parser="llama3_json")
     assert [(c.name, c.arguments) for c in forced.tool_calls] == [("f", {"x": 1})]
 
 
 def test_unknown_parser_name_and_text_input_are_rejected():
     tpl = chat_template("qwen3")
     with pytest.raises(UnknownParserError, match="hermes"):
-        tpl.parse_completion([1], parser="hermez")
+        parse_completion(tpl, [1], parser="hermez")
     with pytest.raises(TypeError, match="token IDs"):
-        tpl.parse_completion("<tool_call>")
+        parse_completion(tpl, "<tool_call>")
     assert set(PARSERS) >= {"hermes", "qwen3_xml", "llama3_json", "mistral", "gemma4", "harmony", "deepseek_v3", "glm4"}
-    assert get_parser("hermes", tpl.codec) is tpl.parser
+    assert get_parser("hermes", tpl.codec) is parser_for(tpl)
 
 
 def test_reasoning_key_is_probed():
@@ -194,6 +195,6 @@ def test_template_reasoning_delimiters_are_probed():
     assert detect(chat_template("qwen3")).think is None  # <think>...</think> is the format's own
     text = ('I could call <tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls> but no.\n'
             '[BEGIN FINAL RESPONSE]\nSure.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>')
-    parsed = tpl.parse_completion(tpl.codec.encode(text))
+    parsed = parse_completion(tpl, tpl.codec.encode(text))
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
     assert "get_time" in parsed.reasoning and parsed.content == "Sure."

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tmpl.toolcalls import PARSERS, ParsedCompletion, ParseError, ToolCall, get_parser, read_arguments
+from tmpl.toolcalls import PARSERS, ParsedCompletion, ParseError, ToolCall, get_parser, parse_completion, read_arguments
 from tmpl.toolcalls.arguments import coerce_arguments
 from tmpl.toolcalls.literal import LiteralError, read_literal
 from tmpl.toolcalls.parsers.base import NAME_RE
@@ -222,7 +222,7 @@ def test_fuzz_round_trip_of_generated_calls(key):
     def run(calls):
         tools = [tool(name, {k: {"type": _KIND[type(v)]} for k, v in args.items()}) for name, args in calls]
         ids = completion_ids(tpl, assistant_message(calls, ids=[f"Id{i}x5Yz7Q" for i in range(len(calls))]), tools=tools)
-        parsed = tpl.parse_completion(ids, tools=tools)
+        parsed = parse_completion(tpl, ids, tools=tools)
         assert not parsed.errors, (parsed.errors, tpl.codec.decode(ids))
         got = [(c.name, c.arguments) for c in parsed.tool_calls]
         assert len(got) == len(calls) and all(g[0] == c[0] and same(g[1], c[1]) for g, c in zip(got, calls)), (

@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import catalog
 from tmpl.errors import TemplateRenderError
-from tmpl.toolcalls import detect
+from tmpl.toolcalls import detect, parse_completion
 from .toolcalls_data import CALLS, FAMILIES, TOOLS, assistant_message, chat_template, completion_ids, same, template_ids
 
 CONTENT = "Checking that now."
@@ -71,7 +71,7 @@ def test_round_trip(key):
         if ids is None:
             assert k > 1, f"{key}: a single call must render"
             continue
-        parsed = tpl.parse_completion(ids, tools=TOOLS)
+        parsed = parse_completion(tpl, ids, tools=TOOLS)
         _check_calls(parsed, calls, text, given)
         # no piece of a call leaks into the content (host-tokenizer turn markers may remain)
         assert not any(s in parsed.content for s in ("get_weather", "Pa\"ris", "{", "café")), parsed.content
@@ -86,7 +86,7 @@ def test_round_trip(key):
         # template renders it into the analysis channel, as reasoning), never as a call
         ids, text = _render(tpl, calls, content=CONTENT)
         if ids is not None:
-            parsed = tpl.parse_completion(ids, tools=TOOLS)
+            parsed = parse_completion(tpl, ids, tools=TOOLS)
             _check_calls(parsed, calls, text, given)
             seen = parsed.content + (parsed.reasoning or "")
             assert (CONTENT in seen) == (CONTENT in text)
@@ -95,7 +95,7 @@ def test_round_trip(key):
         if found.reasoning_key:
             ids, text = _render(tpl, calls, reasoning=(found.reasoning_key, REASONING))
             if ids is not None and REASONING in text:
-                parsed = tpl.parse_completion(ids, tools=TOOLS)
+                parsed = parse_completion(tpl, ids, tools=TOOLS)
                 _check_calls(parsed, calls, text, given)
                 assert REASONING in (parsed.reasoning or "") and REASONING not in parsed.content
     assert checked >= 1
@@ -105,7 +105,7 @@ def test_round_trip(key):
 def test_round_trip_on_both_twins(family, twin):
     tpl = chat_template(family)
     ids, text = _render(tpl, CALLS[:1])
-    parsed = tpl.parse_completion(ids, tools=TOOLS)
+    parsed = parse_completion(tpl, ids, tools=TOOLS)
     _check_calls(parsed, CALLS[:1], text, ["c0aBcDeFg"])
 
 
@@ -114,7 +114,7 @@ def test_without_tools_values_keep_their_written_types():
     for key in ("qwen3", "llama.cpp/Qwen3-Coder.jinja", "llama.cpp/GLM-4.6.jinja", "gemma-4-it"):
         tpl = chat_template(key)
         ids, _ = _render(tpl, CALLS[:2])
-        parsed = tpl.parse_completion(ids)
+        parsed = parse_completion(tpl, ids)
         assert not parsed.errors
         assert same(parsed.tool_calls[0].arguments, CALLS[0][1]), (key, parsed.tool_calls[0].arguments)
         assert same(parsed.tool_calls[1].arguments, CALLS[1][1]), (key, parsed.tool_calls[1].arguments)

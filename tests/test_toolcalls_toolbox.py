@@ -14,6 +14,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 import tmpl
+from tmpl.toolcalls import parse_completion
 from tmpl.errors import ToolboxError, ToolSchemaError
 from tmpl.toolcalls import FAILURE_KINDS, ParseError, ToolCall
 from .toolcalls_data import assistant_message, chat_template, completion_ids
@@ -204,7 +205,7 @@ def test_parsed_completions_run_end_to_end_into_suffix_ids():
     rendered = completion_ids(tpl, assistant, tools=box.schemas, history=history)
     stop = next(i for i, t in enumerate(rendered) if t in tpl.stop_token_ids)
     completion = rendered[: stop + 1]  # generation ends at the stop token
-    parsed = tpl.parse_completion(completion, tools=box)
+    parsed = parse_completion(tpl, completion, tools=box)
     assert [c.name for c in parsed.tool_calls] == ["get_weather", "search"] and not parsed.errors
     result = box.run_batch([parsed])
     messages = result.messages[0]

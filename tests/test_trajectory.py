@@ -398,16 +398,16 @@ def test_pickle_round_trip_keeps_everything(twin):
 
 # -- documentation ---------------------------------------------------------------------------
 def test_docstring_examples_run(twin):
-    import tmpl._coerce
-    import tmpl.trajectory_types
+    import tmpl.trajectory._validate
+    import tmpl.trajectory.types
 
-    for module in (twin.builder, tmpl._coerce, tmpl.trajectory_types, tmpl.errors):
+    for module in (twin.builder, tmpl.trajectory._validate, tmpl.trajectory.types, tmpl.errors):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0, module.__name__
 
 
 def test_public_trajectory_is_the_selected_twin():
-    expected = "tmpl._native.builder" if tmpl.NATIVE else "tmpl._pure.builder"
+    expected = "tmpl.trajectory._builder_c" if tmpl.NATIVE else "tmpl.trajectory._builder_py"
     assert tmpl.Trajectory.__module__ == expected
 
 

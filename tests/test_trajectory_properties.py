@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tmpl import _core
+from tmpl import _compat
 from tmpl.errors import LogprobError, TmplError, TokenIdError, TrajectoryClosedError
 from .trajectory_model import ABORTED, RUNNING, BadId, BadLogprob, Closed, Model, as_float32
 
 try:
-    NATIVE = _core.load("native")["builder"]
+    NATIVE = _compat.load("native")["builder"]
 except ImportError:  # pragma: no cover - the compiled core is not built
     NATIVE = None
-PURE = _core.load("pure")["builder"]
+PURE = _compat.load("pure")["builder"]
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="compiled core not built: python setup.py build_ext --inplace")
 

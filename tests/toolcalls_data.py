@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from .conftest import DATA, catalog, family_source, load_tokenizer
-from tmpl import ChatTemplate, _core
+from tmpl import ChatTemplate, _compat
 
 #: Families whose tokenizer folder ships its own chat template.
 FAMILIES = (
@@ -105,7 +105,7 @@ def completion_ids(tpl: ChatTemplate, assistant: dict, tools=TOOLS, history=None
     history = history or [{"role": "user", "content": "What is the weather?"}]
     prompt = tpl.codec.encode(tpl.render(history, tools=tools, add_generation_prompt=True))
     full = tpl.codec.encode(tpl.render(history + [assistant], tools=tools))
-    return full[_core.ids.common_prefix_len(prompt, full) :]
+    return full[_compat.ids.common_prefix_len(prompt, full) :]
 
 
 def same(a: Any, b: Any) -> bool:

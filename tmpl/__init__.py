@@ -1,73 +1,36 @@
 """tmpl: exact chat-template token IDs for token-in/token-out multi-turn RL with tools.
 
+The public surface, by subsystem (each a subpackage; see docs/architecture.md):
+
+- templates and suffixes: :class:`ChatTemplate` (``tmpl.suffix`` underneath);
+- trajectories: :class:`Trajectory`, :class:`Status`, :class:`Span`, :func:`collate`;
+- tool calls: :func:`parse_completion`, :class:`Toolbox`, :class:`ToolCall` (``tmpl.toolcalls``);
+- rollouts: :class:`Rollout`, :class:`RolloutResult`, :class:`Sampling` (``tmpl.backends``);
+- reports and shipped templates: ``tmpl.report``, ``tmpl.templates``; trainers: ``tmpl.export``,
+  ``tmpl.integrations``; every error: ``tmpl.errors`` (all derive from :class:`TmplError`).
+
 >>> import tmpl
 >>> tmpl.NATIVE in (True, False)
 True
 """
 
-from . import backends, export, templates
-from ._core import NATIVE
-from ._core import builder as _builder
+from __future__ import annotations
+
+from ._compat import NATIVE
+from . import backends, errors, export, report, templates, toolcalls
 from .backends import Sampling
-from .batch import collate, collate_arrays
 from .chat_template import ChatTemplate
-from .errors import (
-    BudgetError,
-    CollateError,
-    ExportError,
-    HistoryRequiredError,
-    IntegrationError,
-    LogprobError,
-    MessageError,
-    MissingContentError,
-    NoToolParserError,
-    RolloutContractError,
-    SpanLabelError,
-    SpliceError,
-    TemplateError,
-    TemplateMetadataError,
-    TemplateRenderError,
-    TmplError,
-    TokenIdError,
-    ToolboxError,
-    TrainerConfigError,
-    ToolMessageCountError,
-    ToolSchemaError,
-    TrajectoryClosedError,
-    TrajectoryError,
-    TrlNotInstalledError,
-    UnknownParserError,
-    UnknownRoleError,
-    UnknownTemplateError,
-    UnsupportedTemplateError,
-    UnsupportedTrlVersionError,
-)
-from .rollout import Rollout, RolloutResult
-from .rollout_metrics import RolloutMetrics
-from .toolcalls import (
-    BatchResult,
-    CallOutcome,
-    Detection,
-    ParsedCompletion,
-    ParseError,
-    ToolCall,
-    Toolbox,
-    ToolMetrics,
-    get_parser,
-)
-from .toolcalls import detect as detect_parser
-from .trajectory_types import Span, Status
+from .errors import TmplError
+from .rollout import Rollout, RolloutMetrics, RolloutResult
+from .toolcalls import ParsedCompletion, Toolbox, ToolCall, parse_completion
+from .trajectory import Span, Status, Trajectory, collate, collate_arrays
 
-#: One sample's token-in/token-out trajectory (compiled core, or its pure twin; see ``tmpl.NATIVE``).
-Trajectory = _builder.Trajectory
-
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "NATIVE",
     # templates and suffixes
     "ChatTemplate",
-    "templates",
     # trajectories
     "Trajectory",
     "Status",
@@ -75,51 +38,22 @@ __all__ = [
     "collate",
     "collate_arrays",
     # tool calls
-    "BatchResult",
-    "CallOutcome",
-    "Detection",
-    "ParseError",
+    "parse_completion",
     "ParsedCompletion",
     "ToolCall",
-    "ToolMetrics",
     "Toolbox",
-    "detect_parser",
-    "get_parser",
     # rollouts
     "Rollout",
     "RolloutResult",
     "RolloutMetrics",
     "Sampling",
-    "backends",
-    "export",
-    # errors
-    "BudgetError",
-    "CollateError",
-    "ExportError",
-    "HistoryRequiredError",
-    "IntegrationError",
-    "LogprobError",
-    "MessageError",
-    "MissingContentError",
-    "NoToolParserError",
-    "RolloutContractError",
-    "SpanLabelError",
-    "SpliceError",
-    "TemplateError",
-    "TemplateMetadataError",
-    "TemplateRenderError",
+    # errors (every one in tmpl.errors derives from it)
     "TmplError",
-    "TokenIdError",
-    "ToolMessageCountError",
-    "ToolSchemaError",
-    "ToolboxError",
-    "TrainerConfigError",
-    "TrajectoryClosedError",
-    "TrajectoryError",
-    "TrlNotInstalledError",
-    "UnknownParserError",
-    "UnknownRoleError",
-    "UnknownTemplateError",
-    "UnsupportedTemplateError",
-    "UnsupportedTrlVersionError",
+    # subsystems
+    "backends",
+    "errors",
+    "export",
+    "report",
+    "templates",
+    "toolcalls",
 ]

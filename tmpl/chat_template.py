@@ -17,34 +17,16 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _core
-from .codec import Codec
+from . import _compat
+from .codec import Codec, codec_for
 from .errors import TmplError
 from .messages import validate_messages, validate_tool_messages
 from .render import Renderer
-from .suffix import SuffixEngine
+from .suffix.engine import SuffixEngine
 
 Message = Mapping[str, Any]
-
-if TYPE_CHECKING:
-    from .report import TemplateReport
-
-_REPORTS: dict[str, TemplateReport] = {}
-
-
-def codec_for(tokenizer: Any) -> Codec:
-    """The (memoized) codec of a Hugging Face tokenizer."""
-    codec = getattr(tokenizer, "_tmpl_codec", None)
-    if codec is None:
-        codec = Codec(tokenizer)
-        try:
-            tokenizer._tmpl_codec = codec
-        except AttributeError:  # pragma: no cover - exotic tokenizer classes
-            pass
-    return codec
-
 
 def resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None) -> tuple[str, str | None]:
     """Template text and, when it came from a file, the file's stem."""
@@ -112,7 +94,7 @@ class ChatTemplate:
         self.template_kwargs = dict(template_kwargs)
         self.codec = codec_for(tokenizer)
         self.renderer = Renderer(tokenizer, self.template, name=self.name, template_kwargs=self.template_kwargs)
-        self._extra_stops = frozenset(int(t) for t in extra_stop_token_ids)
+        self.extra_stop_token_ids: frozenset[int] = frozenset(int(t) for t in extra_stop_token_ids)
         self.fingerprint: str = template_fingerprint(self.template, self.template_kwargs, self.codec, tokenizer)
         self.engine = SuffixEngine(self.renderer, self.codec, self.fingerprint)
 
@@ -121,16 +103,13 @@ class ChatTemplate:
         cls,
         path_or_id: str | os.PathLike,
         chat_template: str | os.PathLike | None = None,
-        *,
-        training_safe: bool = False,
         **template_kwargs: Any,
     ) -> ChatTemplate:
         """Load a tokenizer (a local folder, or a hub id where the hub is reachable) and wrap it.
 
         Stop tokens listed in the folder's ``generation_config.json`` (``eos_token_id``) are added
-        to :attr:`stop_token_ids`. With ``training_safe=True``, when the template's report says
-        ``SAFE WITH tmpl TEMPLATE X`` for tool loops, the training-safe template X that tmpl ships
-        is used instead (it renders the last turn exactly as the original does).
+        to :attr:`stop_token_ids`. For the training-safe variant tmpl ships (when there is one),
+        pass the result to :func:`tmpl.report.training_safe`.
         """
         from transformers import AutoTokenizer
 
@@ -138,27 +117,7 @@ class ChatTemplate:
         extra = list(template_kwargs.pop("extra_stop_token_ids", ()))
         extra += _generation_config_eos(path_or_id)
         name = template_kwargs.pop("name", None) or (None if chat_template else Path(str(path_or_id)).name)
-        tpl = cls(tokenizer, chat_template, name=name, extra_stop_token_ids=extra, **template_kwargs)
-        if training_safe:
-            verdict = tpl.report().verdicts["tool_loop"]
-            if verdict.template is not None:
-                from . import templates
-
-                return cls(tokenizer, templates.load(verdict.template), name=verdict.template,
-                           extra_stop_token_ids=extra, **template_kwargs)
-        return tpl
-
-    def report(self) -> TemplateReport:
-        """Probe this template and judge it for token-in/token-out training (cached per fingerprint).
-
-        >>> print(tpl.report().to_markdown())  # doctest: +SKIP
-        """
-        cached = _REPORTS.get(self.fingerprint)
-        if cached is None:
-            from .report import build_report
-
-            cached = _REPORTS[self.fingerprint] = build_report(self)
-        return cached
+        return cls(tokenizer, chat_template, name=name, extra_stop_token_ids=extra, **template_kwargs)
 
     # -- rendering --------------------------------------------------------------------
     def render(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, **kwargs: Any) -> str:
@@ -179,7 +138,7 @@ class ChatTemplate:
         Llama's ``<|eot_id|>``... found by probing, never assumed to be ``eos_token_id`` alone.
         """
         turns = self.engine.turns
-        stops = set(self._extra_stops)
+        stops = set(self.extra_stop_token_ids)
         if turns.plain is not None:
             stops.add(turns.plain.stop_id)
         if turns.tool is not None:
@@ -219,11 +178,11 @@ class ChatTemplate:
         ``history`` (the messages before the assistant turn) is needed only by templates
         whose tool results render differently after earlier messages (e.g. DeepSeek V3's,
         which opens the tool-outputs block only once per conversation); they raise
-        :class:`~tmpl.HistoryRequiredError` without it. Passing it is always safe.
+        :class:`~tmpl.errors.HistoryRequiredError` without it. Passing it is always safe.
         """
         validate_tool_messages(tool_messages)
         ids = self.engine.suffix(tool_messages, tools, history)
-        if _core.ids.ends_with_any(completion_ids, self.stop_token_ids):
+        if _compat.ids.ends_with_any(completion_ids, self.stop_token_ids):
             return ids
         return self._close_for(tool_messages, tools) + ids
 
@@ -245,7 +204,7 @@ class ChatTemplate:
         out = self.engine.suffix_batch(list_of_tool_messages, tools, histories)
         stops = self.stop_token_ids
         for b, completion in enumerate(completion_ids):
-            if not _core.ids.ends_with_any(completion, stops):
+            if not _compat.ids.ends_with_any(completion, stops):
                 out[b] = self._close_for(list_of_tool_messages[b], tools) + out[b]
         return out
 
@@ -259,34 +218,6 @@ class ChatTemplate:
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, fingerprint={self.fingerprint[:12]})"
-
-    # -- tool calls (tmpl.toolcalls) ----------------------------------------------------
-    @property
-    def parser(self) -> Any:
-        """The tool-call parser of this template, detected by probing (see :mod:`tmpl.toolcalls.detect`).
-
-        Raises :class:`~tmpl.errors.NoToolParserError` when none is recognised.
-        """
-        from .toolcalls.api import parser_for
-
-        return parser_for(self)
-
-    def parse_completion(
-        self, completion_ids: Sequence[int], *, tools: Sequence[Any] | Any | None = None, parser: str | None = None
-    ) -> Any:
-        """Read a completion's token IDs: content, reasoning, tool calls, and what could not be read.
-
-        ``tools`` (schemas, callables or a :class:`~tmpl.Toolbox`) lets arguments be coerced to
-        the declared types; ``parser`` forces a parser by name (see ``tmpl.toolcalls.PARSERS``).
-        Never raises on what the model wrote: unreadable calls are in ``.errors``.
-
-        >>> done = tpl.parse_completion(completion_ids, tools=toolbox)  # doctest: +SKIP
-        >>> done.tool_calls[0].name, done.tool_calls[0].arguments       # doctest: +SKIP
-        ('get_weather', {'city': 'Paris'})
-        """
-        from .toolcalls.api import parse_completion
-
-        return parse_completion(self, completion_ids, tools=tools, parser=parser)
 
 
 def _generation_config_eos(path_or_id: str | os.PathLike) -> list[int]:

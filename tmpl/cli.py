@@ -18,15 +18,16 @@ from .errors import TmplError
 
 def _check(args: argparse.Namespace) -> int:
     from .chat_template import ChatTemplate
+    from .report import check
 
     tpl = ChatTemplate.from_pretrained(args.model, chat_template=args.template)
-    report = tpl.report()
+    report = check(tpl)
     print(report.to_json(indent=1) if args.json else report.to_markdown(), end="" if not args.json else "\n")
     return 0
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from . import matrix
+    from .report import matrix
 
     sources = matrix.sources_from_paths(args.sources, tokenizer=args.tokenizer)
     rows = matrix.run_matrix(sources, progress=None if not args.quiet else False)

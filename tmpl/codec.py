@@ -15,6 +15,8 @@ matched after normalization.
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ class Codec:
                 f"{type(tokenizer).__name__} has no `tokenizers` backend; tmpl needs a fast tokenizer "
                 "(load it with AutoTokenizer.from_pretrained(..., use_fast=True))"
             )
-        self.tokenizer = tokenizer
+        self.name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
         self.backend = backend
         self._encode = backend.encode
         self._encode_batch = backend.encode_batch
@@ -103,3 +105,24 @@ class Codec:
         if self._hash is None:
             self._hash = hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
         return self._hash
+
+
+_CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
+_CODECS_LOCK = threading.Lock()
+
+
+def codec_for(tokenizer: Any) -> Codec:
+    """The codec of a Hugging Face tokenizer, built once per tokenizer object.
+
+    Held by a weak reference to the tokenizer (a codec holds only the ``tokenizers`` backend),
+    so dropping the tokenizer frees its codec too.
+    """
+    with _CODECS_LOCK:
+        codec = _CODECS.get(tokenizer)
+        if codec is None:
+            codec = Codec(tokenizer)
+            try:
+                _CODECS[tokenizer] = codec
+            except TypeError:  # pragma: no cover - a tokenizer class without weak references
+                pass
+        return codec

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ExportError
-from .rollout import RolloutResult
-from .rollout_metrics import RolloutMetrics, SampleTimes
-from .trajectory_types import Status, restore_trajectory, state_of
+from .rollout.loop import RolloutResult
+from .rollout.metrics import RolloutMetrics, SampleTimes
+from .trajectory.types import Status, restore_trajectory, state_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets

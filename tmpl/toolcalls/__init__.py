@@ -3,7 +3,7 @@
 >>> import tmpl
 >>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")          # doctest: +SKIP
 >>> tools = tmpl.Toolbox([get_weather, search], timeout=10.0)         # doctest: +SKIP
->>> parsed = tpl.parse_completion(completion_ids, tools=tools)        # doctest: +SKIP
+>>> parsed = parse_completion(tpl, completion_ids, tools=tools)        # doctest: +SKIP
 >>> result = tools.run_batch([parsed])                                # doctest: +SKIP
 >>> suffix = tpl.suffix_ids(result.messages[0], completion_ids=completion_ids, tools=tools.schemas)  # doctest: +SKIP
 

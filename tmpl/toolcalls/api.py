@@ -1,7 +1,7 @@
-"""``ChatTemplate.parse_completion`` and ``ChatTemplate.parser``, delegated here.
+"""Reading a template's completions: its parser (detected by probing) and ``parse_completion``.
 
 >>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")              # doctest: +SKIP
->>> done = tpl.parse_completion(completion_ids, tools=toolbox)            # doctest: +SKIP
+>>> done = parse_completion(tpl, completion_ids, tools=toolbox)            # doctest: +SKIP
 >>> [(c.name, c.arguments) for c in done.tool_calls]                      # doctest: +SKIP
 [('get_weather', {'city': 'Paris'})]
 """
@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NoToolParserError
 from .detect import Detection, detect
 from .parsers import ToolParser, get_parser
 from .types import ParsedCompletion
 
+if TYPE_CHECKING:
+    from ..chat_template import ChatTemplate
 
-def parser_for(tpl: Any, name: str | None = None) -> ToolParser:
+
+def parser_for(tpl: ChatTemplate, name: str | None = None) -> ToolParser:
     """The parser of a template: ``name`` when given, else the detected one.
 
     Raises :class:`~tmpl.errors.UnknownParserError` for an unknown name and
@@ -37,7 +40,7 @@ def parser_for(tpl: Any, name: str | None = None) -> ToolParser:
 
 
 def parse_completion(
-    tpl: Any, completion_ids: Sequence[int], *, tools: Any = None, parser: str | None = None
+    tpl: ChatTemplate, completion_ids: Sequence[int], *, tools: Any = None, parser: str | None = None
 ) -> ParsedCompletion:
     """Parse one completion's token IDs with the template's parser (see :func:`parser_for`)."""
     if isinstance(completion_ids, (str, bytes)):

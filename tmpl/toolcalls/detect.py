@@ -19,17 +19,19 @@ tokenizer (``how="vocabulary"``). A template that renders calls no parser can re
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import _core
+from .. import _compat
 from ..codec import Codec
 from ..errors import TmplError
-from ..probe import USER_SENTINEL, arg_sentinel, call_id
 from ..render import Renderer
+from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id
 from .parsers import PARSERS, get_parser
+
+if TYPE_CHECKING:
+    from ..chat_template import ChatTemplate
 
 #: Tools of the detection probe: a string and an integer argument, then a string one.
 DETECT_TOOLS: list[dict[str, Any]] = [
@@ -99,7 +101,7 @@ def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assist
     """
     prompt = codec.encode(renderer.text(history, tools=tools, add_generation_prompt=True))
     full = codec.encode(renderer.text(history + [assistant], tools=tools, add_generation_prompt=False))
-    return full[_core.ids.common_prefix_len(prompt, full) :]
+    return full[_compat.ids.common_prefix_len(prompt, full) :]
 
 
 def _matches(parsed, expected: Sequence[dict[str, Any]]) -> bool:
@@ -182,7 +184,7 @@ def reasoning_probe(renderer: Renderer, codec: Codec) -> tuple[str | None, tuple
             full = codec.encode(renderer.text(history + [assistant], add_generation_prompt=False))
         except TmplError:
             continue
-        text = codec.decode(full[_core.ids.common_prefix_len(prompt, full) :])
+        text = codec.decode(full[_compat.ids.common_prefix_len(prompt, full) :])
         if REASONING_SENTINEL not in codec.decode(full):
             continue
         r = text.find(REASONING_SENTINEL)
@@ -206,17 +208,6 @@ def think_override(parser: str, layout: tuple[str, str] | None) -> tuple[str, st
     return (open_, close)
 
 
-_CACHE: dict[str, Detection] = {}
-_LOCK = threading.Lock()
-
-
-def detect(tpl: Any) -> Detection:
-    """Detection for a :class:`~tmpl.ChatTemplate`, cached per template fingerprint."""
-    key = tpl.fingerprint
-    found = _CACHE.get(key)
-    if found is None:
-        with _LOCK:
-            found = _CACHE.get(key)
-            if found is None:
-                found = _CACHE[key] = detect_with(tpl.renderer, tpl.codec)
-    return found
+def detect(tpl: ChatTemplate) -> Detection:
+    """Detection for a :class:`~tmpl.ChatTemplate`, kept in its per-fingerprint state."""
+    return tpl.engine.state.memo("detection", lambda: detect_with(tpl.renderer, tpl.codec))

@@ -20,7 +20,7 @@ import bisect
 import re
 from collections.abc import Iterable, Sequence
 
-from .. import _core
+from .. import _compat
 from ..codec import Codec
 
 #: First private-use code point used for markers (plane 15; models practically never write it).
@@ -66,7 +66,7 @@ class TokenText:
         self.table = table
         self.ids = [int(t) for t in ids]  # numpy / torch integers too
         codec = table.codec
-        cuts = _core.ids.positions_of(self.ids, table.ids)
+        cuts = _compat.ids.positions_of(self.ids, table.ids)
         pieces: list[str] = []
         #: (char start, token start, token end, is_marker) for each piece, in order
         self._spans: list[tuple[int, int, int, bool]] = []

@@ -2,7 +2,7 @@
 
     tools = tmpl.Toolbox([get_weather, async_search], timeout=10.0, max_concurrency=64)
     tpl.prompt_ids(messages, tools=tools.schemas)
-    parsed = [tpl.parse_completion(ids, tools=tools) for ids in completions]
+    parsed = [parse_completion(tpl, ids, tools=tools) for ids in completions]
     result = tools.run_batch(parsed)          # or: await tools.run_batch_async(parsed)
     result.messages[b]                        # tool messages of sample b, in call order
     result.stop[b]                            # with on_error="stop": a call of sample b failed

@@ -34,8 +34,8 @@ from typing import Any
 from ...backends import Backend, Sampling
 from ...chat_template import ChatTemplate
 from ...errors import TmplError, TrainerConfigError
-from ...rollout import Rollout, RolloutResult, _toolbox
-from ...rollout_metrics import RolloutMetrics
+from ...rollout.loop import Rollout, RolloutResult, _toolbox
+from ...rollout.metrics import RolloutMetrics
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
 
@@ -219,7 +219,7 @@ def template_for(trainer: Any, template: ChatTemplate | str | None) -> ChatTempl
                                  "tmpl's rollout needs a text tokenizer (multimodal processors are not supported)")
     kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
     if isinstance(template, ChatTemplate):
-        from ...chat_template import codec_for
+        from ...codec import codec_for
 
         if template.codec.content_hash != codec_for(tokenizer).content_hash:
             raise TrainerConfigError(trainer_name(trainer), "processing_class",

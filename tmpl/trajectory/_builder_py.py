@@ -1,4 +1,4 @@
-"""Trajectory builder and collation, pure-Python twin of ``_native/builder.pyx``.
+"""Trajectory builder and collation, pure-Python twin of ``_builder_c.pyx``.
 
 One ``Trajectory`` per sample holds its prompt and, in completion coordinates, three arrays that
 always have the same length: token IDs (int32), the mask (uint8: 1 model token, 0 suffix token)
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _coerce
+from . import _validate
 from ..errors import CollateError, TrajectoryClosedError
-from ..trajectory_types import (
+from .types import (
     COMPLETION,
     STATUSES,
     SUFFIX,
@@ -75,12 +75,12 @@ class Trajectory:
         sample_id: Any = None,
     ) -> None:
         self._sample_id = sample_id
-        self._limit = _coerce.id_limit(vocab_size, sample_id)
+        self._limit = _validate.id_limit(vocab_size, sample_id)
         self._vocab_size = vocab_size if vocab_size is None else self._limit
-        prompt = _coerce.ids_array(
+        prompt = _validate.ids_array(
             prompt_ids, sample=sample_id, field="prompt_ids", limit=self._limit, vocab_known=vocab_size is not None
         )
-        self._max_length, self._max_completion_length, self._capacity = _coerce.budgets(
+        self._max_length, self._max_completion_length, self._capacity = _validate.budgets(
             sample_id, max_length, max_completion_length, len(prompt)
         )
         self._prompt = _readonly(prompt)
@@ -194,7 +194,7 @@ class Trajectory:
         left = self._capacity - self._n if self._status == _RUNNING else 0
         if requested is None:
             return left
-        return min(_coerce.requested_tokens(requested, self._sample_id), left)
+        return min(_validate.requested_tokens(requested, self._sample_id), left)
 
     # -- appending -----------------------------------------------------------------------------
     def _closed(self, what: str) -> TrajectoryClosedError:
@@ -236,18 +236,18 @@ class Trajectory:
         sample = self._sample_id
         if self._status != _RUNNING:
             raise self._closed("add a completion")
-        code = _coerce.message_code(message, sample)
-        arr = _coerce.ids_array(
+        code = _validate.message_code(message, sample)
+        arr = _validate.ids_array(
             ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None
         )
         if logprobs is None:
             self._abort(missing_logprobs_reason(len(arr)))
             return 0
-        count = _coerce.sequence_length(logprobs)
+        count = _validate.sequence_length(logprobs)
         if count is not None and count != len(arr):
             self._abort(logprob_count_reason(len(arr), count))
             return 0
-        lps = _coerce.logprobs_array(logprobs, sample=sample)
+        lps = _validate.logprobs_array(logprobs, sample=sample)
         if len(lps) != len(arr):
             self._abort(logprob_count_reason(len(arr), len(lps)))
             return 0
@@ -262,8 +262,8 @@ class Trajectory:
         sample = self._sample_id
         if self._status != _RUNNING:
             raise self._closed("add a suffix")
-        code = _coerce.message_code(message, sample)
-        arr = _coerce.ids_array(
+        code = _validate.message_code(message, sample)
+        arr = _validate.ids_array(
             ids, sample=sample, field="ids", limit=self._limit, vocab_known=self._vocab_size is not None
         )
         return self._append(SUFFIX, arr, None, code)
@@ -338,8 +338,8 @@ def _padded_width(width: int, multiple: int | None) -> int:
 def _check_batch(
     trajectories: Sequence[Trajectory], pad_id: int, pad_to_multiple_of: int | None, mask_aborted: bool
 ) -> list[Trajectory]:
-    batch = _coerce.batch_list(trajectories)
-    _coerce.collate_options(len(batch), pad_id, pad_to_multiple_of)
+    batch = _validate.batch_list(trajectories)
+    _validate.collate_options(len(batch), pad_id, pad_to_multiple_of)
     for i, traj in enumerate(batch):
         if not isinstance(traj, Trajectory):
             raise CollateError(i, None, f"is a {type(traj).__name__}, not a Trajectory of the pure twin")

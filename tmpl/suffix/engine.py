@@ -1,8 +1,8 @@
 """The suffix engine: tool-result IDs to append after a completion, from cached frames.
 
-Frames are cached per template fingerprint (see :mod:`tmpl.fingerprint`) and per
-(tools, tool-message shape), in a process-wide cache shared by every
-:class:`~tmpl.ChatTemplate` with the same fingerprint. The per-call fast path is:
+Frames are cached per template fingerprint and per (tools, tool-message shape), in the
+:class:`~tmpl.suffix.state.TemplateState` shared by every :class:`~tmpl.ChatTemplate` with
+the same fingerprint. The per-call fast path is:
 compute the shape key, look the frame up, build the text of the dynamic runs,
 one call into the ``tokenizers`` backend, splice IDs in the compiled core.
 """
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .codec import Codec
-from .errors import HistoryRequiredError, UnsupportedTemplateError
+from ..codec import Codec
+from ..errors import HistoryRequiredError, UnsupportedTemplateError
+from ..render import Renderer
 from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, content_class
 from .probe import TurnInfo, probe_turns
-from .render import Renderer
+from .state import state_for
 
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
@@ -45,33 +45,6 @@ def shape_key(messages: Sequence[Mapping[str, Any]]) -> tuple:
     return tuple(out)
 
 
-class FrameCache:
-    """Probe results of one template fingerprint, shared across ChatTemplate instances."""
-
-    def __init__(self) -> None:
-        self.turns: TurnInfo | None = None
-        self.frames: dict[tuple, Frame | Exception] = {}
-        self.lock = threading.RLock()
-
-
-_CACHES: dict[str, FrameCache] = {}
-_CACHES_LOCK = threading.Lock()
-
-
-def cache_for(fingerprint: str) -> FrameCache:
-    with _CACHES_LOCK:
-        cache = _CACHES.get(fingerprint)
-        if cache is None:
-            cache = _CACHES[fingerprint] = FrameCache()
-        return cache
-
-
-def clear_caches() -> None:
-    """Forget every cached frame (tests; or after editing a template file in place)."""
-    with _CACHES_LOCK:
-        _CACHES.clear()
-
-
 class SuffixEngine:
     """Suffix IDs for one template. Use it through :class:`tmpl.ChatTemplate`."""
 
@@ -79,7 +52,7 @@ class SuffixEngine:
         self.renderer = renderer
         self.codec = codec
         self.builder = FrameBuilder(renderer, codec)
-        self.cache = cache_for(fingerprint)
+        self.state = state_for(fingerprint)
         self._tools_memo: dict[int, tuple[Any, str]] = {}
         #: how many suffixes took the per-call render path (for reports and tests)
         self.per_call_count = 0
@@ -87,12 +60,12 @@ class SuffixEngine:
     @property
     def turns(self) -> TurnInfo:
         """How plain and tool-call turns close (probed once per fingerprint)."""
-        turns = self.cache.turns
+        turns = self.state.turns
         if turns is None:
-            with self.cache.lock:
-                if self.cache.turns is None:
-                    self.cache.turns = probe_turns(self.renderer, self.codec)
-                turns = self.cache.turns
+            with self.state.lock:
+                if self.state.turns is None:
+                    self.state.turns = probe_turns(self.renderer, self.codec)
+                turns = self.state.turns
         return turns
 
     # -- keys -------------------------------------------------------------------------
@@ -113,14 +86,14 @@ class SuffixEngine:
 
     def frame(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Frame:
         key = (self.tools_key(tools), shape_key(messages))
-        found = self.cache.frames.get(key)
+        found = self.state.frames.get(key)
         if found is None:
             turns = self.turns
             if turns.tool is None:
                 assert turns.tool_error is not None
                 raise turns.tool_error
-            with self.cache.lock:
-                found = self.cache.frames.get(key)
+            with self.state.lock:
+                found = self.state.frames.get(key)
                 if found is None:
                     try:
                         found = self.builder.build(
@@ -128,7 +101,7 @@ class SuffixEngine:
                         )
                     except UnsupportedTemplateError as exc:
                         found = exc
-                    self.cache.frames[key] = found
+                    self.state.frames[key] = found
         if isinstance(found, Exception):
             raise found
         return found

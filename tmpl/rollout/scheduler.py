@@ -19,7 +19,7 @@ import asyncio
 import time
 from contextlib import contextmanager
 
-from .backends.base import Backend, GenerationRequest, GenerationResult
+from ..backends.base import Backend, GenerationRequest, GenerationResult
 
 
 class Scheduler:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BudgetError, LogprobError, SpanLabelError, TokenIdError
+from ..errors import BudgetError, LogprobError, SpanLabelError, TokenIdError
 
 #: Token IDs are stored as int32: without a vocabulary size, IDs must lie in [0, 2**31).
 INT32_LIMIT = 2**31
@@ -205,7 +205,7 @@ def requested_tokens(requested: Any, sample: object) -> int:
 
 def batch_list(trajectories: Any) -> list:
     """The trajectories of a batch as a list; CollateError when they are not an iterable."""
-    from .errors import CollateError
+    from ..errors import CollateError
 
     if isinstance(trajectories, list):
         return trajectories
@@ -219,7 +219,7 @@ def batch_list(trajectories: Any) -> list:
 
 def collate_options(n_rows: int, pad_id: Any, pad_to_multiple_of: Any) -> None:
     """Check a collation's batch size and options; CollateError naming what is wrong."""
-    from .errors import CollateError
+    from ..errors import CollateError
 
     if n_rows == 0:
         raise CollateError(None, None, "no trajectories to collate")

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import Codec
-from .errors import SpliceError, TemplateRenderError, UnsupportedTemplateError
-from .render import Renderer
+from ..codec import Codec
+from ..errors import SpliceError, TemplateRenderError, UnsupportedTemplateError
+from ..render import Renderer
 
 USER_SENTINEL = "TmPlUsErQuEsTiOn"
 NEXT_USER_SENTINEL = "TmPlUsErFoLlOwUp"
@@ -395,7 +395,7 @@ def probe_tool_turn(renderer: Renderer, codec: Codec, k: int = 2) -> TurnProbe:
 
 def probe_turns(renderer: Renderer, codec: Codec) -> TurnInfo:
     """Probe plain and tool-call turns; errors are kept, not raised (see :class:`TurnInfo`)."""
-    from .errors import TmplError
+    from ..errors import TmplError
 
     plain = tool = None
     plain_error = tool_error = None

@@ -1,6 +1,6 @@
 """Collation of trajectories into a TRL GRPO batch of torch tensors.
 
-The twin in use (``tmpl._core.builder``) fills numpy arrays in one pass; each becomes a tensor
+The twin in use (``tmpl._compat.builder``) fills numpy arrays in one pass; each becomes a tensor
 with ``torch.from_numpy`` (no copy) and moves to ``device`` only when one is given.
 
 >>> import tmpl
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _core
+from .. import _compat
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -51,7 +51,7 @@ def collate_arrays(
     mask_aborted: bool = False,
 ) -> dict[str, np.ndarray]:
     """``collate`` without torch: the same keys as numpy arrays (int64, logprobs float32)."""
-    return _core.builder.collate_arrays(
+    return _compat.builder.collate_arrays(
         trajectories,
         pad_id,
         pad_to_multiple_of=pad_to_multiple_of,

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _core
-from .codec import Codec
-from .errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
+from .. import _compat
+from ..codec import Codec
+from ..errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
 from .probe import (
     PROBE_TOOL_NAME,
     USER_SENTINEL,
@@ -36,7 +36,7 @@ from .probe import (
     dummy_tool_turn,
     find_close,
 )
-from .render import Renderer
+from ..render import Renderer
 
 #: Transforms a template may apply to a tool content, tried in this order.
 TRANSFORMS: dict[str, Callable[[str], str]] = {
@@ -157,7 +157,7 @@ class Layout:
         for j, run in enumerate(self.runs):
             parts.append(encoded[j][run.anchor_len :])
             parts.append(segments[j + 1])
-        return _core.ids.join_ids(parts)
+        return _compat.ids.join_ids(parts)
 
 
 @dataclass

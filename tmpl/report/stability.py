@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import TmplError
+from ..errors import TmplError
 
 REASONING = "TmPlReAsOnInG about the weather"
 SYSTEM = "TmPlSyStEm: you are a careful assistant."

@@ -1,4 +1,4 @@
-"""Token-ID utilities, pure-Python twin of ``_native/ids.pyx``."""
+"""Token-ID utilities, pure-Python twin of ``tmpl/_ids_c.pyx``."""
 
 from __future__ import annotations
 

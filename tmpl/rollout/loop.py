@@ -25,14 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
-from .backends.base import Backend, GenerationRequest, Sampling
-from .chat_template import ChatTemplate
-from .errors import TmplError
-from .messages import validate_messages
-from .rollout_metrics import RolloutMetrics, SampleTimes
+from .. import _compat
+from ..backends.base import Backend, GenerationRequest, Sampling
+from ..chat_template import ChatTemplate
+from ..errors import TmplError
+from ..messages import validate_messages
+from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
-from .trajectory_types import Span, Status
+from ..toolcalls.api import parse_completion, parser_for
+from ..trajectory.types import Span, Status
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Rollout:
         self.backend = backend
         self.toolbox = _toolbox(tools)
         if self.toolbox is not None:
-            template.parser  # noqa: B018 - fail now (NoToolParserError, with why) rather than mid-rollout
+            parser_for(template)  # fail now (NoToolParserError, with why) rather than mid-rollout
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
         self.max_turns = max_turns
         self.max_length = max_length
@@ -216,7 +217,7 @@ class Rollout:
         times = SampleTimes()
         tpl = self.tpl
         if traj is None:
-            traj = _core.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
+            traj = _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
                                             vocab_size=tpl.codec.vocab_size, sample_id=f"{i}/{s}")
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
@@ -251,7 +252,7 @@ class Rollout:
             if not traj.running:
                 break
             t0 = time.perf_counter()
-            parsed = tpl.parse_completion(result.token_ids, tools=self.toolbox)
+            parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
             times.parse += time.perf_counter() - t0
             assistant = parsed.to_message()
             if result.finish_reason == "length" or kept < len(result.token_ids):
@@ -307,7 +308,7 @@ class Rollout:
     def _crashed(self, i, s, conversation, prompt, traj, exc: Exception) -> RolloutResult:
         """An unexpected error in one sample: the sample is ABORTED with the error as its reason."""
         if traj is None:
-            traj = _core.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
+            traj = _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
                                             vocab_size=self.tpl.codec.vocab_size, sample_id=f"{i}/{s}")
         traj.abort(f"unexpected error in the rollout: {type(exc).__name__}: {exc}")
         return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error")
@@ -352,7 +353,7 @@ _RETRYABLE = ("generation failed", "the backend aborted the request")
 def _toolbox(tools: Any):
     if tools is None:
         return None
-    from .toolcalls import Toolbox
+    from ..toolcalls import Toolbox
 
     if isinstance(tools, Toolbox):
         return tools

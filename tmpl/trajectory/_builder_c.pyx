@@ -1,10 +1,10 @@
 # cython: language_level=3
-"""Trajectory builder and collation of the compiled core (twin: ``tmpl/_pure/builder.py``).
+"""Trajectory builder and collation of the compiled core (twin: ``tmpl/trajectory/_builder_py.py``).
 
 The completion buffers (int32 IDs, uint8 mask, float32 logprobs) are numpy arrays allocated
 once per attempt at the size the budgets allow; this module writes them through raw pointers.
 Lists and tuples of exact ``int``/``float`` are read item by item in C; any other input goes
-through ``tmpl._coerce`` (shared with the pure twin), so both report the same errors.
+through ``tmpl.trajectory._validate`` (shared with the pure twin), so both report the same errors.
 
 >>> traj = Trajectory([1, 2, 3], max_length=8, sample_id="q1")
 >>> traj.add_completion([4, 5], [-0.5, -0.25])
@@ -24,9 +24,9 @@ from libc.math cimport isnan, isinf
 
 import numpy as np
 
-from tmpl import _coerce
+from tmpl.trajectory import _validate
 from tmpl.errors import CollateError, LogprobError, TokenIdError, TrajectoryClosedError
-from tmpl.trajectory_types import (
+from tmpl.trajectory.types import (
     COMPLETION,
     STATUSES,
     SUFFIX,
@@ -61,7 +61,7 @@ cdef enum:
 
 cdef enum:
     FAST_OK = 0        # every item read and checked in C
-    FAST_FALLBACK = 1  # an item that is not an exact int/float: redo the input through tmpl._coerce
+    FAST_FALLBACK = 1  # an item that is not an exact int/float: redo the input through tmpl.trajectory._validate
 
 cdef struct SpanRec:
     int32_t kind
@@ -94,7 +94,7 @@ cdef int _read_int_items(object seq, Py_ssize_t total, int32_t* out, Py_ssize_t 
     """Check the exact ints of a list/tuple against ``[0, limit)``, writing the first ``room`` to ``out``.
 
     Returns FAST_FALLBACK at the first item that is not an exact int (the caller redoes the input
-    through tmpl._coerce, which checks in the same order); raises TokenIdError at a bad ID.
+    through tmpl.trajectory._validate, which checks in the same order); raises TokenIdError at a bad ID.
     """
     cdef PyObject** items = PySequence_Fast_ITEMS(seq)
     cdef Py_ssize_t i
@@ -161,7 +161,7 @@ cdef class Trajectory:
     def __init__(self, prompt_ids, max_length, max_completion_length=None, *, vocab_size=None, sample_id=None):
         cdef Py_ssize_t total
         self._sample_id = sample_id
-        self._limit = _coerce.id_limit(vocab_size, sample_id)
+        self._limit = _validate.id_limit(vocab_size, sample_id)
         self._vocab_size = None if vocab_size is None else self._limit
         prompt = None
         if _is_list_or_tuple(prompt_ids):
@@ -171,9 +171,9 @@ cdef class Trajectory:
                                "prompt_ids", vocab_size is not None) == FAST_FALLBACK:
                 prompt = None
         if prompt is None:
-            prompt = _coerce.ids_array(prompt_ids, sample=sample_id, field="prompt_ids", limit=self._limit,
+            prompt = _validate.ids_array(prompt_ids, sample=sample_id, field="prompt_ids", limit=self._limit,
                                        vocab_known=vocab_size is not None)
-        self._max_length, self._mcl, self._cap = _coerce.budgets(
+        self._max_length, self._mcl, self._cap = _validate.budgets(
             sample_id, max_length, max_completion_length, len(prompt)
         )
         self._p = len(prompt)
@@ -324,7 +324,7 @@ cdef class Trajectory:
                 return left
             if overflow == 0 and want >= 0:
                 return want if want < left else left
-        return min(_coerce.requested_tokens(requested, self._sample_id), left)
+        return min(_validate.requested_tokens(requested, self._sample_id), left)
 
     # -- reading inputs into the free part of the buffers ---------------------------------------
     cdef Py_ssize_t _read_ids(self, object ids, Py_ssize_t room) except -1:
@@ -336,7 +336,7 @@ cdef class Trajectory:
             if _read_int_items(ids, total, self._ids + self._n, room, self._limit, self._sample_id, "ids",
                                vocab_known) == FAST_OK:
                 return total
-        arr = _coerce.ids_array(ids, sample=self._sample_id, field="ids", limit=self._limit, vocab_known=vocab_known)
+        arr = _validate.ids_array(ids, sample=self._sample_id, field="ids", limit=self._limit, vocab_known=vocab_known)
         total = len(arr)
         if total and room:
             memcpy(self._ids + self._n, _data(arr), min(total, room) * sizeof(int32_t))
@@ -369,7 +369,7 @@ cdef class Trajectory:
             total = PySequence_Fast_GET_SIZE(logprobs)
             if self._read_logprobs_fast(logprobs, total, room) == FAST_OK:
                 return total
-        arr = _coerce.logprobs_array(logprobs, sample=self._sample_id)
+        arr = _validate.logprobs_array(logprobs, sample=self._sample_id)
         total = len(arr)
         if total and room:
             memcpy(self._lp + self._n, _data(arr), min(total, room) * sizeof(float))
@@ -428,7 +428,7 @@ cdef class Trajectory:
         cdef Py_ssize_t room = self._cap - self._n
         if self._status != RUNNING:
             raise self._closed("add a completion")
-        cdef int32_t code = -1 if message is None else _coerce.message_code(message, self._sample_id)
+        cdef int32_t code = -1 if message is None else _validate.message_code(message, self._sample_id)
         total = self._read_ids(ids, room)
         if logprobs is None:
             self._abort(missing_logprobs_reason(total))
@@ -436,7 +436,7 @@ cdef class Trajectory:
         if _is_list_or_tuple(logprobs):
             count = PySequence_Fast_GET_SIZE(logprobs)
         else:
-            known = _coerce.sequence_length(logprobs)
+            known = _validate.sequence_length(logprobs)
             count = total if known is None else known
         if count != total:
             self._abort(logprob_count_reason(total, count))
@@ -455,7 +455,7 @@ cdef class Trajectory:
         """
         if self._status != RUNNING:
             raise self._closed("add a suffix")
-        cdef int32_t code = -1 if message is None else _coerce.message_code(message, self._sample_id)
+        cdef int32_t code = -1 if message is None else _validate.message_code(message, self._sample_id)
         cdef Py_ssize_t total = self._read_ids(ids, self._cap - self._n)
         return self._commit(KIND_SUFFIX, total, code)
 
@@ -605,14 +605,14 @@ cdef void _fill(const RowRef* rows, Py_ssize_t n_rows, int64_t pad,
 
 def collate_arrays(trajectories, pad_id, *, pad_to_multiple_of=None, mask_truncated=False, mask_aborted=False):
     """Pad a batch into numpy arrays with TRL's GRPO keys and conventions (see ``tmpl.collate``)."""
-    cdef list batch = _coerce.batch_list(trajectories)
+    cdef list batch = _validate.batch_list(trajectories)
     cdef Py_ssize_t n_rows = len(batch)
     cdef Py_ssize_t i, width_p = 0, width_c = 0
     cdef Trajectory traj
     cdef RowRef* rows
     cdef int64_t pad
     cdef bint m_trunc = mask_truncated, m_abort = mask_aborted
-    _coerce.collate_options(n_rows, pad_id, pad_to_multiple_of)
+    _validate.collate_options(n_rows, pad_id, pad_to_multiple_of)
     pad = pad_id
     for i in range(n_rows):
         item = batch[i]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import TmplError
+from ..errors import TmplError
+from .api import check
 from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport
 
 
@@ -60,7 +61,7 @@ def _tokenizer(folder: str | Path):
 
 
 def _template(tokenizer_dir, template_path: Path | None, name: str):
-    from .chat_template import ChatTemplate
+    from ..chat_template import ChatTemplate
 
     tok = _tokenizer(tokenizer_dir)
     if template_path is None:
@@ -70,8 +71,8 @@ def _template(tokenizer_dir, template_path: Path | None, name: str):
 
 def shipped_sources() -> list[Source]:
     """The training-safe templates in the package, with offline synthetic tokenizers."""
-    from . import templates
-    from .chat_template import ChatTemplate
+    from .. import templates
+    from ..chat_template import ChatTemplate
 
     def loader(name: str):
         return lambda: ChatTemplate(templates.synthetic_tokenizer(name), templates.load(name), name=name)
@@ -139,7 +140,7 @@ def run_matrix(sources: Iterable[Source], *, progress: bool | None = None) -> li
     rows = []
     for source in sources:
         try:
-            rows.append(Row(source.name, source.origin, source.load().report()))
+            rows.append(Row(source.name, source.origin, check(source.load())))
         except (TmplError, OSError, ValueError) as exc:
             rows.append(Row(source.name, source.origin, None, f"{type(exc).__name__}: {exc}"))
         if bar is not None:

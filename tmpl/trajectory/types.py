@@ -115,6 +115,6 @@ def state_of(traj) -> dict:
 
 def restore_trajectory(state: dict):
     """Rebuild a pickled trajectory on the twin in use (so pickles move between compiled and pure)."""
-    from . import _core
+    from .. import _compat
 
-    return _core.builder.Trajectory._from_state(state)
+    return _compat.builder.Trajectory._from_state(state)

@@ -1,7 +1,7 @@
 """Training-safe chat templates shipped with tmpl.
 
 Each shipped template is a ``.jinja`` file with a ``.json`` metadata file next to it
-(``templates/`` in the source tree, installed as the package ``tmpl.shipped``). A variant
+in this package's folder (``tmpl/templates/``). A variant
 renders the last turn and the generation prompt exactly as the model's own template does,
 keeps earlier turns the way the model generated them (so a conversation's render only grows
 when the conversation grows), and marks what the assistant generates with
@@ -26,7 +26,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import TemplateMetadataError, UnknownTemplateError
+from ..errors import TemplateMetadataError, UnknownTemplateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
@@ -80,17 +80,8 @@ class TemplateInfo:
 
 
 def shipped_dir() -> Traversable:
-    """Where the shipped templates are.
-
-    In a source checkout (a ``setup.py`` next to the ``tmpl`` package) it is ``templates/``
-    of that checkout, so a worktree always reads its own files; otherwise it is the installed
-    package ``tmpl.shipped``.
-    """
-    package = Path(__file__).resolve().parent
-    root = package.parent
-    if (root / "setup.py").is_file() and (root / "templates" / "__init__.py").is_file():
-        return root / "templates"
-    return resources.files("tmpl.shipped")
+    """Where the shipped templates are: this package's own folder (``tmpl/templates/``)."""
+    return resources.files(__name__)
 
 
 def _parse(meta_file: Traversable, jinja_file: Traversable) -> TemplateInfo:

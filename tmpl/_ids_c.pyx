@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Token-ID utilities of the compiled core (twin: ``tmpl/_pure/ids.py``).
+"""Token-ID utilities of the compiled core (twin: ``tmpl/_ids_py.py``).
 
 Inputs are Python lists of ints (other sequences are converted once).
 """

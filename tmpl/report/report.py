@@ -1,12 +1,12 @@
 """``TemplateReport``: is a chat template safe for token-in/token-out multi-turn training?
 
->>> report = tpl.report()                 # doctest: +SKIP
+>>> report = tmpl.report.check(tpl)      # doctest: +SKIP
 >>> report.verdicts["tool_loop"].label    # doctest: +SKIP
 'SAFE'
 >>> print(report.to_markdown())           # doctest: +SKIP
 
-The report is computed by probing (see :mod:`tmpl.probe`, :mod:`tmpl.stability`) and cached
-with the template fingerprint. Verdicts, per use:
+The report is computed by probing (see :mod:`tmpl.suffix.probe`, :mod:`tmpl.report.stability`) and
+kept in the template's per-fingerprint state. Verdicts, per use:
 
 - ``tool_loop``: rounds of tool calls within one user turn, token-in/token-out;
 - ``multi_user``: conversations that go on with new user turns.
@@ -23,8 +23,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import SpliceError, TmplError, UnsupportedTemplateError
-from .probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
+from .. import templates as shipped
+from ..chat_template import ChatTemplate
+from ..errors import SpliceError, TmplError, UnsupportedTemplateError
+from ..toolcalls.api import parser_for
+from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
 from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
 
 SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
@@ -185,7 +188,7 @@ def _assistant_mask(tpl) -> bool:
 def _parser_name(tpl) -> str | None:
     """The detected tool-call parser's name (None when no parser reads this template's calls)."""
     try:
-        parser = tpl.parser
+        parser = parser_for(tpl)
     except TmplError:
         return None
     return getattr(parser, "name", None) or str(parser)
@@ -309,12 +312,6 @@ def judge(r: TemplateReport) -> dict[str, Verdict]:
 
 def _try_shipped(tpl, report: TemplateReport) -> None:
     """Upgrade UNSAFE verdicts to SAFE WITH tmpl TEMPLATE X where a shipped template fits."""
-    try:
-        from . import templates as shipped
-    except ImportError:  # pragma: no cover - the shipped templates are part of the package
-        return
-    from .chat_template import ChatTemplate
-
     for info in shipped.available():
         if not all(len(tpl.codec.encode(t)) == 1 for t in info.special_tokens):
             continue

@@ -1,1 +1,0 @@
-"""Compiled core, built from ``_native/*.pyx`` by ``setup.py`` (absent in a pure install)."""

@@ -1,0 +1,29 @@
+"""Is a chat template safe for token-in/token-out training? Reports, the matrix, training-safe picks.
+
+This layer sits above :class:`~tmpl.ChatTemplate`: it takes one and probes it.
+
+>>> import tmpl
+>>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")       # doctest: +SKIP
+>>> tmpl.report.check(tpl).verdicts["tool_loop"].label              # doctest: +SKIP
+'SAFE WITH tmpl TEMPLATE qwen3'
+>>> safe = tmpl.report.training_safe(tpl)                           # doctest: +SKIP
+>>> safe.name                                                       # doctest: +SKIP
+'qwen3'
+"""
+
+from __future__ import annotations
+
+from .api import check, training_safe
+from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport, Verdict, build_report
+
+__all__ = [
+    "SAFE",
+    "SAFE_WITH",
+    "UNSAFE",
+    "UNSUPPORTED",
+    "TemplateReport",
+    "Verdict",
+    "build_report",
+    "check",
+    "training_safe",
+]
