@@ -1,12 +1,14 @@
 """The generation loop: samples turn after turn, tools run, exact suffixes appended.
 
 :mod:`.loop` holds :class:`Rollout` and :class:`RolloutResult`; :mod:`.scheduler` batches
-requests for the backend; :mod:`.metrics` counts what happened.
+requests for the backend; :mod:`.metrics` counts what happened;
+:mod:`.codes` says how a sample ended; :mod:`.timing` times phases.
 """
 
 from __future__ import annotations
 
+from .codes import EndCode
 from .loop import Rollout, RolloutResult
 from .metrics import RolloutMetrics, SampleTimes
 
-__all__ = ["Rollout", "RolloutMetrics", "RolloutResult", "SampleTimes"]
+__all__ = ["EndCode", "Rollout", "RolloutMetrics", "RolloutResult", "SampleTimes"]

@@ -30,8 +30,10 @@ from ..backends.base import Backend, GenerationRequest, Sampling
 from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
+from .codes import EndCode
 from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
+from .timing import PhaseClock
 from ..toolcalls.api import parse_completion, parser_for
 from ..trajectory.types import Span, Status
 
@@ -56,6 +58,7 @@ class RolloutResult:
     finish_reason: str  # the last generation's: stop / length / abort / error
     drift: bool | None = None  # would re-rendering the text have changed the IDs? (None: not measured)
     times: SampleTimes = field(default_factory=SampleTimes, repr=False)
+    code: EndCode | None = None  # how the sample ended (the reason in words is ``reason``)
     _attempts: int = field(default=1, repr=False)
 
     @property
@@ -173,9 +176,9 @@ class Rollout:
         start = time.perf_counter()
         for i, conv in enumerate(conversations):
             validate_messages(conv, where=f"conversations[{i}]")
-        t0 = time.perf_counter()
-        prompts = [self.tpl.prompt_ids(conv, tools=self.tool_schemas) for conv in conversations]
-        tokenize_time = time.perf_counter() - t0
+        setup = _Setup()
+        with PhaseClock(setup)("tokenize"):
+            prompts = [self.tpl.prompt_ids(conv, tools=self.tool_schemas) for conv in conversations]
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]
         bar = self._bar(len(jobs))
@@ -191,7 +194,7 @@ class Rollout:
                     except Exception as exc:  # one sample's failure must not take the batch down
                         result = self._crashed(i, s, conversations[i], prompts[i], traj, exc)
                     traj = result.trajectory
-                    if not result.reason.startswith(_RETRYABLE):
+                    if result.code is None or not result.code.retryable:
                         break
                 result._attempts = attempt + 1
                 return result
@@ -207,111 +210,109 @@ class Rollout:
                 bar.close()
         self.metrics = RolloutMetrics.from_results(
             results, wall_time=time.perf_counter() - start, engine_time=scheduler.engine_time,
-            batches=scheduler.batches, tokenize_time=tokenize_time,
+            batches=scheduler.batches, tokenize_time=setup.tokenize,
         )
         return results
 
     # -- one sample -----------------------------------------------------------------------
-    async def _sample(self, i: int, s: int, conversation, prompt: list[int], scheduler: Scheduler,
-                      traj=None, attempt: int = 0) -> RolloutResult:
-        times = SampleTimes()
-        tpl = self.tpl
+    async def _sample(self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int],
+                      scheduler: Scheduler, traj: Any = None, attempt: int = 0) -> RolloutResult:
         if traj is None:
-            traj = _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
-                                            vocab_size=tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+            traj = self._trajectory(i, s, prompt)
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
-        history: list[dict[str, Any]] = [dict(m) for m in conversation]
+        run = _SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
         sampling = self.sampling
         if sampling.seed is not None and sampling.n > 1:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + s, n=1)
-        stops = tpl.stop_token_ids
-        calls = failures = turns = 0
-        finish = "stop"
-        sequence = list(prompt)  # the engine's next input: prompt + everything appended so far
         for turn in range(self.max_turns):
-            budget = traj.max_new_tokens(self.max_tokens_per_turn)
-            if budget <= 0:
-                traj.truncate("no token budget left for another turn")
+            if not await self._turn(run, turn, sampling, scheduler, attempt):
                 break
-            rid = f"{i}-{s}-{turn}" if not attempt else f"{i}-{s}-{turn}-r{attempt}"
-            request = GenerationRequest(rid, list(sequence), budget, stops, sampling)
-            result = await scheduler.generate(request)
-            turns += 1
-            finish = result.finish_reason
-            if result.finish_reason == "error":
-                traj.abort(f"{_RETRYABLE[0]}: {result.error}")
-                break
-            if result.finish_reason == "abort":
-                traj.abort(_RETRYABLE[1])
-                break
-            t0 = time.perf_counter()
-            kept = traj.add_completion(result.token_ids, result.logprobs, message=len(history))
-            sequence += result.token_ids[:kept]
-            times.bookkeeping += time.perf_counter() - t0
-            if not traj.running:
-                break
-            t0 = time.perf_counter()
-            parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
-            times.parse += time.perf_counter() - t0
-            assistant = parsed.to_message()
-            if result.finish_reason == "length" or kept < len(result.token_ids):
-                history.append(assistant)
-                traj.truncate(f"turn {turn} hit its token limit ({budget}) before a stop token")
-                break
-            if not parsed.has_calls or self.toolbox is None:
-                history.append(assistant)
-                traj.finish()
-                break
-            if turn == self.max_turns - 1:
-                history.append(assistant)
-                traj.truncate(f"reached max_turns={self.max_turns} with tool calls pending")
-                break
-            with scheduler.working():
-                t0 = time.perf_counter()
-                batch = await self.toolbox.run_batch_async([parsed])
-                times.tools += time.perf_counter() - t0
-            tool_messages = batch.messages[0]
-            calls += batch.metrics.calls
-            failures += batch.metrics.failed
-            t0 = time.perf_counter()
-            try:
-                suffix = tpl.suffix_ids(tool_messages, completion_ids=result.token_ids, tools=self.tool_schemas,
-                                        history=history)
-            except TmplError as exc:
-                history += [assistant] + tool_messages
-                traj.abort(f"cannot build the tool suffix: {exc}")
-                break
-            verified = not self.verify_every or self._verify(history, assistant, tool_messages, suffix)
-            times.suffix += time.perf_counter() - t0
-            if not verified:
-                history += [assistant] + tool_messages
-                traj.abort("suffix verification against a full render failed")
-                break
-            message_index = len(history) + 1
-            history += [assistant] + tool_messages
-            sequence += suffix[: traj.add_suffix(suffix, message=message_index)]
-            if batch.stop[0]:
-                traj.truncate("a tool failed and on_error='stop'")
-                break
-            if not traj.running:
-                break
-        else:  # pragma: no cover - every path above breaks out
-            traj.finish()
+        if run.code is None:  # pragma: no cover - every turn that stops sets a code
+            run.end(EndCode.FINISHED)
         drift = None
         if self.measure_drift:
-            t0 = time.perf_counter()
-            drift = self._drift(history, traj)
-            times.drift += time.perf_counter() - t0
-        return RolloutResult(i, s, traj, history, turns, calls, failures, finish, drift, times)
+            with run.clock("drift"):
+                drift = self._drift(run.history, traj)
+        return RolloutResult(i, s, traj, run.history, run.turns, run.calls, run.failures, run.finish, drift,
+                             run.times, code=run.code)
 
-    def _crashed(self, i, s, conversation, prompt, traj, exc: Exception) -> RolloutResult:
+    async def _turn(self, run: _SampleRun, turn: int, sampling: Sampling, scheduler: Scheduler,
+                    attempt: int) -> bool:
+        """One generation and, when it called tools, one tool round. False once the sample ended."""
+        traj, tpl = run.traj, self.tpl
+        budget = traj.max_new_tokens(self.max_tokens_per_turn)
+        if budget <= 0:
+            return run.end(EndCode.NO_BUDGET, "no token budget left for another turn")
+        rid = f"{run.index}-{run.sample}-{turn}" + (f"-r{attempt}" if attempt else "")
+        result = await scheduler.generate(GenerationRequest(rid, list(run.sequence), budget, tpl.stop_token_ids,
+                                                            sampling))
+        run.turns += 1
+        run.finish = result.finish_reason
+        if result.finish_reason == "error":
+            return run.end(EndCode.GENERATION_FAILED, f"generation failed: {result.error}")
+        if result.finish_reason == "abort":
+            return run.end(EndCode.BACKEND_ABORTED, "the backend aborted the request")
+        with run.clock("bookkeeping"):
+            kept = traj.add_completion(result.token_ids, result.logprobs, message=len(run.history))
+            run.sequence += result.token_ids[:kept]
+        if not traj.running:  # cut at the budget, or no usable logprobs
+            return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
+        with run.clock("parse"):
+            parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
+        assistant = parsed.to_message()
+        run.history.append(assistant)
+        if result.finish_reason == "length" or kept < len(result.token_ids):
+            return run.end(EndCode.TURN_LIMIT, f"turn {turn} hit its token limit ({budget}) before a stop token")
+        if not parsed.has_calls or self.toolbox is None:
+            return run.end(EndCode.FINISHED)
+        if turn == self.max_turns - 1:
+            return run.end(EndCode.MAX_TURNS, f"reached max_turns={self.max_turns} with tool calls pending")
+        return await self._tool_round(run, parsed, assistant, result.token_ids, scheduler)
+
+    async def _tool_round(self, run: _SampleRun, parsed: Any, assistant: dict[str, Any],
+                          completion: list[int], scheduler: Scheduler) -> bool:
+        """Run the calls of one completion and append their exact suffix. False once the sample ended."""
+        assert self.toolbox is not None
+        with scheduler.working(), run.clock("tools"):
+            batch = await self.toolbox.run_batch_async([parsed])
+        tool_messages = batch.messages[0]
+        run.calls += batch.metrics.calls
+        run.failures += batch.metrics.failed
+        before = run.history[:-1]  # the messages before the assistant turn
+        with run.clock("suffix"):
+            try:
+                suffix = self.tpl.suffix_ids(tool_messages, completion_ids=completion, tools=self.tool_schemas,
+                                             history=before)
+            except TmplError as exc:
+                run.history += tool_messages
+                return run.end(EndCode.SUFFIX_FAILED, f"cannot build the tool suffix: {exc}")
+            verified = not self.verify_every or self._verify(before, assistant, tool_messages, suffix)
+        if not verified:
+            run.history += tool_messages
+            return run.end(EndCode.VERIFY_FAILED, "suffix verification against a full render failed")
+        message_index = len(run.history)
+        run.history += tool_messages
+        with run.clock("bookkeeping"):
+            run.sequence += suffix[: run.traj.add_suffix(suffix, message=message_index)]
+        if batch.stop[0]:
+            return run.end(EndCode.TOOL_STOP, "a tool failed and on_error='stop'")
+        if not run.traj.running:
+            return run.end(EndCode.BUDGET_CUT)
+        return True
+
+    def _trajectory(self, i: int, s: int, prompt: list[int]) -> Any:
+        return _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
+                                          vocab_size=self.tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+
+    def _crashed(self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int], traj: Any,
+                 exc: Exception) -> RolloutResult:
         """An unexpected error in one sample: the sample is ABORTED with the error as its reason."""
         if traj is None:
-            traj = _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
-                                            vocab_size=self.tpl.codec.vocab_size, sample_id=f"{i}/{s}")
-        traj.abort(f"unexpected error in the rollout: {type(exc).__name__}: {exc}")
-        return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error")
+            traj = self._trajectory(i, s, prompt)
+        if not traj.status.final:
+            traj.abort(f"unexpected error in the rollout: {type(exc).__name__}: {exc}")
+        return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error", code=EndCode.CRASHED)
 
     # -- checks -----------------------------------------------------------------------------
     def _drift(self, history: list[dict[str, Any]], traj) -> bool | None:
@@ -346,8 +347,43 @@ class Rollout:
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
 
 
-#: abort reasons after which a sample may be retried (``sample_retries``)
-_RETRYABLE = ("generation failed", "the backend aborted the request")
+class _Setup:
+    """Seconds a run spends before any sample starts."""
+
+    tokenize = 0.0
+
+
+class _SampleRun:
+    """The running state of one sample: its trajectory, messages, engine input, counters and clock."""
+
+    __slots__ = ("index", "sample", "traj", "history", "sequence", "times", "clock", "calls", "failures",
+                 "turns", "finish", "code")
+
+    def __init__(self, index: int, sample: int, traj: Any, history: list[dict[str, Any]], sequence: list[int]):
+        self.index, self.sample, self.traj = index, sample, traj
+        self.history = history  # messages so far (decoded: for rewards and logs)
+        self.sequence = sequence  # the engine's next input: prompt + everything appended so far
+        self.times = SampleTimes()
+        self.clock = PhaseClock(self.times)
+        self.calls = self.failures = self.turns = 0
+        self.finish = "stop"
+        self.code: EndCode | None = None
+
+    def end(self, code: EndCode, reason: str | None = None) -> bool:
+        """End the sample with ``code``; a trajectory still running gets the code's final status.
+
+        Returns False (the sample stops), so a turn can ``return run.end(...)``.
+        """
+        self.code = code
+        if self.traj.running:
+            status = code.status
+            if status == Status.DONE:
+                self.traj.finish()
+            elif status == Status.TRUNCATED:
+                self.traj.truncate(reason or code.value)
+            else:
+                self.traj.abort(reason or code.value)
+        return False
 
 
 def _toolbox(tools: Any):

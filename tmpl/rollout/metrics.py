@@ -53,7 +53,7 @@ class RolloutMetrics:
     outside: dict[str, float] = field(default_factory=dict)
     drift_measured: int = 0
     drift_samples: int = 0
-    abort_reasons: dict[str, int] = field(default_factory=dict)
+    abort_reasons: dict[str, int] = field(default_factory=dict)  # by EndCode value
 
     @property
     def drift_rate(self) -> float:
@@ -73,7 +73,8 @@ class RolloutMetrics:
                 m.truncated += 1
             elif status == "ABORTED":
                 m.aborted += 1
-                key = r.reason.split(":")[0][:80]
+                code = getattr(r, "code", None)
+                key = code.value if code is not None else r.reason.split(":")[0][:80]
                 m.abort_reasons[key] = m.abort_reasons.get(key, 0) + 1
             m.turns_max = max(m.turns_max, r.turns)
             m.turns_mean += r.turns

@@ -1,0 +1,69 @@
+"""Why a sample ended, as a code: retry decisions and per-cause counts never match text.
+
+The trajectory's ``reason`` says the same in words (with numbers); the code is what programs
+read. Each code belongs to one final status.
+
+>>> EndCode.GENERATION_FAILED.retryable, EndCode.MAX_TURNS.retryable
+(True, False)
+>>> EndCode.MAX_TURNS.status.name
+'TRUNCATED'
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ..trajectory.types import Status
+
+
+class EndCode(str, enum.Enum):
+    """How a sample ended (``RolloutResult.code``)."""
+
+    #: the model answered without (further) tool calls
+    FINISHED = "finished"
+    #: no token budget was left for another turn
+    NO_BUDGET = "no_budget"
+    #: a generation hit its per-turn token limit before a stop token
+    TURN_LIMIT = "turn_limit"
+    #: the trajectory cut a completion or a suffix at its budget
+    BUDGET_CUT = "budget_cut"
+    #: the last allowed turn still made tool calls
+    MAX_TURNS = "max_turns"
+    #: a tool failed and the toolbox says ``on_error="stop"``
+    TOOL_STOP = "tool_stop"
+    #: the backend returned an error for the generation
+    GENERATION_FAILED = "generation_failed"
+    #: the backend aborted the request
+    BACKEND_ABORTED = "backend_aborted"
+    #: the completion came without usable logprobs
+    NO_LOGPROBS = "no_logprobs"
+    #: the tool results could not be turned into a suffix
+    SUFFIX_FAILED = "suffix_failed"
+    #: a suffix differed from the template's full render (``verify_every``)
+    VERIFY_FAILED = "verify_failed"
+    #: an unexpected error inside the rollout
+    CRASHED = "crashed"
+
+    @property
+    def status(self) -> Status:
+        """The final status a sample with this code has."""
+        return _STATUS[self]
+
+    @property
+    def retryable(self) -> bool:
+        """Whether ``sample_retries`` runs a sample that ended so again."""
+        return self in (EndCode.GENERATION_FAILED, EndCode.BACKEND_ABORTED)
+
+
+_STATUS = {
+    EndCode.FINISHED: Status.DONE,
+    **dict.fromkeys(
+        (EndCode.NO_BUDGET, EndCode.TURN_LIMIT, EndCode.BUDGET_CUT, EndCode.MAX_TURNS, EndCode.TOOL_STOP),
+        Status.TRUNCATED,
+    ),
+    **dict.fromkeys(
+        (EndCode.GENERATION_FAILED, EndCode.BACKEND_ABORTED, EndCode.NO_LOGPROBS, EndCode.SUFFIX_FAILED,
+         EndCode.VERIFY_FAILED, EndCode.CRASHED),
+        Status.ABORTED,
+    ),
+}
