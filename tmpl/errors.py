@@ -88,7 +88,9 @@ class UnknownTemplateError(TemplateError, LookupError):
         self.template = name
         self.available = list(available)
         self.reason = "no shipped template with this name"
-        TmplError.__init__(self, f"no shipped template named {name!r}; available: {', '.join(self.available) or '(none)'}")
+        TmplError.__init__(
+            self, f"no shipped template named {name!r}; available: {', '.join(self.available) or '(none)'}"
+        )
 
 
 class TemplateMetadataError(TemplateError):
