@@ -1,7 +1,29 @@
 """Typed errors of tmpl. Each one says what went wrong and where.
 
-All derive from :class:`TmplError`; errors about user input also derive from
-``ValueError`` so that ``except ValueError`` keeps working.
+Every error tmpl raises is defined here and belongs to one of eight catchable families:
+
+==================== ===================================================== ===========================
+family               what went wrong                                       attributes
+==================== ===================================================== ===========================
+:class:`TmplError`   root of all of them
+:class:`TemplateError` a chat template (render, splice, lookup, metadata)  ``template``, ``reason``
+:class:`MessageError` a message in a conversation                          ``index``, ``reason``
+:class:`TrajectoryError` one sample's trajectory or a batch of them        ``sample``, ``reason``
+:class:`ToolError`   a tool, a tool-call parser or the Toolbox              ``tool``, ``reason``
+:class:`BackendError` a generation backend                                 ``backend``
+:class:`IntegrationError` a trainer integration                            ``reason``
+:class:`ExportError` a rollout file or record                              ``where``, ``reason``
+==================== ===================================================== ===========================
+
+The specific classes below (``SpliceError``, ``TokenIdError``...) subclass their family and add
+the attributes that help (``field``, ``position``, ``boundary``). Errors about user input also
+derive from ``ValueError`` so that ``except ValueError`` keeps working.
+
+>>> try:
+...     raise TokenIdError("q1", "ids", 0, -1, limit=10, vocab_known=True)
+... except TrajectoryError as err:
+...     (err.sample, err.field, err.position)
+('q1', 'ids', 0)
 """
 
 from __future__ import annotations
@@ -52,7 +74,7 @@ class SpliceError(TemplateError):
         super().__init__(template, reason)
 
 
-class UnknownTemplateError(TmplError, LookupError):
+class UnknownTemplateError(TemplateError, LookupError):
     """No shipped template has this name; ``available`` lists the names that exist.
 
     >>> raise UnknownTemplateError("qwen4", ["qwen2.5", "qwen3"])
@@ -63,17 +85,23 @@ class UnknownTemplateError(TmplError, LookupError):
 
     def __init__(self, name: str, available: list[str]) -> None:
         self.name = name
+        self.template = name
         self.available = list(available)
-        super().__init__(f"no shipped template named {name!r}; available: {', '.join(self.available) or '(none)'}")
+        self.reason = "no shipped template with this name"
+        TmplError.__init__(
+            self, f"no shipped template named {name!r}; available: {', '.join(self.available) or '(none)'}"
+        )
 
 
-class TemplateMetadataError(TmplError):
-    """A shipped template's ``.json`` metadata is missing or malformed; ``path`` names the file."""
+class TemplateMetadataError(TemplateError):
+    """A shipped template's ``.json`` metadata is missing or malformed; ``path`` names the file
+    (it is also the ``template`` attribute)."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
+        self.template = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}")
+        TmplError.__init__(self, f"{path}: {reason}")
 
 
 class MessageError(TmplError, ValueError):
@@ -201,7 +229,7 @@ class TrajectoryClosedError(TrajectoryError):
         super().__init__(sample, f"cannot {what}: the trajectory is {name}{detail}; call reset() to retry")
 
 
-class CollateError(TmplError, ValueError):
+class CollateError(TrajectoryError, ValueError):
     """A batch cannot be collated; ``index`` is the trajectory's position in the batch (None for the batch)."""
 
     def __init__(self, index: int | None, sample: object, reason: str) -> None:
@@ -209,33 +237,81 @@ class CollateError(TmplError, ValueError):
         self.sample = sample
         self.reason = reason
         where = "batch" if index is None else f"trajectories[{index}] ({describe_sample(sample)})"
-        super().__init__(f"{where}: {reason}")
+        TmplError.__init__(self, f"{where}: {reason}")
 
 
-class ToolSchemaError(TmplError, ValueError):
+class ToolError(TmplError):
+    """A tool, a tool-call parser or the Toolbox cannot do what was asked.
+
+    ``tool`` names the tool or parser at fault when there is one (else None), ``reason`` says why.
+    Errors a tool raises while it runs are not ToolErrors: the Toolbox turns them into tool results.
+
+    >>> raise ToolError("no parser for this format", tool="hermes")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ToolError: no parser for this format
+    """
+
+    def __init__(self, reason: str = "", *, tool: str | None = None) -> None:
+        self.tool = tool
+        self.reason = reason
+        super().__init__(reason)
+
+
+class ToolSchemaError(ToolError, ValueError):
     """A tool given to tmpl has no usable JSON schema; ``tool`` names it."""
 
     def __init__(self, tool: str, reason: str) -> None:
         self.tool = tool
         self.reason = reason
-        super().__init__(f"tool {tool!r}: {reason}")
+        TmplError.__init__(self, f"tool {tool!r}: {reason}")
 
 
-class UnknownParserError(TmplError, ValueError):
-    """A tool-call parser was asked for by a name that does not exist."""
+class UnknownParserError(ToolError, ValueError):
+    """A tool-call parser was asked for by a name that does not exist; ``tool`` is that name."""
 
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
+        self.tool = name
         self.known = known
-        super().__init__(f"unknown tool-call parser {name!r}; known parsers: {', '.join(known)}")
+        self.reason = "unknown tool-call parser"
+        TmplError.__init__(self, f"unknown tool-call parser {name!r}; known parsers: {', '.join(known)}")
 
 
-class NoToolParserError(TemplateError):
-    """No tool-call parser was recognised for a template; force one with ``parser=<name>``."""
+class NoToolParserError(TemplateError, ToolError):
+    """No tool-call parser was recognised for a template; force one with ``parser=<name>``.
+
+    Both a TemplateError (``template`` names it) and a ToolError (``tool`` is None).
+    """
+
+    def __init__(self, template: str, reason: str) -> None:
+        self.template = template
+        self.tool = None
+        self.reason = reason
+        TmplError.__init__(self, f"chat template {template!r}: {reason}")
 
 
-class ToolboxError(TmplError, ValueError):
+class ToolboxError(ToolError, ValueError):
     """The Toolbox was used wrongly (a bad option, a duplicate tool name, a malformed batch)."""
+
+    def __init__(self, reason: str = "", *, tool: str | None = None) -> None:
+        ToolError.__init__(self, reason, tool=tool)
+
+
+class BackendError(TmplError):
+    """A backend failed in a way that affects every request (misconfiguration, missing package).
+
+    ``backend`` names the backend class when the raiser gives it (else None).
+
+    >>> raise BackendError("vllm is not installed: pip install 'tmpl[vllm]'")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.BackendError: vllm is not installed: pip install 'tmpl[vllm]'
+    """
+
+    def __init__(self, *args: object, backend: str | None = None) -> None:
+        self.backend = backend
+        super().__init__(*args)
 
 
 class IntegrationError(TmplError):

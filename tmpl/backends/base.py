@@ -14,14 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import TmplError
+from ..errors import BackendError
+
+__all__ = ["Backend", "BackendError", "GenerationRequest", "GenerationResult", "Sampling"]
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 LogprobsMode = Literal["raw", "processed"]
-
-
-class BackendError(TmplError):
-    """A backend failed in a way that affects every request (misconfiguration, missing package)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .metrics import FAILURE_KINDS, CallOutcome, ToolMetrics
 from .parsers import PARSERS, ToolParser, get_parser
 from .schema import tool_schema
 from .toolbox import BatchResult, Toolbox
-from .types import ParsedCompletion, ParseError, ToolCall, new_call_id
+from .types import CallProblem, ParsedCompletion, ParseError, ToolCall, new_call_id
 
 __all__ = [
     "FAILURE_KINDS",
@@ -27,6 +27,7 @@ __all__ = [
     "Arguments",
     "BatchResult",
     "CallOutcome",
+    "CallProblem",
     "Detection",
     "ParseError",
     "ParsedCompletion",

@@ -37,7 +37,7 @@ from ..errors import ToolboxError
 from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
 from .schema import tool_name, tool_schema
-from .types import ParsedCompletion, ParseError, ToolCall, new_call_id
+from .types import ParsedCompletion, CallProblem, ToolCall, new_call_id
 
 ON_ERROR = ("message", "stop")
 
@@ -184,7 +184,7 @@ class Toolbox:
         """Run every call of every sample concurrently; returns when all are answered.
 
         ``samples``: one entry per sample, a :class:`ParsedCompletion` or a list of calls
-        (:class:`ToolCall`, :class:`ParseError`, or dicts ``{"name", "arguments", "id"?}`` /
+        (:class:`ToolCall`, :class:`CallProblem`, or dicts ``{"name", "arguments", "id"?}`` /
         OpenAI ``{"id", "function": {"name", "arguments"}}``). Safe to call from inside a running
         event loop (the calls run on the Toolbox's own loop thread).
         """
@@ -227,12 +227,12 @@ class Toolbox:
             return self._loop
 
     # -- planning ---------------------------------------------------------------------
-    def _plan(self, samples: Sequence[Any]) -> list[list[ToolCall | ParseError]]:
+    def _plan(self, samples: Sequence[Any]) -> list[list[ToolCall | CallProblem]]:
         if isinstance(samples, (ParsedCompletion, str, bytes, Mapping)) or not isinstance(samples, Sequence):
             raise ToolboxError(
                 f"run_batch takes a list with one entry per sample, not {type(samples).__name__}"
             )
-        plan: list[list[ToolCall | ParseError]] = []
+        plan: list[list[ToolCall | CallProblem]] = []
         for b, sample in enumerate(samples):
             if isinstance(sample, ParsedCompletion):
                 plan.append(list(sample.items))
@@ -245,24 +245,24 @@ class Toolbox:
         return plan
 
     @staticmethod
-    def _as_call(item: Any, b: int, j: int) -> ToolCall | ParseError:
-        if isinstance(item, (ToolCall, ParseError)):
+    def _as_call(item: Any, b: int, j: int) -> ToolCall | CallProblem:
+        if isinstance(item, (ToolCall, CallProblem)):
             return item
         if not isinstance(item, Mapping):
-            raise ToolboxError(f"samples[{b}][{j}] must be a ToolCall, ParseError or dict, not {type(item).__name__}")
+            raise ToolboxError(f"samples[{b}][{j}] must be a ToolCall, CallProblem or dict, not {type(item).__name__}")
         fn = item.get("function") if isinstance(item.get("function"), Mapping) else item
         name = fn.get("name")
         cid = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else new_call_id()
         raw = json.dumps(dict(item), default=str)
         if not isinstance(name, str) or not name:
-            return ParseError("missing_name", "the call has no tool name", raw=raw, id=cid)
+            return CallProblem("missing_name", "the call has no tool name", raw=raw, id=cid)
         args = read_arguments(fn.get("arguments", fn.get("parameters")))
         if args.value is None:
-            return ParseError("bad_json", args.error or "unreadable arguments", raw=raw, name=name, id=cid)
+            return CallProblem("bad_json", args.error or "unreadable arguments", raw=raw, name=name, id=cid)
         return ToolCall(id=cid, name=name, arguments=args.value, raw=raw, repairs=args.repairs)
 
     # -- execution --------------------------------------------------------------------
-    async def _run(self, plan: list[list[ToolCall | ParseError]]) -> BatchResult:
+    async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
         start = time.perf_counter()
         sem = asyncio.Semaphore(self.max_concurrency)
         tasks = [[asyncio.ensure_future(self._one(item, sem)) for item in sample] for sample in plan]
@@ -274,8 +274,8 @@ class Toolbox:
         messages = [[o.message() for o in sample] for sample in outcomes]
         return BatchResult(messages=messages, stop=stop, outcomes=outcomes, metrics=metrics)
 
-    async def _one(self, item: ToolCall | ParseError, sem: asyncio.Semaphore) -> CallOutcome:
-        if isinstance(item, ParseError):
+    async def _one(self, item: ToolCall | CallProblem, sem: asyncio.Semaphore) -> CallOutcome:
+        if isinstance(item, CallProblem):
             what = f" to '{item.name}'" if item.name else ""
             return CallOutcome(item.id, item.name or "unknown", "malformed_call",
                                f"Error: the tool call{what} could not be read ({item.message}); it was not run.", None)

@@ -1,7 +1,7 @@
 """Records of a parsed completion: tool calls, parse errors, and the completion itself.
 
 Parsing never raises on what the model wrote: a call that cannot be read becomes a
-:class:`ParseError` in :attr:`ParsedCompletion.errors`, with the raw text, so that the
+:class:`CallProblem` in :attr:`ParsedCompletion.errors`, with the raw text, so that the
 tool loop can answer it with an error message the model can learn from.
 
 >>> call = ToolCall(id="a1B2c3D4e", name="get_weather", arguments={"city": "Paris"}, raw="...")
@@ -63,11 +63,15 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class ParseError:
-    """A call the model attempted that could not be read, or a structural problem.
+class CallProblem:
+    """A call the model attempted that could not be read, or a structural problem (not an exception).
+
+    >>> CallProblem("bad_json", "expected ':' at char 9", name="get_weather").is_call
+    True
+
 
     ``kind`` is one of :data:`PARSE_ERROR_KINDS`; ``name`` is the tool name when it could be read.
-    A ParseError with ``kind`` in :data:`CALL_ERROR_KINDS` stands for one attempted call: the tool
+    A CallProblem with ``kind`` in :data:`CALL_ERROR_KINDS` stands for one attempted call: the tool
     loop answers it with an error message in the call's place.
     """
 
@@ -80,8 +84,12 @@ class ParseError:
 
     @property
     def is_call(self) -> bool:
-        """True when this error stands for one attempted call (it gets its own tool message)."""
+        """True when this problem stands for one attempted call (it gets its own tool message)."""
         return self.kind in CALL_ERROR_KINDS
+
+
+#: The name of :class:`CallProblem` before 0.2.0 (it is a finding in a completion, not an exception).
+ParseError = CallProblem
 
 
 #: What can go wrong while reading a call.
@@ -108,10 +116,10 @@ class ParsedCompletion:
     content: str
     reasoning: str | None
     tool_calls: tuple[ToolCall, ...]
-    errors: tuple[ParseError, ...]
+    errors: tuple[CallProblem, ...]
     parser: str = ""
     reasoning_key: str = "reasoning_content"
-    items: tuple[ToolCall | ParseError, ...] = ()
+    items: tuple[ToolCall | CallProblem, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.items and (self.tool_calls or self.errors):

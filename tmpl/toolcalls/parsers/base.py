@@ -13,7 +13,7 @@ rest the same way for every format:
    tools are known, and every call gets an id (the model's, or 9 generated alphanumerics).
 
 Nothing in :meth:`ToolParser.parse` raises on model output: what cannot be read is a
-:class:`~tmpl.toolcalls.types.ParseError` in the result.
+:class:`~tmpl.toolcalls.types.CallProblem` in the result.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..arguments import coerce_arguments, read_arguments
 from ..literal import LiteralError, read_literal
 from ..schema import parameters_by_name
 from ..tokentext import MarkerTable, TokenText
-from ..types import ParsedCompletion, ParseError, ToolCall, new_call_id
+from ..types import ParsedCompletion, CallProblem, ToolCall, new_call_id
 
 #: A tool name as models write it (``get_weather``, ``functions.lookup``, ``my-tool``).
 NAME = r"[A-Za-z_][\w.\-:/]*"
@@ -186,13 +186,13 @@ class ToolParser:
     def finish(
         self, view: TokenText, raws: Sequence[RawCall], content: str, reasoning: str | None, tools: Any
     ) -> ParsedCompletion:
-        """Turn located calls into ToolCalls and ParseErrors, in the order the model wrote them."""
+        """Turn located calls into ToolCalls and CallProblems, in the order the model wrote them."""
         params = _params(tools)
-        items: list[ToolCall | ParseError] = []
+        items: list[ToolCall | CallProblem] = []
         for raw in raws:
             items.append(self.build(view, raw, params))
         calls = tuple(x for x in items if isinstance(x, ToolCall))
-        errors = tuple(x for x in items if isinstance(x, ParseError))
+        errors = tuple(x for x in items if isinstance(x, CallProblem))
         return ParsedCompletion(
             content=content,
             reasoning=reasoning,
@@ -203,19 +203,19 @@ class ToolParser:
             items=tuple(items),
         )
 
-    def build(self, view: TokenText, raw: RawCall, params: Mapping[str, Mapping[str, Any]] | None) -> ToolCall | ParseError:
+    def build(self, view: TokenText, raw: RawCall, params: Mapping[str, Mapping[str, Any]] | None) -> ToolCall | CallProblem:
         span = view.token_span(raw.start, raw.end)
         text = view.raw(raw.start, raw.end)
         name = raw.name.strip() if isinstance(raw.name, str) else None
         if raw.error is not None:
-            return ParseError(raw.error_kind, raw.error, raw=text, name=name or None, token_span=span)
+            return CallProblem(raw.error_kind, raw.error, raw=text, name=name or None, token_span=span)
         if not name:
-            return ParseError("missing_name", "the call has no tool name", raw=text, token_span=span)
+            return CallProblem("missing_name", "the call has no tool name", raw=text, token_span=span)
         if not NAME_RE.match(name):
-            return ParseError("malformed", f"{name[:40]!r} is not a tool name", raw=text, token_span=span)
+            return CallProblem("malformed", f"{name[:40]!r} is not a tool name", raw=text, token_span=span)
         args = read_arguments(raw.arguments)
         if args.value is None:
-            return ParseError("bad_json", args.error or "unreadable arguments", raw=text, name=name, token_span=span)
+            return CallProblem("bad_json", args.error or "unreadable arguments", raw=text, name=name, token_span=span)
         value, repairs = args.value, list(raw.repairs) + list(args.repairs)
         schema = params.get(name) if params else None
         if schema is not None or raw.text_values:
