@@ -163,3 +163,38 @@ def test_drift_detail_round_trips_through_jsonl_and_parquet(tmp_path):
     [again] = export.from_dataset(datasets.Dataset.from_parquet(str(tmp_path / "r.parquet")))
     assert again.drift_detail == r.drift_detail
     assert again.tool_failure_kinds == r.tool_failure_kinds == {}
+
+
+def test_replay_prints_the_causes_stored_and_found_again(tmp_path, capsys):
+    """``tmpl replay``: the stored causes, and the same causes from a fresh re-render with the model's template."""
+    import json
+
+    from tmpl.cli import main
+
+    from .conftest import DATA
+
+    tpl = _tpl("qwen2.5-instruct")
+    enc = tpl.codec.encode
+    reordered = enc('<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call><|im_end|>')
+    final, padded = enc("Sunny.<|im_end|>"), enc(" Sunny. <|im_end|>")
+
+    def policy(req):
+        i, _, turn = (int(x) for x in req.request_id.split("-"))
+        return [reordered if turn == 0 else final, final, padded][i]
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=3, measure_drift=True)
+    results = rollout.run([USER] * 3)
+    assert [r.drift_detail.cause.value if r.drift else None for r in results] == \
+        ["json_reserialized", None, "whitespace"]
+    path = export.to_jsonl(results, tmp_path / "r.jsonl")
+    assert main(["replay", str(path)]) == 0
+    stored = capsys.readouterr().out
+    (tmp_path / "tools.json").write_text(json.dumps(SCHEMAS))
+    assert main(["replay", str(path), "--model", str(DATA / "qwen2.5-instruct"), "--tools",
+                 str(tmp_path / "tools.json")]) == 0
+    again = capsys.readouterr().out
+    for out in (stored, again):
+        rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+        assert [row.split(" | ")[4] for row in rows] == ["json_reserialized", "", "whitespace"]
+        assert "3 samples, 3 measured, 2 drifted: json_reserialized 1, whitespace 1" in out
+    assert stored == again

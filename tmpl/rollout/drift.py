@@ -154,6 +154,26 @@ def _enclosing_json(text: str, offset: int) -> tuple[Any, str] | None:
     return None
 
 
+def rerender_drift(tpl: Any, messages: list[dict[str, Any]], ids: list[int], tools: Any = None
+                   ) -> tuple[bool | None, DriftDetail | None]:
+    """Re-render ``messages`` with the template and explain how the result differs from ``ids``.
+
+    Returns ``(drift, detail)``: ``(None, None)`` when the template cannot render the messages.
+
+    >>> drift, detail = rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(),
+    ...                                tools=schemas)           # doctest: +SKIP
+    """
+    from ..errors import TmplError
+
+    try:
+        gen = messages[-1]["role"] != "assistant"
+        text = tpl.renderer.text(messages, tools=tools, add_generation_prompt=gen)
+    except TmplError:
+        return None, None
+    detail = explain_drift(tpl, ids, tpl.codec.encode(text))
+    return detail is not None, detail
+
+
 def chosen(fraction: float | bool, index: int, sample: int) -> bool:
     """Whether the sample (conversation ``index``, sample ``sample``) is measured at ``fraction``.
 

@@ -31,7 +31,7 @@ from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from .codes import EndCode
-from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, explain_drift
+from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
 from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
 from .timing import PhaseClock
@@ -330,13 +330,7 @@ class Rollout:
     def _drift(self, history: list[dict[str, Any]], traj) -> tuple[bool | None, DriftDetail | None]:
         """Would decoding and re-rendering this sample have changed its token IDs? Where and why?"""
         ours = traj.prompt_ids.tolist() + traj.completion_ids.tolist()
-        try:
-            gen = history[-1]["role"] != "assistant"
-            text = self.tpl.renderer.text(history, tools=self.tool_schemas, add_generation_prompt=gen)
-        except TmplError:
-            return None, None
-        detail = explain_drift(self.tpl, ours, self.tpl.codec.encode(text))
-        return detail is not None, detail
+        return rerender_drift(self.tpl, history, ours, self.tool_schemas)
 
     def _verify(self, history, assistant, tool_messages, suffix: list[int]) -> bool:
         self._suffix_count += 1
