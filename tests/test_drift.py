@@ -198,3 +198,48 @@ def test_replay_prints_the_causes_stored_and_found_again(tmp_path, capsys):
         assert [row.split(" | ")[4] for row in rows] == ["json_reserialized", "", "whitespace"]
         assert "3 samples, 3 measured, 2 drifted: json_reserialized 1, whitespace 1" in out
     assert stored == again
+
+
+def test_to_dict_keys_are_stable_and_count_what_happened():
+    """Telemetry of two real batches: same keys; tool failures by kind, truncations by code, drift by cause."""
+    tpl = _tpl("qwen2.5-instruct")
+    enc = tpl.codec.encode
+    unknown = enc('<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call><|im_end|>')
+
+    def policy(req):
+        i, _, turn = (int(x) for x in req.request_id.split("-"))
+        return [unknown, enc(CALL), enc(" Sunny.<|im_end|>")][i] if turn == 0 else enc(CALL)
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=2, measure_drift=True)
+    results = rollout.run([USER] * 3)
+    first = rollout.metrics.to_dict()
+    assert [r.code.value for r in results] == ["max_turns", "max_turns", "finished"]
+    assert first["rollout/tool_failures/unknown_tool"] == 1.0 == results[0].tool_failure_kinds["unknown_tool"]
+    assert first["rollout/tool_failures/exception"] == 0.0
+    assert first["rollout/truncated/max_turns"] == 2.0 and first["rollout/aborted/crashed"] == 0.0
+    assert first["rollout/drift/measured"] == 3.0
+    assert first["rollout/drift/rate/whitespace"] == pytest.approx(1 / 3)
+    assert first["rollout/time/tools"] > 0.0 and first["rollout/time/engine"] >= 0.0
+    rollout.run([USER])
+    assert set(rollout.metrics.to_dict()) == set(first)  # a batch with nothing failing logs the same keys
+
+
+def test_telemetry_example_in_the_docs_logs_a_real_batch(capsys):
+    """docs/integrations.md, block 'telemetry': called as TRL calls a reward function, and as on_results."""
+    from .test_integrations_docs import doc_block
+
+    namespace: dict = {}
+    exec(doc_block("telemetry"), namespace)
+    tpl = _tpl("qwen2.5-instruct")
+    rollout = tmpl.Rollout(tpl, Scripted(lambda r: tpl.codec.encode(" Sunny.<|im_end|>")), tools=FUNCS,
+                           measure_drift=True)
+    results = rollout.run([USER] * 2)
+    metrics = rollout.metrics.to_dict()
+    rewards = namespace["reward_with_telemetry"](
+        completions=["x", "y"], messages=[r.messages for r in results], status=[r.status.name for r in results],
+        rollout_metrics=[metrics] * 2, turns=[1, 1])
+    assert rewards == [1.0, 1.0]
+    printed = capsys.readouterr().out
+    assert "'rollout/drift/rate/whitespace': 1.0" in printed and "'rollout/done': 2.0" in printed
+    namespace["on_results"](results, rollout.metrics)
+    assert capsys.readouterr().out == printed

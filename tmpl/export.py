@@ -287,7 +287,7 @@ def _run_metrics(metrics: RolloutMetrics | Mapping[str, float] | None) -> dict[s
     if metrics is None:
         return None
     if isinstance(metrics, RolloutMetrics):
-        return metrics.as_dict()
+        return metrics.to_dict()
     return {str(k): float(v) for k, v in metrics.items()}
 
 
