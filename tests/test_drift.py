@@ -229,7 +229,7 @@ def test_telemetry_example_in_the_docs_logs_a_real_batch(capsys):
     from .test_integrations_docs import doc_block
 
     namespace: dict = {}
-    exec(doc_block("telemetry"), namespace)
+    exec(doc_block("telemetry"), namespace)  # noqa: S102 - the documented block, run as written
     tpl = _tpl("qwen2.5-instruct")
     rollout = tmpl.Rollout(tpl, Scripted(lambda r: tpl.codec.encode(" Sunny.<|im_end|>")), tools=FUNCS,
                            measure_drift=True)
