@@ -123,7 +123,7 @@ def test_scripted_multi_turn_equals_full_renders_at_every_turn(twin, family, tok
         return script.completion(int(turn))
 
     rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=5, max_length=8192,
-                           max_completion_length=4096)
+                           max_completion_length=4096, measure_drift=True)
     results = rollout.run([[{"role": "user", "content": u}] for u in users])
     for script, res in zip(scripts, results):
         assert res.status.name == "DONE", res.reason
@@ -141,6 +141,7 @@ def test_scripted_multi_turn_equals_full_renders_at_every_turn(twin, family, tok
         assert res.mask.tolist() == expected
         assert all(lp == 0.0 for lp, m in zip(res.logprobs.tolist(), expected) if not m)
         assert res.drift is False or family in ("qwen3", "gemma-4-it", "gpt-oss")
+        assert (res.drift_detail is not None) == res.drift  # every drifted sample says where and why
     assert rollout.metrics.done == len(users) and rollout.metrics.tool_calls == len(users) * sum(plan)
 
 
@@ -247,12 +248,13 @@ def test_drift_is_measured_on_the_seed_completion(tokenizer_of):
 
     final = tpl.codec.encode("It is 12.<|im_end|>")
     policy = Scripted(lambda r: SEED_COMPLETION if r.request_id.endswith("-0") else final)
-    rollout = tmpl.Rollout(tpl, policy, tools=[multiply_tool])
+    rollout = tmpl.Rollout(tpl, policy, tools=[multiply_tool], measure_drift=True)
     [r] = rollout.run([[{"role": "user", "content": "3 times 4?"}]])
     assert r.status.name == "DONE" and r.completion_ids.tolist()[:47] == SEED_COMPLETION
     assert r.messages[2] == {"role": "tool", "tool_call_id": r.messages[1]["tool_calls"][0]["id"],
                              "name": "multiply_tool", "content": "12"}
     assert r.drift is True and rollout.metrics.drift_rate == 1.0
+    assert r.drift_detail.cause.value in rollout.metrics.drift_causes
     del tools
 
 

@@ -1,7 +1,12 @@
-"""Command line: ``tmpl check`` (one template) and ``tmpl matrix`` (many).
+"""Command line: ``tmpl check`` (one template), ``tmpl matrix`` (many), ``tmpl replay`` (drift).
 
     tmpl check MODEL_OR_DIR [--template FILE] [--json]
     tmpl matrix [SOURCE ...] [--format md|html|json] [-o FILE] [--tokenizer DIR]
+    tmpl replay FILE.jsonl [--model MODEL_OR_DIR [--template FILE] [--tools TOOLS.json]]
+
+``tmpl replay`` prints the drift of exported samples as a table: with ``--model`` it re-renders
+each sample's messages with that template (and the tool schemas of ``--tools``, as the rollout
+rendered them) and explains the difference afresh; without, it prints the causes stored at export.
 
 With no SOURCE, ``tmpl matrix`` reports on the training-safe templates tmpl ships, offline.
 Exit status: 0 on success, 2 on usage or input errors (with a one-line message).
@@ -41,6 +46,43 @@ def _matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    import json
+
+    from .export import from_jsonl
+    from .rollout.drift import DriftCause, rerender_drift
+
+    results = from_jsonl(args.file)
+    rows = []
+    if args.model:
+        from .chat_template import ChatTemplate
+
+        tpl = ChatTemplate.from_pretrained(args.model, chat_template=args.template)
+        tools = json.loads(Path(args.tools).read_text(encoding="utf-8")) if args.tools else None
+        for r in results:
+            drift, detail = rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
+            rows.append((r, drift, detail))
+    else:
+        rows = [(r, r.drift, r.drift_detail) for r in results]
+    print("| index | sample | status | drift | cause | token | ours | re-rendered |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r, drift, d in rows:
+        shown = "not measured" if drift is None else str(drift).lower()
+        cause, where, ours, theirs = (d.cause.value, str(d.position), _cell(d.ours), _cell(d.rendered)) if d else ("",) * 4
+        print(f"| {r.index} | {r.sample} | {r.status.name} | {shown} | {cause} | {where} | {ours} | {theirs} |")
+    measured = [d for _, drift, d in rows if drift is not None]
+    counts = {c.value: sum(1 for d in measured if d is not None and d.cause is c) for c in DriftCause}
+    print(f"\n{len(rows)} samples, {len(measured)} measured, {sum(counts.values())} drifted: "
+          + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    return 0
+
+
+def _cell(text: str, width: int = 60) -> str:
+    """A table cell: escapes visible (repr without quotes), pipes escaped, long text cut."""
+    shown = repr(text)[1:-1].replace("|", "\\|")
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tmpl", description="Chat-template checks for token-in/token-out RL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     mat.add_argument("--tokenizer", help="tokenizer folder to render bare .jinja files with")
     mat.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     mat.set_defaults(run=_matrix)
+    rep = sub.add_parser("replay", help="drift of exported samples (tmpl.export.to_jsonl), as a table")
+    rep.add_argument("file", help="a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl")
+    rep.add_argument("--model", help="re-render with this tokenizer's template (a local folder or hub id)")
+    rep.add_argument("--template", help="a .jinja file to use instead of the tokenizer's template")
+    rep.add_argument("--tools", help="a JSON file with the tool schemas the rollout rendered with")
+    rep.set_defaults(run=_replay)
     return parser
 
 

@@ -11,7 +11,10 @@ One record per sample (``to_records``), in the order given:
   tokens (tool results, generation prompts); ``logprobs``: the rollout logprobs (0.0 where
   ``mask`` is 0). The four arrays of a sample are read back exactly (int32, uint8, float32).
 - ``status`` (``DONE`` / ``TRUNCATED`` / ``ABORTED``), ``reason``, ``finish_reason``;
-  ``turns``, ``tool_calls``, ``tool_failures``, ``drift``; ``messages`` (the parsed
+  ``turns``, ``tool_calls``, ``tool_failures``, ``tool_failure_kinds`` (failed calls by kind,
+  every kind present), ``drift``; ``drift_cause``, ``drift_position``, ``drift_ours``,
+  ``drift_rendered`` (where and why a drifted sample would change if re-rendered: see
+  :mod:`tmpl.rollout.drift`; None when it did not drift or was not measured); ``messages`` (the parsed
   conversation, for rewards and logs); ``spans`` (``kind``, ``turn``, ``message``, ``start``,
   ``end``); budgets (``max_length``, ``max_completion_length``, ``vocab_size``), ``tokens_cut``,
   ``num_turns``, ``sample_id``; ``times`` (seconds per phase outside the engine);
@@ -36,8 +39,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ExportError
+from .rollout.drift import DriftCause, DriftDetail
 from .rollout.loop import RolloutResult
 from .rollout.metrics import RolloutMetrics, SampleTimes
+from .toolcalls.metrics import FAILURE_KINDS
 from .trajectory.types import Status, restore_trajectory, state_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,7 +91,9 @@ def to_records(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mappi
             "turns": r.turns,
             "tool_calls": r.tool_calls,
             "tool_failures": r.tool_failures,
+            "tool_failure_kinds": {k: int(r.tool_failure_kinds.get(k, 0)) for k in FAILURE_KINDS},
             "drift": r.drift,
+            **_drift_fields(r.drift_detail),
             "messages": r.messages,
             "spans": [{"kind": s[0], "turn": s[1], "message": s[2], "start": s[3], "end": s[4]}
                       for s in state["spans"]],
@@ -155,7 +162,8 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
         index=int(record.get("index", 0)), sample=int(record.get("sample", 0)), trajectory=traj, messages=messages,
         turns=int(record.get("turns", 0)), tool_calls=int(record.get("tool_calls", 0)),
         tool_failures=int(record.get("tool_failures", 0)), finish_reason=record.get("finish_reason", "stop"),
-        drift=record.get("drift"), times=times,
+        drift=record.get("drift"), times=times, drift_detail=_drift_detail(record, where),
+        tool_failure_kinds={k: int(v) for k, v in (record.get("tool_failure_kinds") or {}).items() if v},
     )
 
 
@@ -240,6 +248,9 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
         "prompt_ids": S(V("int32")), "completion_ids": S(V("int32")), "mask": S(V("uint8")),
         "logprobs": S(V("float32")), "status": V("string"), "reason": V("string"), "finish_reason": V("string"),
         "turns": V("int64"), "tool_calls": V("int64"), "tool_failures": V("int64"), "drift": V("bool"),
+        "tool_failure_kinds": {k: V("int64") for k in FAILURE_KINDS},
+        "drift_cause": V("string"), "drift_position": V("int64"), "drift_ours": V("string"),
+        "drift_rendered": V("string"),
         "messages": V("string"),
         "spans": [{"kind": V("string"), "turn": V("int64"), "message": V("int64"), "start": V("int64"),
                    "end": V("int64")}],
@@ -254,11 +265,29 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
 
 # -- helpers -----------------------------------------------------------------------------------
 
+def _drift_fields(detail: DriftDetail | None) -> dict[str, Any]:
+    if detail is None:
+        return {"drift_cause": None, "drift_position": None, "drift_ours": None, "drift_rendered": None}
+    return {"drift_cause": detail.cause.value, "drift_position": detail.position, "drift_ours": detail.ours,
+            "drift_rendered": detail.rendered}
+
+
+def _drift_detail(record: Mapping[str, Any], where: str) -> DriftDetail | None:
+    cause = record.get("drift_cause")
+    if cause is None:
+        return None
+    try:
+        return DriftDetail(DriftCause(cause), int(record["drift_position"]), record["drift_ours"],
+                           record["drift_rendered"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExportError(where, f"unreadable drift detail (cause {cause!r}): {exc}") from None
+
+
 def _run_metrics(metrics: RolloutMetrics | Mapping[str, float] | None) -> dict[str, float] | None:
     if metrics is None:
         return None
     if isinstance(metrics, RolloutMetrics):
-        return metrics.as_dict()
+        return metrics.to_dict()
     return {str(k): float(v) for k, v in metrics.items()}
 
 

@@ -2,13 +2,14 @@
 
 :mod:`.loop` holds :class:`Rollout` and :class:`RolloutResult`; :mod:`.scheduler` batches
 requests for the backend; :mod:`.metrics` counts what happened;
-:mod:`.codes` says how a sample ended; :mod:`.timing` times phases.
+:mod:`.codes` says how a sample ended; :mod:`.drift` explains drift; :mod:`.timing` times phases.
 """
 
 from __future__ import annotations
 
 from .codes import EndCode
+from .drift import DriftCause, DriftDetail, explain_drift
 from .loop import Rollout, RolloutResult
 from .metrics import RolloutMetrics, SampleTimes
 
-__all__ = ["EndCode", "Rollout", "RolloutMetrics", "RolloutResult", "SampleTimes"]
+__all__ = ["DriftCause", "DriftDetail", "EndCode", "explain_drift", "Rollout", "RolloutMetrics", "RolloutResult", "SampleTimes"]

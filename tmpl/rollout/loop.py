@@ -31,6 +31,7 @@ from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from .codes import EndCode
+from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
 from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
 from .timing import PhaseClock
@@ -59,6 +60,8 @@ class RolloutResult:
     drift: bool | None = None  # would re-rendering the text have changed the IDs? (None: not measured)
     times: SampleTimes = field(default_factory=SampleTimes, repr=False)
     code: EndCode | None = None  # how the sample ended (the reason in words is ``reason``)
+    drift_detail: DriftDetail | None = None  # where and why it drifted (set when ``drift`` is True)
+    tool_failure_kinds: dict[str, int] = field(default_factory=dict, repr=False)  # failed calls by kind
     _attempts: int = field(default=1, repr=False)
 
     @property
@@ -102,7 +105,8 @@ class RolloutResult:
             "status": self.status.name, "reason": self.reason, "turns": self.turns, "attempts": self.attempts,
             "tool_calls": self.tool_calls, "tool_failures": self.tool_failures,
             "tokens_generated": generated, "tokens_appended": len(self.mask) - generated,
-            "drift": self.drift, "finish_reason": self.finish_reason,
+            "drift": self.drift, "drift_cause": self.drift_detail.cause.value if self.drift_detail else None,
+            "finish_reason": self.finish_reason,
             **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
         }
 
@@ -114,8 +118,11 @@ class Rollout:
     ``max_turns``: generations per sample (a sample still calling tools after the last one is
     TRUNCATED). ``max_length`` / ``max_completion_length``: token budgets of each sample (see
     :class:`tmpl.Trajectory`). ``max_tokens_per_turn``: cap of one generation (default: what the
-    budget leaves). ``measure_drift``: re-render each finished sample once, to count samples
-    whose IDs re-rendering would have changed. ``verify_every``: check every k-th suffix against
+    budget leaves). ``measure_drift``: re-render finished samples once, to count samples whose
+    IDs re-rendering would have changed and explain where and why (``drift_detail``): True
+    (every sample), False/0 (none) or a fraction in (0, 1] of samples, chosen by a hash of
+    conversation index and sample number (the same ones every run); default ``DRIFT_FRACTION``
+    (1/8: one render and tokenization per 8 samples). ``verify_every``: check every k-th suffix against
     a full render of the conversation (0: never); a mismatch aborts the sample.
     ``sample_retries``: how many times a sample whose generation failed (backend error or
     abort) is run again from its prompt; its trajectory is reset first, so nothing of the
@@ -133,7 +140,7 @@ class Rollout:
         max_completion_length: int | None = 4096,
         max_tokens_per_turn: int | None = None,
         sampling: Sampling | None = None,
-        measure_drift: bool = True,
+        measure_drift: bool | float = DRIFT_FRACTION,
         verify_every: int = 0,
         sample_retries: int = 0,
         max_batch: int = 256,
@@ -153,7 +160,7 @@ class Rollout:
         self.max_completion_length = max_completion_length
         self.max_tokens_per_turn = max_tokens_per_turn
         self.sampling = sampling or Sampling()
-        self.measure_drift = measure_drift
+        self.measure_drift = check_fraction(measure_drift)
         self.verify_every = verify_every
         self.sample_retries = sample_retries
         self.max_batch = max_batch
@@ -230,12 +237,9 @@ class Rollout:
                 break
         if run.code is None:  # pragma: no cover - every turn that stops sets a code
             run.end(EndCode.FINISHED)
-        drift = None
-        if self.measure_drift:
-            with run.clock("drift"):
-                drift = self._drift(run.history, traj)
+        drift, detail = self._measure_drift(run)
         return RolloutResult(i, s, traj, run.history, run.turns, run.calls, run.failures, run.finish, drift,
-                             run.times, code=run.code)
+                             run.times, code=run.code, drift_detail=detail, tool_failure_kinds=run.failure_kinds)
 
     async def _turn(self, run: _SampleRun, turn: int, sampling: Sampling, scheduler: Scheduler,
                     attempt: int) -> bool:
@@ -279,6 +283,7 @@ class Rollout:
         tool_messages = batch.messages[0]
         run.calls += batch.metrics.calls
         run.failures += batch.metrics.failed
+        run.count_failures(batch.metrics.failures)
         before = run.history[:-1]  # the messages before the assistant turn
         with run.clock("suffix"):
             try:
@@ -315,15 +320,17 @@ class Rollout:
         return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error", code=EndCode.CRASHED)
 
     # -- checks -----------------------------------------------------------------------------
-    def _drift(self, history: list[dict[str, Any]], traj) -> bool | None:
-        """Would decoding and re-rendering this sample have changed its token IDs?"""
+    def _measure_drift(self, run: _SampleRun) -> tuple[bool | None, DriftDetail | None]:
+        """Drift of one finished sample, if ``measure_drift`` chooses it (timed as the ``drift`` phase)."""
+        if not chosen(self.measure_drift, run.index, run.sample):
+            return None, None
+        with run.clock("drift"):
+            return self._drift(run.history, run.traj)
+
+    def _drift(self, history: list[dict[str, Any]], traj) -> tuple[bool | None, DriftDetail | None]:
+        """Would decoding and re-rendering this sample have changed its token IDs? Where and why?"""
         ours = traj.prompt_ids.tolist() + traj.completion_ids.tolist()
-        try:
-            gen = history[-1]["role"] != "assistant"
-            text = self.tpl.renderer.text(history, tools=self.tool_schemas, add_generation_prompt=gen)
-        except TmplError:
-            return None
-        return self.tpl.codec.encode(text)[: len(ours)] != ours
+        return rerender_drift(self.tpl, history, ours, self.tool_schemas)
 
     def _verify(self, history, assistant, tool_messages, suffix: list[int]) -> bool:
         self._suffix_count += 1
@@ -357,7 +364,7 @@ class _SampleRun:
     """The running state of one sample: its trajectory, messages, engine input, counters and clock."""
 
     __slots__ = ("index", "sample", "traj", "history", "sequence", "times", "clock", "calls", "failures",
-                 "turns", "finish", "code")
+                 "turns", "finish", "code", "failure_kinds")
 
     def __init__(self, index: int, sample: int, traj: Any, history: list[dict[str, Any]], sequence: list[int]):
         self.index, self.sample, self.traj = index, sample, traj
@@ -368,6 +375,13 @@ class _SampleRun:
         self.calls = self.failures = self.turns = 0
         self.finish = "stop"
         self.code: EndCode | None = None
+        self.failure_kinds: dict[str, int] = {}  # failed tool calls by kind (tmpl.toolcalls FAILURE_KINDS)
+
+    def count_failures(self, by_kind: Mapping[str, int]) -> None:
+        """Add one tool batch's failures by kind."""
+        for kind, n in by_kind.items():
+            if n:
+                self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + n
 
     def end(self, code: EndCode, reason: str | None = None) -> bool:
         """End the sample with ``code``; a trajectory still running gets the code's final status.

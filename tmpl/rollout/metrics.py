@@ -54,6 +54,9 @@ class RolloutMetrics:
     drift_measured: int = 0
     drift_samples: int = 0
     abort_reasons: dict[str, int] = field(default_factory=dict)  # by EndCode value
+    drift_causes: dict[str, int] = field(default_factory=dict)  # drifted samples by DriftCause value
+    tool_failure_kinds: dict[str, int] = field(default_factory=dict)  # failed calls by kind
+    end_codes: dict[str, int] = field(default_factory=dict)  # samples by EndCode value (all statuses)
 
     @property
     def drift_rate(self) -> float:
@@ -76,6 +79,11 @@ class RolloutMetrics:
                 code = getattr(r, "code", None)
                 key = code.value if code is not None else r.reason.split(":")[0][:80]
                 m.abort_reasons[key] = m.abort_reasons.get(key, 0) + 1
+            code = getattr(r, "code", None)
+            if code is not None:
+                m.end_codes[code.value] = m.end_codes.get(code.value, 0) + 1
+            for kind, n in (getattr(r, "tool_failure_kinds", None) or {}).items():
+                m.tool_failure_kinds[kind] = m.tool_failure_kinds.get(kind, 0) + n
             m.turns_max = max(m.turns_max, r.turns)
             m.turns_mean += r.turns
             m.tool_calls += r.tool_calls
@@ -89,6 +97,9 @@ class RolloutMetrics:
             if r.drift is not None:
                 m.drift_measured += 1
                 m.drift_samples += int(r.drift)
+                detail = getattr(r, "drift_detail", None)
+                if detail is not None:
+                    m.drift_causes[detail.cause.value] = m.drift_causes.get(detail.cause.value, 0) + 1
         m.turns_mean = m.turns_mean / len(results) if results else 0.0
         m.outside = outside
         return m
@@ -105,6 +116,46 @@ class RolloutMetrics:
             out[f"{prefix}outside/{k}"] = v
         return out
 
+    def to_dict(self, prefix: str = "rollout/") -> dict[str, float]:
+        """Flat numbers for a trainer's logger, with the same keys in every batch.
+
+        Keys (after ``prefix``): the counts of :meth:`as_dict`; ``drift/measured``,
+        ``drift/rate`` and ``drift/rate/<cause>`` for every :class:`DriftCause` (drifted samples
+        of that cause / measured samples); ``tool_failures/<kind>`` for every failure kind of
+        ``tmpl.toolcalls.metrics.FAILURE_KINDS``; ``truncated/<code>`` and ``aborted/<code>``
+        for every :class:`EndCode` of that status; ``time/<phase>`` (seconds summed over
+        samples: tokenize, parse, tools, suffix, bookkeeping, drift) plus ``time/engine`` and
+        ``time/wall``. A key is present (0.0) even when nothing happened, so logged series
+        never start late.
+
+        >>> sorted(RolloutMetrics().to_dict())[:3]
+        ['rollout/aborted', 'rollout/aborted/backend_aborted', 'rollout/aborted/crashed']
+        """
+        from ..toolcalls.metrics import FAILURE_KINDS
+        from ..trajectory.types import Status
+        from .codes import EndCode
+        from .drift import DriftCause
+
+        out: dict[str, float] = {}
+        for k in ("samples", "done", "truncated", "aborted", "turns_mean", "turns_max", "tool_calls",
+                  "tool_failures", "tokens_generated", "tokens_appended", "batches"):
+            out[prefix + k] = float(getattr(self, k))
+        out[prefix + "drift/measured"] = float(self.drift_measured)
+        out[prefix + "drift/rate"] = self.drift_rate
+        for cause in DriftCause:
+            n = self.drift_causes.get(cause.value, 0)
+            out[f"{prefix}drift/rate/{cause.value}"] = n / self.drift_measured if self.drift_measured else 0.0
+        for kind in FAILURE_KINDS:
+            out[f"{prefix}tool_failures/{kind}"] = float(self.tool_failure_kinds.get(kind, 0))
+        for code in EndCode:
+            if code.status in (Status.TRUNCATED, Status.ABORTED):
+                out[f"{prefix}{code.status.name.lower()}/{code.value}"] = float(self.end_codes.get(code.value, 0))
+        for phase in ("tokenize", *SampleTimes.__dataclass_fields__):
+            out[f"{prefix}time/{phase}"] = float(self.outside.get(phase, 0.0))
+        out[prefix + "time/engine"] = float(self.engine_time)
+        out[prefix + "time/wall"] = float(self.wall_time)
+        return out
+
     def summary(self) -> str:
         """One paragraph for a terminal."""
         outside = sum(self.outside.values())
@@ -114,5 +165,6 @@ class RolloutMetrics:
             f"{self.tool_failures} failed; {self.tokens_generated} tokens generated, {self.tokens_appended} appended; "
             f"{self.wall_time:.2f} s wall, {self.engine_time:.2f} s in the engine, {outside:.2f} s outside it "
             f"(summed over samples); drift: {self.drift_samples}/{self.drift_measured} samples would have changed "
-            "IDs if re-rendered"
+            "IDs if re-rendered" + (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.drift_causes.items())) + ")"
+                                    if self.drift_causes else "")
         )

@@ -328,7 +328,7 @@ def to_trl_output(
         extras["tool_calls"].append(r.tool_calls)
         extras["tool_failures"].append(r.tool_failures)
     out.update(extras)
-    out["rollout_metrics"] = metrics.as_dict()
+    out["rollout_metrics"] = metrics.to_dict()
     return out
 
 
@@ -342,6 +342,5 @@ def _log(trainer: Any, metrics: RolloutMetrics) -> None:
     bucket = store.get(mode)
     if bucket is None:
         return
-    for key, value in metrics.as_dict(prefix="tmpl/").items():
-        if "/outside/" not in key:
-            bucket.setdefault(key, []).append(value)
+    for key, value in metrics.to_dict(prefix="tmpl/").items():
+        bucket.setdefault(key, []).append(value)
