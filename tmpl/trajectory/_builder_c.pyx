@@ -268,6 +268,11 @@ cdef class Trajectory:
         return self._p
 
     @property
+    def _storage_tokens(self):
+        """Completion tokens the storage holds room for now (grows with the tokens; for benchmarks)."""
+        return self._alloc
+
+    @property
     def completion_length(self):
         return self._n
 

@@ -132,6 +132,11 @@ class Trajectory:
         return len(self._prompt)
 
     @property
+    def _storage_tokens(self) -> int:
+        """Completion tokens the storage holds room for now (grows with the tokens; for benchmarks)."""
+        return self._alloc
+
+    @property
     def completion_length(self) -> int:
         return self._n
 
