@@ -20,25 +20,39 @@ from typing import Any
 from .base import Backend, BackendError, GenerationRequest, GenerationResult
 
 
+def _pad_token(explicit: int | None, tokenizer: Any, config: Any) -> int:
+    """The first of: explicit, tokenizer pad, tokenizer eos, config pad, config eos; else 0.
+
+    >>> _pad_token(None, None, None)
+    0
+    """
+    candidates = [explicit]
+    for source in (tokenizer, config):
+        candidates += [getattr(source, "pad_token_id", None), getattr(source, "eos_token_id", None)]
+    for candidate in candidates:
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
 class Torch(Backend):
     """Generate with a transformers causal LM (``model.generate``)."""
 
     batching = True
 
-    def __init__(self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 64) -> None:
+    def __init__(
+        self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 64, tokenizer: Any = None
+    ) -> None:
+        """Pad token: ``pad_token_id``, else the tokenizer's pad or eos, else the config's pad or
+        eos, else 0. Left padding sits under a zero attention mask, so any ID is correct there."""
         try:
             import torch  # noqa: F401
         except ImportError as exc:  # pragma: no cover - torch is a test dependency
             raise BackendError("tmpl.backends.Torch needs torch: pip install torch") from exc
         self.model = model
-        if pad_token_id is None:
-            pad_token_id = getattr(model.config, "pad_token_id", None)
-            if pad_token_id is None:
-                eos = getattr(model.config, "eos_token_id", None)
-                pad_token_id = eos[0] if isinstance(eos, list) else eos
-        if pad_token_id is None:
-            raise BackendError("tmpl.backends.Torch needs pad_token_id (the model config has none)")
-        self.pad_token_id = int(pad_token_id)
+        self.pad_token_id = _pad_token(pad_token_id, tokenizer, getattr(model, "config", None))
         self.max_batch_size = max_batch_size
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
