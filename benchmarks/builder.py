@@ -2,7 +2,9 @@
 
 Workload (defaults): 4096 samples x 8 turns, a 512-token prompt, turns of 64-512 tokens (a
 quarter of each turn is a tool-result suffix, the rest model tokens with logprobs; the last
-turn has no suffix); budgets max_length=8192, max_completion_length=4096. Inputs are Python
+turn has no suffix); three budget settings, one table each: max_length=8192 /
+max_completion_length=4096, 16384 / None, and 1_000_000 / 1_000_000 ("no limit": storage must
+follow the tokens, not the budget). Inputs are Python
 lists of ints and floats, as an inference engine returns them, drawn from a pool of turns.
 
 Contenders, each building every sample and collating the batch into torch tensors:
@@ -83,10 +85,15 @@ def run_tmpl(builder, plan, max_length, max_completion):
     return trajectories, batch, built
 
 
+def completion_cap(prompt, max_length: int, max_completion: int | None) -> int:
+    left = max_length - len(prompt)
+    return left if max_completion is None else min(max_completion, left)
+
+
 def run_lists(plan, max_length, max_completion):
     samples = []
     for prompt, turns in plan:
-        cap = min(max_completion, max_length - len(prompt))
+        cap = completion_cap(prompt, max_length, max_completion)
         ids_all: list[int] = []
         mask: list[int] = []
         logps: list[float] = []
@@ -129,7 +136,9 @@ def run_lists(plan, max_length, max_completion):
 def run_numpy_floor(plan, max_length, max_completion):
     samples = []
     for prompt, turns in plan:
-        cap = min(max_completion, max_length - len(prompt))
+        cap = completion_cap(prompt, max_length, max_completion)
+        # a floor knows the sizes up front: it allocates what the sample's turns can hold, not the budget
+        cap = min(cap, sum(len(ids) + len(suffix) for ids, _, suffix in turns))
         ids_buf = np.empty(cap, dtype=np.int32)
         mask_buf = np.empty(cap, dtype=np.uint8)
         lp_buf = np.empty(cap, dtype=np.float32)
@@ -193,15 +202,25 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--min-turn", type=int, default=64)
     parser.add_argument("--max-turn", type=int, default=512)
-    parser.add_argument("--max-length", type=int, default=8192)
-    parser.add_argument("--max-completion", type=int, default=4096)
+    parser.add_argument(
+        "--budgets", default="8192:4096,16384:none,1000000:1000000",
+        help="comma-separated max_length:max_completion_length pairs ('none': no completion cap)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=4, help="round 1 warms up; the best later round is reported")
     parser.add_argument("--skip-pure", action="store_true", help="leave out the pure twin (the slowest)")
     args = parser.parse_args(argv)
 
     plan = make_workload(args.samples, args.turns, args.prompt, args.min_turn, args.max_turn, args.seed)
-    budgets = (args.max_length, args.max_completion)
+    for pair in args.budgets.split(","):
+        max_length, max_completion = pair.split(":")
+        budgets = (int(max_length), None if max_completion.lower() == "none" else int(max_completion))
+        print(f"== budgets: max_length={budgets[0]}, max_completion_length={budgets[1]}")
+        run_budget(args, plan, budgets)
+
+
+def run_budget(args, plan, budgets) -> None:
+    """Every contender on one budget setting; prints its table, ratios and memory line."""
     try:
         native = _compat.load("native")["builder"]
     except ImportError as exc:
@@ -244,7 +263,7 @@ def main(argv=None) -> None:
                 positions = sum(batch[k].shape[0] * batch[k].shape[1] for k in ("prompt_ids", "completion_ids"))
                 batch_bytes = sum(v.numel() * v.element_size() for v in batch.values())
                 width = batch["completion_ids"].shape[1]
-                reserved = sum(t.prompt_length * 4 + (t.remaining + t.completion_length) * 9 for t in trajectories)
+                reserved = sum(t.prompt_length * 4 + t._storage_tokens * 9 for t in trajectories)
                 used = sum(t.prompt_length * 4 + t.completion_length * 9 for t in trajectories)
                 stats = (tokens, positions, batch_bytes, reserved, used, width)
                 del trajectories
@@ -279,7 +298,7 @@ def main(argv=None) -> None:
     print(f"  tmpl compiled / batch memcpy = {base / results['batch memcpy'][2]:.1f}x")
     print(
         "memory: trajectory storage 4 B/prompt token + 9 B/completion token (int32 id, uint8 mask, float32 logprob);"
-        f" reserved {reserved / used:.2f}x of used by preallocation ({reserved / 2**20:.0f} MiB reserved,"
+        f" allocated {reserved / used:.2f}x of used (storage grows by doubling) ({reserved / 2**20:.0f} MiB allocated,"
         f" {used / 2**20:.0f} MiB used); batch {batch_bytes / positions:.1f} B per padded position"
         f" ({batch_bytes / tokens:.1f} B per real token, {batch_bytes / 2**20:.0f} MiB)"
     )

@@ -58,6 +58,50 @@ def test_torch_logprobs_equal_a_separate_forward_pass(tiny_qwen2, mode, temperat
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=ATOL), (ref - torch.tensor(res.logprobs)).abs().max()
 
 
+def test_torch_pads_with_any_token_when_the_config_names_none(tiny_qwen2):
+    model, tok = tiny_qwen2
+    configured = Torch(model)
+    saved = (model.config.pad_token_id, model.config.eos_token_id)
+    prompts = [tok.encode("hello there"), tok.encode("a much longer prompt, so the first one is left-padded")]
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    reqs = [GenerationRequest(f"r{i}", ids, 6, stops, Sampling(temperature=0)) for i, ids in enumerate(prompts)]
+    expected = configured.generate_batch(reqs)
+    try:
+        model.config.pad_token_id = model.config.eos_token_id = None
+        bare = Torch(model)
+        assert bare.pad_token_id == 0
+        got = bare.generate_batch(reqs)
+        assert Torch(model, tokenizer=tok).pad_token_id == tok.pad_token_id
+    finally:
+        model.config.pad_token_id, model.config.eos_token_id = saved
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    for a, b in zip(got, expected):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_torch_out_of_memory_halves_the_batch_and_retries(tiny_qwen2, monkeypatch):
+    model, tok = tiny_qwen2
+    backend = Torch(model, max_batch_size=8)
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    reqs = [GenerationRequest(f"r{i}", tok.encode(f"prompt number {i}"), 4, stops, Sampling(temperature=0))
+            for i in range(6)]
+    expected = backend.generate_batch(reqs)
+    real, sizes = backend._generate, []
+
+    def limited(chunk, sampling, stops):  # a device that fits 2 sequences at a time
+        sizes.append(len(chunk))
+        if len(chunk) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 79.00 GiB")
+        return real(chunk, sampling, stops)
+
+    monkeypatch.setattr(backend, "_generate", limited)
+    got = backend.generate_batch(reqs)
+    assert sizes[0] == 6 and max(sizes[1:]) <= 3 and all(r.finish_reason != "error" for r in got)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    for a, b in zip(got, expected):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
 def test_torch_stops_at_the_first_stop_token_and_keeps_it(tiny_qwen2):
     model, tok = tiny_qwen2
     backend = Torch(model)

@@ -349,10 +349,62 @@ def test_views_are_read_only_and_share_one_buffer(twin):
     second = traj.completion_ids
     assert not first.flags.writeable and not traj.mask.flags.writeable and not traj.logprobs.flags.writeable
     assert not traj.prompt_ids.flags.writeable
-    assert np.shares_memory(first, second)  # growth never reallocates
+    assert np.shares_memory(first, second)  # within the first allocation appends reuse the buffer
     assert first.tolist() == [1, 2]  # a view handed out keeps what it showed
     with pytest.raises(ValueError):
         second[0] = 9
+
+
+def test_storage_grows_with_the_tokens_and_views_keep_what_they_showed(twin):
+    from tmpl.trajectory.types import MIN_ALLOC
+
+    traj = make(twin, max_length=1_000_000, sample_id="g")
+    handed_out, expected = [], []
+    for turn in range(12):  # crosses several doublings of the storage
+        ids = [(turn * 7 + i) % 1000 for i in range(MIN_ALLOC // 2 + turn)]
+        traj.add_completion(ids, lps(len(ids), -0.25))
+        traj.add_suffix([turn + 1] * 5)
+        expected += ids + [turn + 1] * 5
+        handed_out.append((traj.completion_ids, traj.mask, traj.logprobs, list(expected)))
+    for ids, mask, logprobs, shown in handed_out:
+        assert ids.tolist() == shown and len(mask) == len(shown) == len(logprobs)
+    assert traj.completion_ids.tolist() == expected
+    assert traj.mask.tolist().count(1) == sum(MIN_ALLOC // 2 + t for t in range(12))
+    assert traj.remaining == 1_000_000 - 3 - len(expected)
+
+
+def test_storage_never_preallocates_the_budget(twin):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        trajs = [make(twin, max_length=1_000_000, sample_id=i) for i in range(64)]
+        for traj in trajs:
+            traj.add_completion(list(range(100)), lps(100))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # A 1M budget preallocated would be 9 MB per sample; 100 tokens need well under 20 kB each.
+    assert held < 64 * 20_000, held
+
+
+def test_budget_stays_exact_when_storage_grows_to_it(twin):
+    traj = make(twin, prompt=[1], max_length=1 + 1000, sample_id="b")
+    assert traj.add_completion(list(range(600)), lps(600)) == 600
+    assert traj.add_suffix([5] * 300) == 300
+    assert traj.max_new_tokens() == 100
+    assert traj.add_completion(list(range(150)), lps(150)) == 100
+    assert traj.status is Status.TRUNCATED and traj.tokens_cut == 50 and traj.length == 1001
+    assert traj.completion_ids.tolist() == list(range(600)) + [5] * 300 + list(range(100))
+
+
+def test_pickle_restores_a_grown_trajectory(twin):
+    traj = make(twin, max_length=100_000, sample_id="p")
+    traj.add_completion(list(range(700)), lps(700, -0.125))
+    back = pickle.loads(pickle.dumps(traj))
+    assert back.completion_ids.tolist() == list(range(700)) and back.logprobs.tolist() == [-0.125] * 700
+    assert back.add_suffix([1, 2]) == 2 and back.completion_length == 702
 
 
 def test_reset_keeps_the_prompt_and_nothing_else(twin):

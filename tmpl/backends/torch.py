@@ -20,25 +20,54 @@ from typing import Any
 from .base import Backend, BackendError, GenerationRequest, GenerationResult
 
 
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """True for CUDA/CPU allocator failures (torch.OutOfMemoryError or its message)."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(exc, oom) or "out of memory" in str(exc).lower()
+
+
+def _release_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _pad_token(explicit: int | None, tokenizer: Any, config: Any) -> int:
+    """The first of: explicit, tokenizer pad, tokenizer eos, config pad, config eos; else 0.
+
+    >>> _pad_token(None, None, None)
+    0
+    """
+    candidates = [explicit]
+    for source in (tokenizer, config):
+        candidates += [getattr(source, "pad_token_id", None), getattr(source, "eos_token_id", None)]
+    for candidate in candidates:
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
 class Torch(Backend):
     """Generate with a transformers causal LM (``model.generate``)."""
 
     batching = True
 
-    def __init__(self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 64) -> None:
+    def __init__(
+        self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 64, tokenizer: Any = None
+    ) -> None:
+        """Pad token: ``pad_token_id``, else the tokenizer's pad or eos, else the config's pad or
+        eos, else 0. Left padding sits under a zero attention mask, so any ID is correct there."""
         try:
             import torch  # noqa: F401
         except ImportError as exc:  # pragma: no cover - torch is a test dependency
             raise BackendError("tmpl.backends.Torch needs torch: pip install torch") from exc
         self.model = model
-        if pad_token_id is None:
-            pad_token_id = getattr(model.config, "pad_token_id", None)
-            if pad_token_id is None:
-                eos = getattr(model.config, "eos_token_id", None)
-                pad_token_id = eos[0] if isinstance(eos, list) else eos
-        if pad_token_id is None:
-            raise BackendError("tmpl.backends.Torch needs pad_token_id (the model config has none)")
-        self.pad_token_id = int(pad_token_id)
+        self.pad_token_id = _pad_token(pad_token_id, tokenizer, getattr(model, "config", None))
         self.max_batch_size = max_batch_size
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -53,14 +82,23 @@ class Torch(Backend):
                 groups[(req.sampling, tuple(sorted(req.stop_token_ids)))].append(req)
         for (sampling, stops), group in groups.items():
             for lo in range(0, len(group), self.max_batch_size):
-                chunk = group[lo : lo + self.max_batch_size]
-                try:
-                    for result in self._generate(chunk, sampling, stops):
-                        out[result.request_id] = result
-                except RuntimeError as exc:  # e.g. out of memory: these requests fail, the batch goes on
-                    for req in chunk:
-                        out[req.request_id] = GenerationResult.failed(req.request_id, f"{type(exc).__name__}: {exc}")
+                for result in self._generate_halving(group[lo : lo + self.max_batch_size], sampling, stops):
+                    out[result.request_id] = result
         return [out[r.request_id] for r in requests]
+
+    def _generate_halving(self, chunk: list[GenerationRequest], sampling, stops) -> list[GenerationResult]:
+        """Generate ``chunk``; out of memory splits it in halves and retries each (down to one
+        request). Any other RuntimeError, or OOM on a single request, fails those requests only."""
+        try:
+            return self._generate(chunk, sampling, stops)
+        except RuntimeError as exc:
+            if _is_out_of_memory(exc) and len(chunk) > 1:
+                _release_cached_memory()
+                half = len(chunk) // 2
+                return self._generate_halving(chunk[:half], sampling, stops) + self._generate_halving(
+                    chunk[half:], sampling, stops
+                )
+            return [GenerationResult.failed(r.request_id, f"{type(exc).__name__}: {exc}") for r in chunk]
 
     def _generate(self, group: list[GenerationRequest], sampling, stops: tuple[int, ...]) -> list[GenerationResult]:
         import torch

@@ -28,6 +28,7 @@ from tmpl.trajectory import _validate
 from tmpl.errors import CollateError, LogprobError, TokenIdError, TrajectoryClosedError
 from tmpl.trajectory.types import (
     COMPLETION,
+    MIN_ALLOC,
     STATUSES,
     SUFFIX,
     Span,
@@ -117,7 +118,8 @@ cdef class Trajectory:
     """One sample's tokens: prompt, then completion tokens with their mask and logprobs.
 
     ``max_length`` caps prompt + completion, ``max_completion_length`` (None: no separate cap)
-    caps the completion; the completion arrays are allocated once at the size both allow.
+    caps the completion; the completion arrays grow with the tokens appended (amortized
+    doubling, never past what both budgets allow).
     Arrays handed out are read-only views that never change afterwards (``reset()`` starts
     on fresh buffers). ``vocab_size`` enables the vocabulary check of token IDs; ``sample_id``
     names the sample in every error.
@@ -131,7 +133,7 @@ cdef class Trajectory:
     cdef object _vocab_size
     cdef object _reason
     cdef object _prompt_arr   # int32, read-only
-    cdef object _block        # uint8 numpy array: [ids int32 x cap][logprobs float32 x cap][mask uint8 x cap]
+    cdef object _block        # uint8 numpy array: [ids int32 x alloc][logprobs float32 x alloc][mask uint8 x alloc]
     cdef object _views        # (ids, mask, logprobs) typed numpy views of the whole block, made on first use
     cdef int32_t* _prompt
     cdef int32_t* _ids
@@ -139,7 +141,8 @@ cdef class Trajectory:
     cdef float* _lp
     cdef Py_ssize_t _p
     cdef Py_ssize_t _n
-    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _cap      # completion tokens both budgets allow
+    cdef Py_ssize_t _alloc    # completion tokens the block holds now (grows up to _cap)
     cdef Py_ssize_t _max_length
     cdef Py_ssize_t _mcl
     cdef Py_ssize_t _cut
@@ -182,13 +185,8 @@ cdef class Trajectory:
         self._fresh_state()
 
     cdef _fresh_state(self):
-        cdef Py_ssize_t cap = self._cap
-        self._block = np.empty(9 * cap if cap > 0 else 1, dtype=np.uint8)
-        self._views = None
-        cdef char* base = _data(self._block)
-        self._ids = <int32_t*>base
-        self._lp = <float*>(base + 4 * cap)
-        self._mask = <uint8_t*>(base + 8 * cap)
+        # Storage follows the tokens held, not the budget: it starts empty and grows on append.
+        self._set_block(np.empty(1, dtype=np.uint8), 0)
         self._n = 0
         self._status = RUNNING
         self._reason = ""
@@ -196,8 +194,40 @@ cdef class Trajectory:
         self._turns = 0
         self._nspans = 0
 
+    cdef _set_block(self, object block, Py_ssize_t alloc):
+        self._block = block
+        self._alloc = alloc
+        self._views = None
+        cdef char* base = _data(block)
+        self._ids = <int32_t*>base
+        self._lp = <float*>(base + 4 * alloc)
+        self._mask = <uint8_t*>(base + 8 * alloc)
+
+    cdef int _reserve(self, Py_ssize_t need) except -1:
+        """Make room for ``need`` completion tokens (``need`` never exceeds the budget).
+
+        Grows by amortized doubling (first step MIN_ALLOC) into a fresh block; the tokens held
+        are copied over and the old block is left untouched, so views handed out before keep
+        what they showed.
+        """
+        if need <= self._alloc:
+            return 0
+        cdef Py_ssize_t size = max(need, 2 * self._alloc, MIN_ALLOC)
+        if size > self._cap:
+            size = self._cap
+        cdef Py_ssize_t n = self._n
+        cdef int32_t* ids = self._ids
+        cdef float* lp = self._lp
+        cdef uint8_t* mask = self._mask
+        old = self._block  # keeps the source alive while copying
+        self._set_block(np.empty(9 * size, dtype=np.uint8), size)
+        memcpy(self._ids, ids, n * sizeof(int32_t))
+        memcpy(self._lp, lp, n * sizeof(float))
+        memcpy(self._mask, mask, n)
+        return 0
+
     cdef tuple _typed(self):
-        cdef Py_ssize_t cap = self._cap
+        cdef Py_ssize_t cap = self._alloc
         if self._views is None:
             block = self._block
             self._views = (
@@ -236,6 +266,11 @@ cdef class Trajectory:
     @property
     def prompt_length(self):
         return self._p
+
+    @property
+    def _storage_tokens(self):
+        """Completion tokens the storage holds room for now (grows with the tokens; for benchmarks)."""
+        return self._alloc
 
     @property
     def completion_length(self):
@@ -333,12 +368,14 @@ cdef class Trajectory:
         cdef bint vocab_known = self._vocab_size is not None
         if _is_list_or_tuple(ids):
             total = PySequence_Fast_GET_SIZE(ids)
+            self._reserve(self._n + (total if total < room else room))
             if _read_int_items(ids, total, self._ids + self._n, room, self._limit, self._sample_id, "ids",
                                vocab_known) == FAST_OK:
                 return total
         arr = _validate.ids_array(ids, sample=self._sample_id, field="ids", limit=self._limit, vocab_known=vocab_known)
         total = len(arr)
         if total and room:
+            self._reserve(self._n + (total if total < room else room))
             memcpy(self._ids + self._n, _data(arr), min(total, room) * sizeof(int32_t))
         return total
 
@@ -441,6 +478,8 @@ cdef class Trajectory:
         if count != total:
             self._abort(logprob_count_reason(total, count))
             return 0
+        if total < room:
+            room = total  # storage was reserved for the ids kept; logprobs never write past them
         count = self._read_logprobs(logprobs, room)
         if count != total:
             self._abort(logprob_count_reason(total, count))
@@ -507,6 +546,7 @@ cdef class Trajectory:
             vocab_size=state["vocab_size"], sample_id=state["sample_id"],
         )
         cdef Py_ssize_t n = len(state["completion_ids"])
+        traj._reserve(n)
         ids, mask, logprobs = traj._typed()
         ids[:n] = state["completion_ids"]
         mask[:n] = state["mask"]

@@ -26,6 +26,7 @@ from . import _validate
 from ..errors import CollateError, TrajectoryClosedError
 from .types import (
     COMPLETION,
+    MIN_ALLOC,
     STATUSES,
     SUFFIX,
     Span,
@@ -50,7 +51,8 @@ class Trajectory:
     """One sample's tokens: prompt, then completion tokens with their mask and logprobs.
 
     ``max_length`` caps prompt + completion, ``max_completion_length`` (None: no separate cap)
-    caps the completion; the completion arrays are allocated once at the size both allow.
+    caps the completion; the completion arrays grow with the tokens appended (amortized
+    doubling, never past what both budgets allow).
     Arrays handed out are read-only views that never change afterwards (``reset()`` starts
     on fresh buffers). ``vocab_size`` enables the vocabulary check of token IDs; ``sample_id``
     names the sample in every error.
@@ -61,7 +63,7 @@ class Trajectory:
     """
 
     __slots__ = (
-        "_sample_id", "_prompt", "_max_length", "_max_completion_length", "_capacity", "_limit",
+        "_sample_id", "_prompt", "_max_length", "_max_completion_length", "_capacity", "_alloc", "_limit",
         "_vocab_size", "_ids", "_mask", "_logprobs", "_n", "_status", "_reason", "_cut", "_turns", "_spans",
     )
 
@@ -87,9 +89,11 @@ class Trajectory:
         self._fresh_state()
 
     def _fresh_state(self) -> None:
-        self._ids = np.empty(self._capacity, dtype=np.int32)
-        self._mask = np.empty(self._capacity, dtype=np.uint8)
-        self._logprobs = np.empty(self._capacity, dtype=np.float32)
+        # Storage follows the tokens held, not the budget: it starts empty and grows on append.
+        self._alloc = 0
+        self._ids = np.empty(0, dtype=np.int32)
+        self._mask = np.empty(0, dtype=np.uint8)
+        self._logprobs = np.empty(0, dtype=np.float32)
         self._n = 0
         self._status = _RUNNING
         self._reason = ""
@@ -126,6 +130,11 @@ class Trajectory:
     @property
     def prompt_length(self) -> int:
         return len(self._prompt)
+
+    @property
+    def _storage_tokens(self) -> int:
+        """Completion tokens the storage holds room for now (grows with the tokens; for benchmarks)."""
+        return self._alloc
 
     @property
     def completion_length(self) -> int:
@@ -196,6 +205,24 @@ class Trajectory:
             return left
         return min(_validate.requested_tokens(requested, self._sample_id), left)
 
+    # -- storage -------------------------------------------------------------------------------
+    def _reserve(self, need: int) -> None:
+        """Make room for ``need`` completion tokens (never more than the budget allows).
+
+        Grows by amortized doubling (first step ``MIN_ALLOC``) into fresh arrays; the tokens
+        held are copied over and the old arrays are left untouched, so views handed out before
+        keep what they showed.
+        """
+        if need <= self._alloc:
+            return
+        size = min(self._capacity, max(need, 2 * self._alloc, MIN_ALLOC))
+        n = self._n
+        for name, dtype in (("_ids", np.int32), ("_mask", np.uint8), ("_logprobs", np.float32)):
+            grown = np.empty(size, dtype=dtype)
+            grown[:n] = getattr(self, name)[:n]
+            setattr(self, name, grown)
+        self._alloc = size
+
     # -- appending -----------------------------------------------------------------------------
     def _closed(self, what: str) -> TrajectoryClosedError:
         return TrajectoryClosedError(self._sample_id, self.status, self._reason, what)
@@ -204,6 +231,7 @@ class Trajectory:
         total = len(ids)
         kept = min(total, self._capacity - self._n)
         start, end = self._n, self._n + kept
+        self._reserve(end)
         self._ids[start:end] = ids[:kept]
         if logprobs is None:
             self._mask[start:end] = 0
@@ -316,6 +344,7 @@ class Trajectory:
             vocab_size=state["vocab_size"], sample_id=state["sample_id"],
         )
         n = len(state["completion_ids"])
+        traj._reserve(n)
         traj._ids[:n] = state["completion_ids"]
         traj._mask[:n] = state["mask"]
         traj._logprobs[:n] = state["logprobs"]

@@ -19,6 +19,10 @@ COMPLETION = "completion"
 SUFFIX = "suffix"
 SPAN_KINDS: tuple[str, str] = (COMPLETION, SUFFIX)
 
+#: First allocation of a trajectory's completion storage (tokens); it then doubles as tokens
+#: arrive, never past what the budgets allow, so memory follows the tokens held, not the budget.
+MIN_ALLOC = 256
+
 
 class Status(enum.IntEnum):
     """Where a sample stands. It only moves forward: RUNNING, then one final status (until ``reset()``).
