@@ -15,7 +15,8 @@ Each server can itself be tensor- or data-parallel; this client is how a rollout
 one machine. Requests go to the server with the fewest in flight; connection errors, timeouts
 and 5xx answers are retried on another server (``retries``). A request only produces a result
 once it completed, so a retried request is never appended twice. Cancelling a request (the
-rollout aborting a sample) closes its connection, which makes vLLM abort it.
+rollout aborting a sample) closes its connection, which makes vLLM abort it. Connections are
+kept alive and pooled (httpx), at most ``max_connections`` per server.
 
 What has been run against a real vLLM: nothing in this repository's CI (no GPU, no vLLM
 wheel); the client follows vLLM's documented request and response schemas and is tested
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .base import Backend, GenerationRequest, GenerationResult
-from .http import HTTPConnectionError, post_json
+from .http import HTTPClient, HTTPConnectionError
 from .vllm import sampling_kwargs
 
 
@@ -58,6 +59,7 @@ class VLLMServer(Backend):
         backoff: float = 0.2,
         headers: dict[str, str] | None = None,
         logprobs_mode: Literal["raw", "processed"] = "raw",
+        max_connections: int = 256,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -73,6 +75,8 @@ class VLLMServer(Backend):
         self.headers = dict(headers or {})
         self.logprobs_mode = logprobs_mode
         self._inflight: dict[str, tuple[asyncio.Task, ServerState]] = {}
+        #: keep-alive pools, ``max_connections`` per server
+        self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
     # -- routing ----------------------------------------------------------------------
     def _pick(self, avoid: set[str]) -> ServerState:
@@ -105,7 +109,7 @@ class VLLMServer(Backend):
             if task is not None:
                 self._inflight[request.request_id] = (task, server)
             try:
-                status, body = await post_json(server.url + path, payload, timeout=self.timeout, headers=self.headers)
+                status, body = await self.http.post_json(server.url + path, payload)
             except (HTTPConnectionError, asyncio.TimeoutError) as exc:
                 server.failures += 1
                 avoid.add(server.url)
@@ -167,8 +171,7 @@ class VLLMServer(Backend):
         task.cancel()
         if self.api == "generate":
             try:
-                await post_json(server.url + "/abort_requests", {"request_ids": [request_id]}, timeout=5.0,
-                                headers=self.headers)
+                await self.http.post_json(server.url + "/abort_requests", {"request_ids": [request_id]}, timeout=5.0)
             except (HTTPConnectionError, asyncio.TimeoutError):
                 pass  # best effort: the closed connection already aborts it
 
