@@ -86,7 +86,9 @@ def tpl():
 
 
 def run(tpl, backend, n=2):
-    return tmpl.Rollout(tpl, backend, tools=[get_time, get_weather], max_turns=4, verify_every=1,
+    # the budget fits the servers' --max-model-len 1024: a larger max_tokens is refused with HTTP 400
+    return tmpl.Rollout(tpl, backend, tools=[get_time, get_weather], max_turns=4, verify_every=1, max_length=1024,
+                        max_completion_length=512,
                         sampling=Sampling(temperature=1.0, n=n, seed=5), progress=False).run(QUESTIONS)
 
 
