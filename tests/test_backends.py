@@ -225,3 +225,26 @@ def test_server_client_cancel_aborts_on_the_server():
 
         _run(go())
         assert server.aborted == ["slow-1"]
+
+
+# vLLM's tokens endpoint answers in two shapes: 0.30 (chat-style logprob entries whose token is the
+# string "token_id:N") and 0.33 (entries with token_id). Recorded-form answers for both:
+TOKENS_030 = {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": [
+    {"token": "token_id:151657", "logprob": -0.01, "bytes": None, "top_logprobs": []},
+    {"token": "token_id:151645", "logprob": -0.25, "bytes": None, "top_logprobs": []}]}}]}
+TOKENS_033 = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [151657, 151645], "logprobs": {
+    "content": [{"token_id": 151657, "logprob": -0.01}, {"token_id": 151645, "logprob": -0.25}]}}]}
+
+
+@pytest.mark.parametrize("body", [TOKENS_030, TOKENS_033], ids=["vllm-0.30", "vllm-0.33"])
+def test_server_client_parses_both_tokens_endpoint_shapes(body):
+    client = VLLMServer("http://127.0.0.1:9", api="generate")
+    out = client._parse(GenerationRequest("a", [1], 4, frozenset()), body, "http://127.0.0.1:9")
+    assert (out.token_ids, out.logprobs, out.finish_reason) == ([151657, 151645], [-0.01, -0.25], "stop")
+
+
+def test_server_client_explains_a_disabled_tokens_endpoint():
+    from tmpl.backends.server import scale_out_hint
+
+    text = scale_out_hint("http://h:1", {"error": "Scale-out endpoints are disabled"})
+    assert "--enable-scale-out" in text and "api='completions'" in text

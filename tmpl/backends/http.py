@@ -1,16 +1,17 @@
-"""A minimal asyncio HTTP/1.1 JSON client (stdlib only) for talking to inference servers.
+"""Pooled asyncio HTTP JSON client (httpx) for talking to inference servers.
 
-One connection per request (``Connection: close``): cancelling the task closes the socket,
-which is how vLLM's servers learn that a client gave up (they abort the request).
+One keep-alive connection pool per server and event loop, with a connection limit per server,
+a connect timeout and a whole-request timeout; proxies and TLS settings come from httpx (and the
+usual environment variables). Cancelling a request's task closes its connection, which is how
+vLLM's servers learn that a client gave up (they abort the request).
 
->>> status, body = await post_json("http://127.0.0.1:8000/v1/completions", {...}, timeout=60)  # doctest: +SKIP
+>>> client = HTTPClient(timeout=60, max_connections=64)
+>>> status, body = await client.post_json("http://127.0.0.1:8000/v1/completions", {...})  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,84 +20,72 @@ class HTTPConnectionError(ConnectionError):
     """The server could not be reached, or dropped the connection before a full response."""
 
 
-async def post_json(url: str, payload: Any, *, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """POST ``payload`` as JSON; return ``(status, parsed JSON or text)``.
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:  # pragma: no cover - httpx comes with vllm and transformers' tree
+        from .base import BackendError
 
-    Raises :class:`HTTPConnectionError` for refused, reset or truncated connections, and
-    ``asyncio.TimeoutError`` when the whole exchange takes longer than ``timeout``.
+        raise BackendError("tmpl.backends.VLLMServer needs httpx: pip install httpx") from exc
+    return httpx
+
+
+class HTTPClient:
+    """POST JSON to servers over pooled keep-alive connections (one pool per server and event loop).
+
+    ``max_connections``: open connections per server (requests beyond it wait for one);
+    ``timeout``: seconds for a whole request; ``connect_timeout``: seconds to open a connection.
     """
-    return await asyncio.wait_for(_post(url, payload, headers or {}), timeout)
 
+    def __init__(self, *, timeout: float, max_connections: int = 256, connect_timeout: float = 10.0,
+                 headers: dict[str, str] | None = None, verify: Any = True) -> None:
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.connect_timeout = connect_timeout
+        self.headers = dict(headers or {})
+        self.verify = verify
+        self._pools: dict[tuple[int, str], Any] = {}
 
-async def _post(url: str, payload: Any, headers: dict[str, str]) -> tuple[int, Any]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"unsupported URL scheme in {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    body = json.dumps(payload).encode("utf-8")
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    head = [
-        f"POST {path} HTTP/1.1",
-        f"Host: {parts.hostname}:{port}",
-        "Content-Type: application/json",
-        "Accept: application/json",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-    ] + [f"{k}: {v}" for k, v in headers.items()]
-    try:
-        reader, writer = await asyncio.open_connection(
-            parts.hostname, port, ssl=ssl.create_default_context() if parts.scheme == "https" else None
-        )
-    except OSError as exc:
-        raise HTTPConnectionError(f"cannot connect to {parts.hostname}:{port}: {exc}") from exc
-    try:
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-        await writer.drain()
-        status_line = await reader.readline()
-        if not status_line:
-            raise HTTPConnectionError(f"{url}: connection closed before a response")
+    def _pool(self, url: str) -> Any:
+        parts = urlsplit(url)
+        key = (id(asyncio.get_running_loop()), f"{parts.scheme}://{parts.netloc}")
+        pool = self._pools.get(key)
+        if pool is None:
+            httpx = _httpx()
+            live = id(asyncio.get_running_loop())
+            self._pools = {k: v for k, v in self._pools.items() if k[0] == live}  # pools of finished loops
+            pool = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=self.max_connections,
+                                    max_keepalive_connections=self.max_connections),
+                timeout=httpx.Timeout(self.timeout, connect=min(self.connect_timeout, self.timeout)),
+                headers={"Accept": "application/json", **self.headers}, verify=self.verify,
+            )
+            self._pools[key] = pool
+        return pool
+
+    async def post_json(self, url: str, payload: Any, *, timeout: float | None = None) -> tuple[int, Any]:
+        """POST ``payload`` as JSON; return ``(status, parsed JSON or text)``.
+
+        Raises :class:`HTTPConnectionError` for refused, reset or truncated connections, and
+        ``asyncio.TimeoutError`` when the request takes longer than the timeout.
+        """
+        httpx = _httpx()
+        extra = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
         try:
-            status = int(status_line.split()[1])
-        except (IndexError, ValueError) as exc:
-            raise HTTPConnectionError(f"{url}: malformed status line {status_line[:80]!r}") from exc
-        fields: dict[str, str] = {}
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise HTTPConnectionError(f"{url}: connection closed in the response headers")
-            if line in (b"\r\n", b"\n"):
-                break
-            key, _, value = line.decode("latin-1").partition(":")
-            fields[key.strip().lower()] = value.strip()
-        data = await _read_body(reader, fields, url)
-    except (ConnectionError, asyncio.IncompleteReadError) as exc:
-        if isinstance(exc, HTTPConnectionError):
-            raise
-        raise HTTPConnectionError(f"{url}: connection dropped: {exc}") from exc
-    finally:
-        writer.close()
-    text = data.decode("utf-8", errors="replace")
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+            response = await self._pool(url).post(url, json=payload, **extra)
+        except httpx.TimeoutException as exc:
+            raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
+        except httpx.ConnectError as exc:
+            raise HTTPConnectionError(f"cannot connect to {urlsplit(url).netloc}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise HTTPConnectionError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, response.text
 
-
-async def _read_body(reader: asyncio.StreamReader, fields: dict[str, str], url: str) -> bytes:
-    if fields.get("transfer-encoding", "").lower() == "chunked":
-        chunks = []
-        while True:
-            size_line = await reader.readline()
-            if not size_line:
-                raise HTTPConnectionError(f"{url}: connection dropped in a chunked body")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                await reader.readline()
-                return b"".join(chunks)
-            chunks.append(await reader.readexactly(size))
-            await reader.readline()
-    if "content-length" in fields:
-        return await reader.readexactly(int(fields["content-length"]))
-    return await reader.read()
+    async def aclose(self) -> None:
+        """Close the pools of the running event loop."""
+        live = id(asyncio.get_running_loop())
+        for key in [k for k in self._pools if k[0] == live]:
+            await self._pools.pop(key).aclose()

