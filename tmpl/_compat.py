@@ -18,6 +18,8 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+__all__ = ["NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "builder", "ids", "load"]
+
 #: Twin modules by short name: (compiled module, pure-Python module).
 TWINS: dict[str, tuple[str, str]] = {
     "ids": ("tmpl._ids_c", "tmpl._ids_py"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -35,12 +35,12 @@ def join_ids(chunks: Sequence[Sequence[int]]) -> list[int]:
     return out
 
 
-def ends_with_any(ids: Sequence[int], stops) -> bool:
+def ends_with_any(ids: Sequence[int], stops: Container[int]) -> bool:
     """True when the last ID of ``ids`` is in the set ``stops`` (False for an empty sequence)."""
     return bool(len(ids)) and ids[-1] in stops
 
 
-def positions_of(ids: Sequence[int], targets, start: int = 0) -> list[int]:
+def positions_of(ids: Sequence[int], targets: Container[int], start: int = 0) -> list[int]:
     """Positions ``i >= start`` whose ID is in ``targets`` (a set or frozenset), in order.
 
     Used to cut a completion at delimiter tokens (special tokens, tool-call markers).
@@ -49,7 +49,7 @@ def positions_of(ids: Sequence[int], targets, start: int = 0) -> list[int]:
     return [i for i in range(max(start, 0), len(x)) if x[i] in targets]
 
 
-def index_of_any(ids: Sequence[int], targets, start: int = 0) -> int:
+def index_of_any(ids: Sequence[int], targets: Container[int], start: int = 0) -> int:
     """First position ``i >= start`` whose ID is in ``targets``; -1 if there is none."""
     x = list(ids)
     for i in range(max(start, 0), len(x)):

@@ -68,7 +68,8 @@ class Codec:
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of ``text`` with no BOS/EOS added."""
-        return self._encode(text, add_special_tokens=False).ids
+        ids: list[int] = self._encode(text, add_special_tokens=False).ids
+        return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token IDs of several texts in one call into the backend (parallel in Rust)."""
@@ -92,7 +93,8 @@ class Codec:
         return enc.ids, enc.offsets
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text: str = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
 
     def token_text(self, tid: int) -> str:
         """The text of one token as the template writes it (added tokens by content)."""

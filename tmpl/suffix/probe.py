@@ -298,7 +298,7 @@ def dummy_tool_turn(
     shapes: Sequence[Mapping[str, Any]],
     contents: Sequence[Any],
     ids: Sequence[str | None],
-) -> tuple[list[dict], dict, list[dict]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     """Build (history, assistant, tool messages) of a dummy tool turn.
 
     ``shapes`` are the caller's tool messages (their non-slot fields are copied);

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate
 from ..errors import CollateError, TrajectoryClosedError
+from . import _validate
 from .types import (
     COMPLETION,
     MIN_ALLOC,
@@ -331,14 +331,14 @@ class Trajectory:
         self._fresh_state()
 
     # -- pickling (portable between the twins) -----------------------------------------------
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         return (restore_trajectory, (self._state(),))
 
-    def _state(self) -> dict:
+    def _state(self) -> dict[str, Any]:
         return state_of(self)
 
     @classmethod
-    def _from_state(cls, state: dict) -> Trajectory:
+    def _from_state(cls, state: dict[str, Any]) -> Trajectory:
         traj = cls(
             state["prompt_ids"], state["max_length"], state["max_completion_length"],
             vocab_size=state["vocab_size"], sample_id=state["sample_id"],

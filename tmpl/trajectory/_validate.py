@@ -17,7 +17,7 @@ tmpl.errors.TokenIdError: sample 'q1': ids[1] = 12 is outside [0, 10) (vocab_siz
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ INT32_LIMIT = 2**31
 _TEXT = (str, bytes, bytearray)
 
 
-def _items(value: Any, on_error) -> Sequence:
+def _items(value: Any, on_error: Callable[[], Exception]) -> Sequence[Any]:
     """``value`` as a list or tuple of items; ``on_error()`` when it is not a sequence of items."""
     if isinstance(value, (list, tuple)):
         return value
@@ -39,7 +39,8 @@ def _items(value: Any, on_error) -> Sequence:
     if isinstance(value, np.ndarray):
         if value.ndim == 0:
             raise on_error()
-        return value.tolist()
+        items: list[Any] = value.tolist()
+        return items
     try:
         return list(value)
     except TypeError:
@@ -203,7 +204,7 @@ def requested_tokens(requested: Any, sample: object) -> int:
     return value
 
 
-def batch_list(trajectories: Any) -> list:
+def batch_list(trajectories: Any) -> list[Any]:
     """The trajectories of a batch as a list; CollateError when they are not an iterable."""
     from ..errors import CollateError
 

@@ -12,7 +12,7 @@ functions here, so the two report the same words.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 #: Span kinds: tokens the model generated, and tokens appended after them (tool results, prompts).
 COMPLETION = "completion"
@@ -98,7 +98,7 @@ def logprob_count_reason(n_ids: int, n_logprobs: int) -> str:
     return f"completion has {n_ids} ids but {n_logprobs} logprobs"
 
 
-def state_of(traj) -> dict:
+def state_of(traj: Any) -> dict[str, Any]:
     """Everything a trajectory holds, as plain values and array copies (what pickling stores)."""
     return {
         "prompt_ids": traj.prompt_ids.copy(),
@@ -117,7 +117,7 @@ def state_of(traj) -> dict:
     }
 
 
-def restore_trajectory(state: dict):
+def restore_trajectory(state: dict[str, Any]) -> Any:
     """Rebuild a pickled trajectory on the twin in use (so pickles move between compiled and pure)."""
     from .. import _compat
 
