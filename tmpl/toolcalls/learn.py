@@ -59,8 +59,8 @@ def _render_calls(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]],
     return codec.decode(completion_ids(renderer, codec, history, assistant, tools))
 
 
-def _json_values(text: str, needle: str) -> list[tuple[int, int, Any]]:
-    """Outermost JSON values in ``text`` whose text contains ``needle``, in order."""
+def _json_values(text: str, needles: list[str]) -> list[tuple[int, int, Any]]:
+    """Outermost JSON values in ``text`` whose text contains one of ``needles``, in order."""
     out, i = [], 0
     while i < len(text):
         if text[i] in "{[":
@@ -69,7 +69,7 @@ def _json_values(text: str, needle: str) -> list[tuple[int, int, Any]]:
             except ValueError:
                 i += 1
                 continue
-            if needle in text[i:j]:
+            if any(n in text[i:j] for n in needles):
                 out.append((i, j, value))
                 i = j
                 continue
@@ -105,11 +105,18 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_end: str) -> tuple[CallSyntax | None, str]:
-    """The call syntax of a completion ``text`` rendering ``calls`` (2) with ``ids``; (None, why) if none."""
-    if turn_end and text.rstrip().endswith(turn_end.strip()):
-        text = text.rstrip()[: len(text.rstrip()) - len(turn_end.strip())]
-    values = _json_values(text, calls[0]["name"])
+def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_end: str, lead: str = "",
+                 specials: tuple[str, ...] = ()) -> tuple[CallSyntax | None, str]:
+    """The call syntax of a completion ``text`` rendering ``calls`` (1 or 2) with ``ids``; (None, why) if none.
+
+    ``turn_end`` / ``lead`` are what the template writes after / before a plain message's
+    content: they belong to the turn, not to the call syntax, and so do the ``specials`` (special
+    token texts) that follow the calls.
+    """
+    end_mark = turn_end.strip()
+    if end_mark and end_mark in text:
+        text = text[: text.rfind(end_mark)]
+    values = _json_values(text, [c["name"] for c in calls])
     objects: list[tuple[int, int, Any]] = []
     shape = "objects"
     if len(values) == 1 and isinstance(values[0][2], list):
@@ -131,9 +138,10 @@ def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_en
             return None, "the calls do not use the same keys"
         if id_key is not None and _find_key(obj, cid) != id_key:
             id_key = None
-    before, after = text[: values[0][0]].strip(), text[values[-1][1] :].strip()
+    before, after = text[: values[0][0]], text[values[-1][1] :].strip()
+    before = before[len(_common_prefix(before, lead)) :].strip()
     call_open = call_close = ""
-    if shape == "objects":
+    if shape == "objects" and len(values) > 1:
         between = text[values[0][1] : values[1][0]].strip()
         if between.strip(",;"):
             call_close = _common_prefix(between, after)
@@ -143,38 +151,55 @@ def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_en
             middle = between[len(call_close) : len(between) - len(call_open)].strip()
             if middle.strip(",;"):
                 return None, f"the text between two calls ({between!r}) is not a separator"
-    block_open = before[: len(before) - len(call_open)].strip()
-    block_close = after[len(call_close) :].strip()
+    # a block marker is one line: what precedes it on earlier lines is the turn's, not the syntax's
+    block_open = before[: len(before) - len(call_open)].strip().rsplit("\n", 1)[-1].strip()
+    block_close = after[len(call_close) :].strip().split("\n", 1)[0].strip()
+    cut = min((block_close.find(t) for t in specials if t and t in block_close), default=-1)
+    if cut >= 0:
+        block_close = block_close[:cut].strip()
     syntax = CallSyntax(block_open, block_close, call_open.strip(), call_close.strip(), shape, name_key, args_key, id_key)
     return syntax, syntax.describe()
 
 
-def _turn_end(renderer: Renderer, codec: Codec) -> str:
-    """What the template writes after a plain assistant message's content (the turn end)."""
+def _turn_frame(renderer: Renderer, codec: Codec) -> tuple[str, str]:
+    """(lead, turn end): what the template writes before and after a plain assistant message's content."""
     from .detect import CONTENT_SENTINEL, completion_ids
 
     history = [{"role": "user", "content": USER_SENTINEL}]
     try:
         text = codec.decode(completion_ids(renderer, codec, history, {"role": "assistant", "content": CONTENT_SENTINEL}, None))
     except TmplError:
-        return ""
-    return text.split(CONTENT_SENTINEL, 1)[1] if CONTENT_SENTINEL in text else ""
+        return "", ""
+    if CONTENT_SENTINEL not in text:
+        return "", ""
+    lead, end = text.split(CONTENT_SENTINEL, 1)
+    return lead, end
 
 
 def verify(parser: LearnedParser, renderer: Renderer, codec: Codec, as_text: bool) -> str | None:
-    """None when ``parser`` reads back every verification render exactly; else why not."""
+    """None when ``parser`` reads back every verification render exactly; else why not.
+
+    A render the template refuses (more calls than it accepts) or writes only in part (fewer
+    calls than given) is skipped; the one-call render must be read back.
+    """
+    checked = 0
     for calls in VERIFY_CALLS:
         try:
             text = _render_calls(renderer, codec, calls, VERIFY_TOOLS, as_text)
         except TmplError as exc:
-            return f"{len(calls)} call(s) do not render ({exc})"
+            if len(calls) == 1:
+                return f"one call does not render ({exc})"
+            continue
+        if not all(c["name"] in text for c in calls):
+            continue
         parsed = parser.parse(codec.encode(text))
         got = [(c.name, c.arguments) for c in parsed.tool_calls]
         want = [(c["name"], c["arguments"]) for c in calls]
         if parsed.errors or got != want:
             why = parsed.errors[0].message if parsed.errors else f"read {got!r}"
             return f"the render of {len(calls)} verification call(s) does not read back ({why})"
-    return None
+        checked += 1
+    return None if checked else "no verification render could be made"
 
 
 def learn_syntax(renderer: Renderer, codec: Codec, think: tuple[str, str] | None = None
@@ -182,17 +207,18 @@ def learn_syntax(renderer: Renderer, codec: Codec, think: tuple[str, str] | None
     """(verified learned parser, description) for a template, or (None, why none was learned)."""
     from .detect import probe_calls
 
-    calls = probe_calls(2)
-    ids = [call_id(7, i) for i in range(2)]
-    turn_end = _turn_end(renderer, codec)
+    lead, turn_end = _turn_frame(renderer, codec)
+    specials = tuple(codec.decode([t]) for t in codec.special_ids)
     reasons = []
-    for as_text in (False, True):
+    for k, as_text in ((2, False), (2, True), (1, False), (1, True)):
+        calls = probe_calls(k)
+        ids = [call_id(7, i) for i in range(k)]
         try:
             text = _render_calls_with_ids(renderer, codec, calls, as_text)
         except TmplError as exc:
-            reasons.append(f"the probe does not render ({exc})")
+            reasons.append(f"{k} probe call(s) do not render ({exc})")
             continue
-        syntax, why = infer_syntax(text, calls, ids, turn_end)
+        syntax, why = infer_syntax(text, calls, ids, turn_end, lead, specials)
         if syntax is None:
             reasons.append(why)
             continue
