@@ -127,7 +127,7 @@ class LearnedParser(ToolParser):
                 out.append(RawCall(a, b, error=err, error_kind="truncated"))
                 continue
             found = self._calls_in_block(text, bs, be)
-            if found:
+            if found and self._bo is not None:  # a block's markers belong to its first and last calls
                 found[0].start, found[-1].end = a, b
             elif self._bo is not None:
                 out.append(RawCall(a, b, error="a call block with no readable call", error_kind="malformed"))
