@@ -82,6 +82,8 @@ class TemplateReport:
     verdicts: dict[str, Verdict]
     notes: list[str] = field(default_factory=list)
     probe_ms: float = 0.0
+    #: the call syntax in words when ``parser == "learned"`` (learned from the template's renders)
+    parser_syntax: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (checks and verdicts included)."""
@@ -111,7 +113,9 @@ class TemplateReport:
             f"- tool conversation renders: {yn(self.tool_renders)}" + (f" ({self.tool_error})" if self.tool_error else ""),
             f"- tool calls visible: {yn(self.calls_visible)}; tool results visible: {yn(self.results_visible)}",
             f"- parallel calls rendered: up to {self.max_parallel_calls}",
-            f"- tool-call parser: {self.parser or 'none detected'}",
+            f"- tool-call parser: {self.parser or 'none detected'}"
+            + (f" (no hand-written parser reads the calls; learned from the template's renders: {self.parser_syntax})"
+               if self.parser_syntax else ""),
             "",
             "## Turn close",
             f"- plain turn closes with `{self.plain_close}`; tool-call turn with `{self.tool_close}`"
@@ -185,6 +189,16 @@ def _assistant_mask(tpl) -> bool:
     return "TmPlMaSkEd" in tpl.codec.decode(picked)
 
 
+def _parser_syntax(tpl) -> str | None:
+    """The learned call syntax in words, when the template's parser was learned (else None)."""
+    try:
+        parser = parser_for(tpl)
+    except TmplError:
+        return None
+    syntax = getattr(parser, "syntax", None)
+    return syntax.describe() if syntax is not None else None
+
+
 def _parser_name(tpl) -> str | None:
     """The detected tool-call parser's name (None when no parser reads this template's calls)."""
     try:
@@ -254,6 +268,7 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         results_visible=True if frame else (False if tool_error and "not rendered" in str(tool_error) else None),
         max_parallel_calls=max_k,
         parser=_parser_name(tpl) if frame else None,
+        parser_syntax=_parser_syntax(tpl) if frame else None,
         plain_close=turns.plain.close.text if turns.plain else None,
         tool_close=turns.tool.close.text if turns.tool else None,
         close_is_eos=(turns.tool.close.ids[0] == eos) if turns.tool else None,

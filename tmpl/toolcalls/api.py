@@ -36,6 +36,8 @@ def parser_for(tpl: ChatTemplate, name: str | None = None) -> ToolParser:
             f"no tool-call parser recognised ({found.detail}); force one with parser=<name> "
             f"(see tmpl.toolcalls.PARSERS)",
         )
+    if found.learned is not None:
+        return found.learned
     return get_parser(found.parser, tpl.codec, found.think)
 
 

@@ -28,6 +28,7 @@ from ..codec import Codec
 from ..errors import TmplError
 from ..render import Renderer
 from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id
+from .learn import learn_syntax
 from .parsers import PARSERS, get_parser
 
 if TYPE_CHECKING:
@@ -90,6 +91,13 @@ class Detection:
     detail: str = ""
     reasoning_key: str | None = None
     think: tuple[str, str] | None = None
+    #: the verified :class:`~tmpl.toolcalls.parsers.learned.LearnedParser` when ``how == "learned"``
+    learned: Any = None
+
+    @property
+    def is_learned(self) -> bool:
+        """True when the parser was learned from the template's renders (no hand-written one reads them)."""
+        return self.learned is not None
 
 
 def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assistant: dict, tools: Any) -> list[int]:
@@ -115,8 +123,13 @@ def _matches(parsed, expected: Sequence[dict[str, Any]]) -> bool:
     return True
 
 
-def detect_with(renderer: Renderer, codec: Codec) -> Detection:
-    """Detect the parser for a template (see the module docstring). Never raises on template errors."""
+def detect_with(renderer: Renderer, codec: Codec, *, hand_written: bool = True, learn: bool = True) -> Detection:
+    """Detect the parser for a template (see the module docstring). Never raises on template errors.
+
+    Hand-written parsers are tried first; when none reads the render back, the call syntax is
+    learned from the template's renders (:func:`~tmpl.toolcalls.learn.learn_syntax`) and used
+    once verified (``how="learned"``). ``hand_written=False`` / ``learn=False`` turn either off.
+    """
     key, layout = reasoning_probe(renderer, codec)
     history = [{"role": "user", "content": USER_SENTINEL}]
     rendered_any = False
@@ -144,7 +157,7 @@ def detect_with(renderer: Renderer, codec: Codec) -> Detection:
             continue
         rendered_any = True
         found = []
-        for name in PARSERS:
+        for name in PARSERS if hand_written else ():
             try:
                 parsed = get_parser(name, codec).parse(ids, tools=DETECT_TOOLS)
             except Exception as exc:  # a parser bug must not break detection; tests hold parsers to no-raise
@@ -156,7 +169,13 @@ def detect_with(renderer: Renderer, codec: Codec) -> Detection:
             return Detection(found[0], "render", tuple(found), k, f"the render of {k} call(s) reads back with {found[0]}",
                              key, think_override(found[0], layout))
         reasons.append(f"no parser reads back the render of {how}: {text[:120]!r}")
-    if rendered_any:
+    if rendered_any and learn:
+        learned, why = learn_syntax(renderer, codec, layout if layout and layout[1] else None)
+        if learned is not None:
+            return Detection("learned", "learned", ("learned",), 2, f"learned from the template's renders: {why}",
+                             key, None, learned)
+        reasons.append(f"no call syntax could be learned: {why}")
+    if rendered_any or not hand_written:
         return Detection(None, "none", (), 0, "; ".join(reasons), key)
     by_vocab = [name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)]
     if len(by_vocab) == 1:
