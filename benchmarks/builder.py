@@ -203,7 +203,8 @@ def main(argv=None) -> None:
     parser.add_argument("--min-turn", type=int, default=64)
     parser.add_argument("--max-turn", type=int, default=512)
     parser.add_argument(
-        "--budgets", default="8192:4096,16384:none,1000000:1000000",
+        "--budgets",
+        default="8192:4096,16384:none,1000000:1000000",
         help="comma-separated max_length:max_completion_length pairs ('none': no completion cap)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -285,9 +286,7 @@ def run_budget(args, plan, budgets) -> None:
     print(f"times: {label} (round 1 warms the allocator; its total is in the last column)")
     print(f"{'contender':<22}{'build s':>9}{'collate s':>11}{'total s':>9}{'ns/token':>10}{'round 1 s':>11}")
     for name, (build, collate, total) in results.items():
-        print(
-            f"{name:<22}{build:>9.3f}{collate:>11.3f}{total:>9.3f}{total / tokens * 1e9:>10.1f}{first[name]:>11.3f}"
-        )
+        print(f"{name:<22}{build:>9.3f}{collate:>11.3f}{total:>9.3f}{total / tokens * 1e9:>10.1f}{first[name]:>11.3f}")
     base = results["tmpl compiled"][2]
     print("ratios (total time, same run):")
     for name in ("lists + pad_sequence", "tmpl pure"):

@@ -28,7 +28,6 @@ import tmpl  # noqa: E402
 from tmpl.backends import Scripted  # noqa: E402
 from tmpl.toolcalls import parse_completion  # noqa: E402
 
-
 RESULT = {"short": 100, "long": 2000}  # characters of each tool result
 _result_chars = RESULT["short"]
 
@@ -58,8 +57,16 @@ def make_policy(tpl, turns: int):
 def run_tmpl(tpl, conversations, turns: int, toolbox) -> float:
     policy = make_policy(tpl, turns)
     backend = Scripted(lambda req: policy(int(req.request_id.rsplit("-", 1)[1])))
-    rollout = tmpl.Rollout(tpl, backend, tools=toolbox, max_turns=turns, max_length=32768,
-                           max_completion_length=None, measure_drift=False, progress=False)
+    rollout = tmpl.Rollout(
+        tpl,
+        backend,
+        tools=toolbox,
+        max_turns=turns,
+        max_length=32768,
+        max_completion_length=None,
+        measure_drift=False,
+        progress=False,
+    )
     start = time.perf_counter()
     results = rollout.run(conversations)
     elapsed = time.perf_counter() - start
@@ -74,8 +81,7 @@ def run_naive(tpl, conversations, turns: int, toolbox) -> float:
     start = time.perf_counter()
     for turn in range(turns):
         # re-render and re-tokenize every conversation (what the engine gets this turn)
-        prompts = tok.apply_chat_template(histories, tools=toolbox.schemas, add_generation_prompt=True,
-                                          tokenize=True)
+        prompts = tok.apply_chat_template(histories, tools=toolbox.schemas, add_generation_prompt=True, tokenize=True)
         assert len(prompts["input_ids"]) == len(histories)
         completions = [policy(turn) for _ in histories]
         texts = tok.batch_decode(completions)  # what naive loops keep: text
@@ -102,19 +108,28 @@ def main() -> None:
         sys.exit(f"tokenizer data not found at {folder}; pass --data or set TMPL_TEST_DATA")
     tpl = tmpl.ChatTemplate(AutoTokenizer.from_pretrained(str(folder)), name=args.family)
     toolbox = tmpl.Toolbox([get_weather], timeout=5)
-    conversations = [[{"role": "system", "content": "You are a weather assistant."},
-                      {"role": "user", "content": f"Weather in Paris, question {i}?"}] for i in range(args.samples)]
+    conversations = [
+        [
+            {"role": "system", "content": "You are a weather assistant."},
+            {"role": "user", "content": f"Weather in Paris, question {i}?"},
+        ]
+        for i in range(args.samples)
+    ]
     global _result_chars
     n = args.samples * args.turns
-    print(f"{args.samples} samples x {args.turns} turns ({args.family}), engine time ~0 (scripted policy); "
-          "time outside the engine, per sample-turn")
+    print(
+        f"{args.samples} samples x {args.turns} turns ({args.family}), engine time ~0 (scripted policy); "
+        "time outside the engine, per sample-turn"
+    )
     for chars in RESULT.values():
         _result_chars = chars
         run_tmpl(tpl, conversations[:8], args.turns, toolbox)  # warm the probe and caches
         t_tmpl = run_tmpl(tpl, conversations, args.turns, toolbox)
         t_naive = run_naive(tpl, conversations, args.turns, toolbox)
-        print(f"  tool results of {chars:5d} chars: tmpl {t_tmpl * 1e3 / n:7.3f} ms   naive (decode + re-render) "
-              f"{t_naive * 1e3 / n:7.3f} ms   naive / tmpl = {t_naive / t_tmpl:.1f}x")
+        print(
+            f"  tool results of {chars:5d} chars: tmpl {t_tmpl * 1e3 / n:7.3f} ms   naive (decode + re-render) "
+            f"{t_naive * 1e3 / n:7.3f} ms   naive / tmpl = {t_naive / t_tmpl:.1f}x"
+        )
     toolbox.close()
 
 

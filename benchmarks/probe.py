@@ -56,15 +56,19 @@ def main() -> None:
         check(tmpl.ChatTemplate(tok, text, name=Path(e["template"]).name))
         times.append(time.perf_counter() - t0)
     print(f"{len(times)} templates probed cold ({len(hosts)} host tokenizers, loaded in {load_time:.1f} s)")
-    print(f"  report per template: mean {statistics.mean(times) * 1e3:.0f} ms, median "
-          f"{statistics.median(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms (target: mean < 200 ms)")
+    print(
+        f"  report per template: mean {statistics.mean(times) * 1e3:.0f} ms, median "
+        f"{statistics.median(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms (target: mean < 200 ms)"
+    )
     clear_caches()
     tmpl.chat_template._REPORTS.clear()
     matrix._TOKENIZERS.clear()
     t0 = time.perf_counter()
     rows = matrix.run_matrix(matrix.sources_from_paths([catalog]), progress=False)
-    print(f"  tmpl matrix over the catalog ({len(rows)} rows, tokenizers loaded included): "
-          f"{time.perf_counter() - t0:.1f} s (target: < 30 s)")
+    print(
+        f"  tmpl matrix over the catalog ({len(rows)} rows, tokenizers loaded included): "
+        f"{time.perf_counter() - t0:.1f} s (target: < 30 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,15 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.test_vllm_server_real import free_port, start_server, stop, wait_ready  # noqa: E402
-
 from tmpl.backends.http import HTTPClient  # noqa: E402
 
 OLD_COMMIT = "4d58609"
 
 
 def old_client() -> types.ModuleType:
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:tmpl/backends/http.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:tmpl/backends/http.py"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
     module = types.ModuleType("old_http")
     exec(compile(source, "old_http.py", "exec"), module.__dict__)
     return module
@@ -79,7 +79,9 @@ def main() -> None:
         stop(proc)
     print(f"old client (Connection: close): {before:8.1f} req/s")
     print(f"pooled httpx client           : {after:8.1f} req/s")
-    print(f"ratio pooled/old              : {after / before:8.2f}x  ({args.requests} requests, concurrency {args.concurrency})")
+    print(
+        f"ratio pooled/old              : {after / before:8.2f}x  ({args.requests} requests, concurrency {args.concurrency})"
+    )
 
 
 if __name__ == "__main__":

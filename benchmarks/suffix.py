@@ -98,7 +98,9 @@ def renderers_method(tokenizer, family: str):
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
         add_special_tokens=False,
     )
-    return lambda msgs: renderer.bridge_to_next_turn(prompt, completion, [{"role": "tool", "content": m["content"]} for m in msgs])
+    return lambda msgs: renderer.bridge_to_next_turn(
+        prompt, completion, [{"role": "tool", "content": m["content"]} for m in msgs]
+    )
 
 
 def bench_family(data: Path, family: str, calls: int) -> None:

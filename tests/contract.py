@@ -39,13 +39,14 @@ TOOLS = [
 ARGS = [
     {"city": "Paris"},
     {"city": "Tokyo", "timezone": "Asia/Tokyo"},
-    {"query": "rainfall \"today\"", "max_results": 3},
+    {"query": 'rainfall "today"', "max_results": 3},
 ]
 
 
 def marker(round_: int, i: int) -> str:
     """A value unique to one call; found in the full render's text to locate the call."""
     return f"Qz{round_}m{i}Kv"
+
 
 #: Tool contents that break naive splicing: each is used for every result of a turn.
 HARD_CONTENTS = {
@@ -77,8 +78,14 @@ def call_id(round_: int, i: int) -> str:
 
 def assistant_turn(k: int, round_: int = 0) -> dict:
     calls = [
-        {"id": call_id(round_, i), "type": "function",
-         "function": {"name": TOOLS[i % 3]["function"]["name"], "arguments": {**ARGS[i % 3], "tag": marker(round_, i)}}}
+        {
+            "id": call_id(round_, i),
+            "type": "function",
+            "function": {
+                "name": TOOLS[i % 3]["function"]["name"],
+                "arguments": {**ARGS[i % 3], "tag": marker(round_, i)},
+            },
+        }
         for i in range(k)
     ]
     return {"role": "assistant", "content": "", "tool_calls": calls}
@@ -111,8 +118,9 @@ class TurnCheck:
     needs_history: bool = False  # the template's suffix depends on earlier messages
 
 
-def check_turn(tpl: tmpl.ChatTemplate, history: list[dict], assistant: dict, results: list[dict],
-               tools=TOOLS, round_: int = 0) -> TurnCheck:
+def check_turn(
+    tpl: tmpl.ChatTemplate, history: list[dict], assistant: dict, results: list[dict], tools=TOOLS, round_: int = 0
+) -> TurnCheck:
     """Check one tool turn against the full render; AssertionError with a readable diff if wrong.
 
     The completion ends at the first stop token after the last call's marker in the full

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import tmpl
-from tmpl.report import matrix
 from tmpl.cli import main
+from tmpl.report import matrix
 
 from .conftest import DATA, REPO
 
@@ -28,8 +28,8 @@ def test_matrix_html_is_one_self_contained_sortable_page(tmp_path):
     out = tmp_path / "m.html"
     assert main(["matrix", "-q", "--format", "html", "-o", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
-    assert page.startswith("<!DOCTYPE html>") and "<table id=\"matrix\">" in page
-    assert "function sortBy" in page and "onclick=\"sortBy(0)\"" in page
+    assert page.startswith("<!DOCTYPE html>") and '<table id="matrix">' in page
+    assert "function sortBy" in page and 'onclick="sortBy(0)"' in page
     assert "http://" not in page and "https://" not in page  # nothing to fetch
     assert page.count("<tr>") == len(tmpl.templates.available()) + 1
 

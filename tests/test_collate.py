@@ -14,8 +14,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 import tmpl
 from tmpl import _compat
-from tmpl.trajectory.batch import BATCH_KEYS
 from tmpl.errors import CollateError
+from tmpl.trajectory.batch import BATCH_KEYS
+
 from .trajectory_model import Model, as_float32
 
 PAD = 99
@@ -231,21 +232,29 @@ def test_matches_trl_grpo_trainer_padding():
     want = {
         "prompt_ids": pad(prompt_ids, padding_value=PAD, padding_side="left", pad_to_multiple_of=multiple),
         "prompt_mask": pad(
-            [torch.ones_like(p, dtype=torch.long) for p in prompt_ids], padding_value=0, padding_side="left",
+            [torch.ones_like(p, dtype=torch.long) for p in prompt_ids],
+            padding_value=0,
+            padding_side="left",
             pad_to_multiple_of=multiple,
         ),
         "completion_ids": pad(completion_ids, padding_value=PAD, padding_side="right", pad_to_multiple_of=multiple),
         "completion_mask": pad(
-            [torch.ones_like(c, dtype=torch.long) for c in completion_ids], padding_value=0, padding_side="right",
+            [torch.ones_like(c, dtype=torch.long) for c in completion_ids],
+            padding_value=0,
+            padding_side="right",
             pad_to_multiple_of=multiple,
         ),
         "tool_mask": pad(
-            [torch.tensor(m, dtype=torch.long) for _, _, m, _ in samples], padding_value=1, padding_side="right",
+            [torch.tensor(m, dtype=torch.long) for _, _, m, _ in samples],
+            padding_value=1,
+            padding_side="right",
             pad_to_multiple_of=multiple,
         ),
         "old_per_token_logps": pad(
-            [torch.tensor(lp, dtype=torch.float32) for _, _, _, lp in samples], padding_value=0.0,
-            padding_side="right", pad_to_multiple_of=multiple,
+            [torch.tensor(lp, dtype=torch.float32) for _, _, _, lp in samples],
+            padding_value=0.0,
+            padding_side="right",
+            pad_to_multiple_of=multiple,
         ),
     }
     # trl's mask_truncated_completions: multiply both masks by ~is_truncated

@@ -22,8 +22,9 @@ def _tpl(family: str) -> tmpl.ChatTemplate:
 
 def _render(tpl, messages, gen: bool, **kwargs) -> list[int]:
     """The template's full render, tokenized by the tokenizer itself (not by tmpl)."""
-    out = tpl.tokenizer.apply_chat_template(messages, chat_template=tpl.template, tokenize=True,
-                                            add_generation_prompt=gen, **kwargs)
+    out = tpl.tokenizer.apply_chat_template(
+        messages, chat_template=tpl.template, tokenize=True, add_generation_prompt=gen, **kwargs
+    )
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
 
@@ -42,8 +43,13 @@ def _rollout(tpl, turns: list[list[int]], status: str = "DONE", **kwargs):
 def test_json_key_order_is_json_reserialized():
     tpl = _tpl("qwen2.5-instruct")
     enc = tpl.codec.encode
-    r, rollout = _rollout(tpl, [enc('<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n'
-                                    '</tool_call><|im_end|>'), enc("Sunny.<|im_end|>")])
+    r, rollout = _rollout(
+        tpl,
+        [
+            enc('<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call><|im_end|>'),
+            enc("Sunny.<|im_end|>"),
+        ],
+    )
     d = r.drift_detail
     assert r.drift is True and d.cause is DriftCause.JSON_RESERIALIZED
     assert d.ours == '{"arguments": {"city": "Paris"}, "name": "get_weather"}'
@@ -58,8 +64,13 @@ def test_json_key_order_is_json_reserialized():
 def test_json_spacing_is_json_reserialized():
     tpl = _tpl("qwen2.5-instruct")
     enc = tpl.codec.encode
-    r, _ = _rollout(tpl, [enc('<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
-                              '<|im_end|>'), enc("Sunny.<|im_end|>")])
+    r, _ = _rollout(
+        tpl,
+        [
+            enc('<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call><|im_end|>'),
+            enc("Sunny.<|im_end|>"),
+        ],
+    )
     assert r.drift_detail.cause is DriftCause.JSON_RESERIALIZED
     assert r.drift_detail.ours == '{"name": "get_weather", "arguments": {"city":"Paris"}}'
 
@@ -138,8 +149,7 @@ def test_measure_drift_fraction_chooses_the_same_samples():
     assert not any(chosen(0, i, 0) or chosen(False, i, 0) for i in range(100))
     tpl = _tpl("qwen2.5-instruct")
     final = tpl.codec.encode("  Sunny.<|im_end|>")
-    rollout = tmpl.Rollout(tpl, Scripted(lambda r: final), tools=FUNCS, measure_drift=0.5,
-                           sampling=tmpl.Sampling(n=4))
+    rollout = tmpl.Rollout(tpl, Scripted(lambda r: final), tools=FUNCS, measure_drift=0.5, sampling=tmpl.Sampling(n=4))
     results = rollout.run([USER] * 8)
     measured = [r.drift is not None for r in results]
     assert measured == [chosen(0.5, r.index, r.sample) for r in results] and 0 < sum(measured) < 32
@@ -151,8 +161,13 @@ def test_measure_drift_fraction_chooses_the_same_samples():
 def test_drift_detail_round_trips_through_jsonl_and_parquet(tmp_path):
     tpl = _tpl("qwen2.5-instruct")
     enc = tpl.codec.encode
-    r, rollout = _rollout(tpl, [enc('<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n'
-                                    '</tool_call><|im_end|>'), enc("Sunny.<|im_end|>")])
+    r, rollout = _rollout(
+        tpl,
+        [
+            enc('<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call><|im_end|>'),
+            enc("Sunny.<|im_end|>"),
+        ],
+    )
     path = export.to_jsonl([r], tmp_path / "r.jsonl", metrics=rollout.metrics)
     [back] = export.from_jsonl(path)
     assert back.drift_detail == r.drift_detail and back.drift is True
@@ -184,14 +199,19 @@ def test_replay_prints_the_causes_stored_and_found_again(tmp_path, capsys):
 
     rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=3, measure_drift=True)
     results = rollout.run([USER] * 3)
-    assert [r.drift_detail.cause.value if r.drift else None for r in results] == \
-        ["json_reserialized", None, "whitespace"]
+    assert [r.drift_detail.cause.value if r.drift else None for r in results] == [
+        "json_reserialized",
+        None,
+        "whitespace",
+    ]
     path = export.to_jsonl(results, tmp_path / "r.jsonl")
     assert main(["replay", str(path)]) == 0
     stored = capsys.readouterr().out
     (tmp_path / "tools.json").write_text(json.dumps(SCHEMAS))
-    assert main(["replay", str(path), "--model", str(DATA / "qwen2.5-instruct"), "--tools",
-                 str(tmp_path / "tools.json")]) == 0
+    assert (
+        main(["replay", str(path), "--model", str(DATA / "qwen2.5-instruct"), "--tools", str(tmp_path / "tools.json")])
+        == 0
+    )
     again = capsys.readouterr().out
     for out in (stored, again):
         rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
@@ -231,13 +251,18 @@ def test_telemetry_example_in_the_docs_logs_a_real_batch(capsys):
     namespace: dict = {}
     exec(doc_block("telemetry"), namespace)  # noqa: S102 - the documented block, run as written
     tpl = _tpl("qwen2.5-instruct")
-    rollout = tmpl.Rollout(tpl, Scripted(lambda r: tpl.codec.encode(" Sunny.<|im_end|>")), tools=FUNCS,
-                           measure_drift=True)
+    rollout = tmpl.Rollout(
+        tpl, Scripted(lambda r: tpl.codec.encode(" Sunny.<|im_end|>")), tools=FUNCS, measure_drift=True
+    )
     results = rollout.run([USER] * 2)
     metrics = rollout.metrics.to_dict()
     rewards = namespace["reward_with_telemetry"](
-        completions=["x", "y"], messages=[r.messages for r in results], status=[r.status.name for r in results],
-        rollout_metrics=[metrics] * 2, turns=[1, 1])
+        completions=["x", "y"],
+        messages=[r.messages for r in results],
+        status=[r.status.name for r in results],
+        rollout_metrics=[metrics] * 2,
+        turns=[1, 1],
+    )
     assert rewards == [1.0, 1.0]
     printed = capsys.readouterr().out
     assert "'rollout/drift/rate/whitespace': 1.0" in printed and "'rollout/done': 2.0" in printed

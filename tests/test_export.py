@@ -22,9 +22,11 @@ def rolled():
     from .conftest import load_tokenizer
 
     tpl = tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"), name="qwen2.5")
-    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-                            '<tool_call>\n{"name": "search_web", "arguments": {"query": "rain \\"now\\"", '
-                            '"max_results": 2}}\n</tool_call><|im_end|>')
+    call = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        '<tool_call>\n{"name": "search_web", "arguments": {"query": "rain \\"now\\"", '
+        '"max_results": 2}}\n</tool_call><|im_end|>'
+    )
     final = tpl.codec.encode("Sunny, 21 °C — no rain.<|im_end|>")
     rng = np.random.default_rng(7)
 
@@ -35,8 +37,7 @@ def rolled():
         ids = call if (i == 0 and turn < 2) else final
         return ids, (-rng.random(len(ids)) * 5).astype(np.float32).tolist()  # logprobs that are not round numbers
 
-    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=4, max_length=4096,
-                           max_completion_length=1024)
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=4, max_length=4096, max_completion_length=1024)
     results = rollout.run([[{"role": "user", "content": f"Weather {k}? ünïcødé"}] for k in range(3)])
     assert [r.status.name for r in results] == ["DONE", "DONE", "ABORTED"]
     assert results[0].tool_calls == 4 and 0 in results[0].mask and results[0].mask.sum() > 0
@@ -48,8 +49,17 @@ def _assert_same(a, b):
         x, y = getattr(a, key), getattr(b, key)
         assert x.dtype == y.dtype, key
         assert np.array_equal(x, y), key
-    assert (a.index, a.sample, a.status, a.reason, a.turns, a.tool_calls, a.tool_failures, a.finish_reason, a.drift) == \
-        (b.index, b.sample, b.status, b.reason, b.turns, b.tool_calls, b.tool_failures, b.finish_reason, b.drift)
+    assert (
+        a.index,
+        a.sample,
+        a.status,
+        a.reason,
+        a.turns,
+        a.tool_calls,
+        a.tool_failures,
+        a.finish_reason,
+        a.drift,
+    ) == (b.index, b.sample, b.status, b.reason, b.turns, b.tool_calls, b.tool_failures, b.finish_reason, b.drift)
     assert a.spans == b.spans
     assert a.messages == b.messages
     assert a.trajectory.tokens_cut == b.trajectory.tokens_cut

@@ -14,8 +14,14 @@ id_lists = st.lists(st.integers(min_value=0, max_value=12), max_size=40)
 
 
 def public_names(module) -> set[str]:
-    return {n for n, v in vars(module).items() if not n.startswith("_") and callable(v) and not inspect.isclass(v)
-            and getattr(v, "__module__", module.__name__) == module.__name__}
+    return {
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and callable(v)
+        and not inspect.isclass(v)
+        and getattr(v, "__module__", module.__name__) == module.__name__
+    }
 
 
 def test_twins_have_the_same_public_functions():

@@ -17,8 +17,9 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
 
 def doc_block(name: str) -> str:
     """The Python block right after ``<!-- tested: NAME -->`` in the integrations guide."""
-    match = re.search(rf"<!-- tested: {re.escape(name)} -->\n```python\n(.*?)```", DOC.read_text(encoding="utf-8"),
-                      re.DOTALL)
+    match = re.search(
+        rf"<!-- tested: {re.escape(name)} -->\n```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL
+    )
     assert match, f"no block marked 'tested: {name}' in {DOC}"
     return match.group(1)
 
@@ -28,11 +29,20 @@ def test_plain_pytorch_loop_in_the_docs_trains():
 
     tokenizer = load_tokenizer("qwen2.5-instruct")
     torch.manual_seed(5)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>")))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        )
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     def get_weather(city: str) -> str:

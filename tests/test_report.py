@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import tmpl
-from tmpl.report import check
-from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED
+from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, check
 
 from .conftest import DATA, catalog
 from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, renders_tool_turn, tool_results
@@ -22,12 +21,19 @@ def _report(tok, name: str, template: str | None = None) -> tmpl.report.Template
 
 
 def _ids(tpl, messages, gen: bool) -> list[int]:
-    out = tpl.tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=tpl.template, tokenize=True,
-                                            add_generation_prompt=gen, **tpl.template_kwargs)
+    out = tpl.tokenizer.apply_chat_template(
+        messages,
+        tools=TOOLS,
+        chat_template=tpl.template,
+        tokenize=True,
+        add_generation_prompt=gen,
+        **tpl.template_kwargs,
+    )
     return list(out["input_ids"])
 
 
 # -- families: verdicts read off the templates (MANIFEST.md), not off tmpl ------------------------
+
 
 @pytest.mark.parametrize(
     "family, tool_loop, multi_user",
@@ -84,6 +90,7 @@ def test_report_serializes(tokenizer_of):
 
 
 # -- every catalog template: its verdict against ground truth --------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def _host(folder: str):
@@ -143,8 +150,9 @@ def test_catalog_verdict_matches_ground_truth(entry):
         assistant = assistant_turn(1)
         results = tool_results(assistant, ["sunny"])
         if verdict.reason == "tool calls are not rendered":
-            text = tpl.tokenizer.apply_chat_template(HISTORIES["user"] + [assistant] + results, tools=TOOLS,
-                                                     chat_template=tpl.template, tokenize=False)
+            text = tpl.tokenizer.apply_chat_template(
+                HISTORIES["user"] + [assistant] + results, tools=TOOLS, chat_template=tpl.template, tokenize=False
+            )
             assert "Qz0m0Kv" not in text  # the call's marker argument is nowhere in the render
         elif renders_tool_turn(tpl, HISTORIES["user"], assistant, results):
             with pytest.raises(tmpl.errors.TmplError):

@@ -65,6 +65,7 @@ FIXED = ("gemma-4", "gpt-oss", "qwen3")
 
 # -- the templates ------------------------------------------------------------------------
 
+
 def original_template(name: str) -> str:
     """The upstream template a variant mirrors, from the shared tokenizer folder (``base_file``)."""
     base_file = tmpl.templates.info(name).base_file
@@ -129,8 +130,12 @@ class Writer:
 
     def final(self) -> Message:
         msg = self._reason({"role": "assistant", "content": f"{self.tag('Say')} It is sunny, 21 C."})
-        if self.fam.tokenizer == "qwen3" and self.reasoning and not any(f in msg for f in REASONING_FIELDS) \
-                and self.rng.random() < 0.3:  # Qwen3 also reads reasoning inline in the content
+        if (
+            self.fam.tokenizer == "qwen3"
+            and self.reasoning
+            and not any(f in msg for f in REASONING_FIELDS)
+            and self.rng.random() < 0.3
+        ):  # Qwen3 also reads reasoning inline in the content
             msg["content"] = f"<think>\n{self.tag('Think')} inline.\n</think>\n\n{msg['content']}"
         return msg
 
@@ -138,8 +143,13 @@ class Writer:
         calls = []
         for j in range(k):
             args = {**ARGS[j % 3], "tag": self.tag("Arg")}
-            calls.append({"id": f"call{self.n:04d}x", "type": "function",
-                          "function": {"name": TOOLS[j % 3]["function"]["name"], "arguments": args}})
+            calls.append(
+                {
+                    "id": f"call{self.n:04d}x",
+                    "type": "function",
+                    "function": {"name": TOOLS[j % 3]["function"]["name"], "arguments": args},
+                }
+            )
         content = ""
         if self.fam.call_content and self.rng.random() < 0.4:
             content = f"{self.tag('Pre')} Let me check."
@@ -150,8 +160,12 @@ class Writer:
 
     def results(self, turn: Message) -> list[Message]:
         return [
-            {"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-             "content": f"{self.tag('Result')} 21.5 C, sunny"}
+            {
+                "role": "tool",
+                "tool_call_id": c["id"],
+                "name": c["function"]["name"],
+                "content": f"{self.tag('Result')} 21.5 C, sunny",
+            }
             for c in turn["tool_calls"]
         ]
 
@@ -193,6 +207,7 @@ def random_convo(name: str, seed: int, *, ends: str = "any", generated: bool = T
 
 # -- the documented changes, applied to the original's text --------------------------------
 
+
 def reasoning_of(msg: Message) -> str | None:
     return next((msg[f] for f in REASONING_FIELDS if msg.get(f) is not None), None)
 
@@ -228,7 +243,7 @@ def gpt_oss_changes(text: str, c: Convo) -> str:
     for i, m in enumerate(msgs):
         if m["role"] != "assistant" or i <= c.last_user:
             continue
-        later_final = any(x["role"] == "assistant" and "tool_calls" not in x for x in msgs[i + 1:])
+        later_final = any(x["role"] == "assistant" and "tool_calls" not in x for x in msgs[i + 1 :])
         if "tool_calls" in m:
             analysis = m.get("content") or reasoning_of(m)
             if analysis and later_final:
@@ -253,7 +268,9 @@ def gemma_changes(text: str, c: Convo) -> str:
         thought = reasoning_of(m)
         if thought and not m.get("tool_calls"):
             assert text.count(m["content"] + "<turn|>") == 1
-            text = text.replace(m["content"] + "<turn|>", f"<|channel>thought\n{thought}\n<channel|>" + m["content"] + "<turn|>")
+            text = text.replace(
+                m["content"] + "<turn|>", f"<|channel>thought\n{thought}\n<channel|>" + m["content"] + "<turn|>"
+            )
         answered = i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool"
         if m.get("tool_calls") and m.get("content") and answered:
             moved = m["content"] + "<turn|>\n"
@@ -273,8 +290,13 @@ DOCUMENTED: dict[str, Callable[[str, Convo], str]] = {
     "gemma-4": gemma_changes,
 }
 
-TURN_HEADS = {"qwen2.5": "<|im_start|>", "qwen3": "<|im_start|>", "llama-3": "<|start_header_id|>",
-              "gpt-oss": "<|start|>", "gemma-4": "<|turn>"}
+TURN_HEADS = {
+    "qwen2.5": "<|im_start|>",
+    "qwen3": "<|im_start|>",
+    "llama-3": "<|start_header_id|>",
+    "gpt-oss": "<|start|>",
+    "gemma-4": "<|turn>",
+}
 
 
 def last_turn(name: str, text: str, c: Convo) -> str:
@@ -282,7 +304,7 @@ def last_turn(name: str, text: str, c: Convo) -> str:
     if not any(m["role"] == "assistant" for m in c.messages[: c.last_user]):
         return text
     pos = text.find(c.messages[c.last_user]["content"])
-    return text[text.rfind(TURN_HEADS[name], 0, pos):]
+    return text[text.rfind(TURN_HEADS[name], 0, pos) :]
 
 
 def try_render(name: str, template: str, c: Convo) -> str | Exception:
@@ -315,6 +337,7 @@ def break_some(rng: random.Random, name: str, c: Convo) -> None:
 
 # -- 1. the last turn renders as the original -----------------------------------------------
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_last_turn_renders_as_the_original(name):
     variant, original = tmpl.templates.load(name), original_template(name)
@@ -341,35 +364,71 @@ def test_llama_date_logic_is_the_originals(tokenizer_of):
     tok = tokenizer_of("llama-3.2-instruct")
     msgs = [{"role": "user", "content": "hi"}]
     for kwargs in ({}, {"date_string": "01 Jan 1999"}):
-        texts = {tok.apply_chat_template(msgs, chat_template=t, tokenize=False, add_generation_prompt=True, **kwargs)
-                 for t in (tmpl.templates.load("llama-3"), original_template("llama-3"))}
+        texts = {
+            tok.apply_chat_template(msgs, chat_template=t, tokenize=False, add_generation_prompt=True, **kwargs)
+            for t in (tmpl.templates.load("llama-3"), original_template("llama-3"))
+        }
         assert len(texts) == 1
     assert "Today Date: 01 Jan 1999\n" in texts.pop()
 
 
 RICH_TOOLS = [
-    {"type": "function", "function": {"name": "plan", "description": "Plan a trip.", "parameters": {
-        "type": "object", "required": ["stops", "mode"], "properties": {
-            "stops": {"type": "array", "items": {"type": "string"}, "nullable": True, "description": "Cities"},
-            "legs": {"type": "array", "items": {"type": "object", "properties": {"km": {"type": "integer"}},
-                                                 "required": ["km"]}},
-            "any_list": {"type": "array"},
-            "mode": {"type": "string", "enum": ["car", "train"], "default": "train"},
-            "when": {"oneOf": [{"type": "string", "description": "ISO date", "default": "today"},
-                               {"type": "object"}, {"type": "number"}], "default": "now"},
-            "either": {"type": ["string", "number"]},
-            "prefs": {"type": "object", "description": "Preferences", "required": ["seat"], "properties": {
-                "seat": {"type": "boolean"},
-                "meal": {"type": "object", "properties": {"kind": {"type": "number"}}, "required": ["kind"]}}},
-            "extra": {"type": "object", "additionalProperties": {"type": "string"}},
-            "count": {"type": "integer", "default": 3},
-            "grid": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-            "note": {"type": "string", "nullable": True},
-        }}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "plan",
+            "description": "Plan a trip.",
+            "parameters": {
+                "type": "object",
+                "required": ["stops", "mode"],
+                "properties": {
+                    "stops": {"type": "array", "items": {"type": "string"}, "nullable": True, "description": "Cities"},
+                    "legs": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {"km": {"type": "integer"}}, "required": ["km"]},
+                    },
+                    "any_list": {"type": "array"},
+                    "mode": {"type": "string", "enum": ["car", "train"], "default": "train"},
+                    "when": {
+                        "oneOf": [
+                            {"type": "string", "description": "ISO date", "default": "today"},
+                            {"type": "object"},
+                            {"type": "number"},
+                        ],
+                        "default": "now",
+                    },
+                    "either": {"type": ["string", "number"]},
+                    "prefs": {
+                        "type": "object",
+                        "description": "Preferences",
+                        "required": ["seat"],
+                        "properties": {
+                            "seat": {"type": "boolean"},
+                            "meal": {
+                                "type": "object",
+                                "properties": {"kind": {"type": "number"}},
+                                "required": ["kind"],
+                            },
+                        },
+                    },
+                    "extra": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "count": {"type": "integer", "default": 3},
+                    "grid": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    "note": {"type": "string", "nullable": True},
+                },
+            },
+        },
+    },
     {"type": "function", "function": {"name": "ping", "description": "No parameters.", "parameters": {}}},
-    {"type": "function", "function": {"name": "rated", "description": "With a response.",
-                                      "parameters": {"properties": {"q": {"type": "string"}}, "required": ["q"]},
-                                      "response": {"type": "object", "description": "the rating"}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "rated",
+            "description": "With a response.",
+            "parameters": {"properties": {"q": {"type": "string"}}, "required": ["q"]},
+            "response": {"type": "object", "description": "the rating"},
+        },
+    },
 ]
 
 
@@ -384,6 +443,7 @@ def test_tool_declarations_render_as_the_original(name):
 
 
 # -- 2. prefix stability, and the originals' failures ---------------------------------------
+
 
 def is_prefix(short: list[int], long: list[int]) -> bool:
     return long[: len(short)] == short
@@ -435,8 +495,18 @@ def _user(text: str) -> Message:
 
 
 def _call(tag: str, **extra: Any) -> Message:
-    return {"role": "assistant", "content": "", **extra, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "tag": tag}}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        **extra,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris", "tag": tag}},
+            }
+        ],
+    }
 
 
 RESULT = {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "21 C"}
@@ -446,29 +516,54 @@ RESULT = {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content"
 ORIGINAL_BREAKS = {
     "qwen3": [
         # earlier reasoning is stripped once a new user query arrives
-        (Growth(Convo([_user("q1"), _call("t1", reasoning_content="R1"), RESULT], TOOLS, {}, True),
-                    {"role": "assistant", "content": "A1", "reasoning_content": "R2"}, [_user("q2")]), (False, False)),
+        (
+            Growth(
+                Convo([_user("q1"), _call("t1", reasoning_content="R1"), RESULT], TOOLS, {}, True),
+                {"role": "assistant", "content": "A1", "reasoning_content": "R2"},
+                [_user("q2")],
+            ),
+            (False, False),
+        ),
         # enable_thinking=False: the prompt's empty think block disappears once a tool result follows
-        (Growth(Convo([_user("q1")], TOOLS, {"enable_thinking": False}, True), _call("t1"), [RESULT]),
-         (False, False)),
+        (Growth(Convo([_user("q1")], TOOLS, {"enable_thinking": False}, True), _call("t1"), [RESULT]), (False, False)),
         # the assistant-last render has an empty think block, the grown render none
         (Growth(Convo([_user("q1")], TOOLS, {}, True), _call("t1"), [RESULT]), (True, False)),
     ],
     "gpt-oss": [
         # the analysis of a call is dropped once a final answer exists
-        (Growth(Convo([_user("q1"), _call("t1", thinking="R1"), RESULT], TOOLS, {}, True),
-                    {"role": "assistant", "content": "A1"}, [_user("q2")]), (False, False)),
+        (
+            Growth(
+                Convo([_user("q1"), _call("t1", thinking="R1"), RESULT], TOOLS, {}, True),
+                {"role": "assistant", "content": "A1"},
+                [_user("q2")],
+            ),
+            (False, False),
+        ),
         # the generated <|return|> (and analysis) of an answer become <|end|> once a user follows
-        (Growth(Convo([_user("q1")], TOOLS, {}, True),
-                    {"role": "assistant", "content": "A1", "thinking": "R1"}, [_user("q2")]), (True, False)),
+        (
+            Growth(
+                Convo([_user("q1")], TOOLS, {}, True),
+                {"role": "assistant", "content": "A1", "thinking": "R1"},
+                [_user("q2")],
+            ),
+            (True, False),
+        ),
     ],
     "gemma-4": [
         # the thought of an earlier tool-call turn is dropped once a new user query arrives
-        (Growth(Convo([_user("q1"), _call("t1", reasoning_content="R1"), RESULT], TOOLS, {}, True),
-                    {"role": "assistant", "content": "A1"}, [_user("q2")]), (False, False)),
+        (
+            Growth(
+                Convo([_user("q1"), _call("t1", reasoning_content="R1"), RESULT], TOOLS, {}, True),
+                {"role": "assistant", "content": "A1"},
+                [_user("q2")],
+            ),
+            (False, False),
+        ),
         # content written next to a call moves behind the tool response
-        (Growth(Convo([_user("q1")], TOOLS, {}, True), _call("t1") | {"content": "Checking."}, [RESULT]),
-         (True, False)),
+        (
+            Growth(Convo([_user("q1")], TOOLS, {}, True), _call("t1") | {"content": "Checking."}, [RESULT]),
+            (True, False),
+        ),
     ],
 }
 
@@ -482,12 +577,18 @@ def test_originals_break_where_the_variants_hold(name):
 
 # -- 3. the assistant mask --------------------------------------------------------------------
 
+
 def mask_runs(name: str, template: str, c: Convo) -> list[str]:
     """Decoded runs of consecutive tokens whose assistant mask is 1."""
     tok = tokenizer(name)
     out = tok.apply_chat_template(
-        c.messages, tools=c.tools, chat_template=template, return_assistant_tokens_mask=True,
-        return_dict=True, add_generation_prompt=False, **{**FAMILIES[name].extra, **c.kwargs},
+        c.messages,
+        tools=c.tools,
+        chat_template=template,
+        return_assistant_tokens_mask=True,
+        return_dict=True,
+        add_generation_prompt=False,
+        **{**FAMILIES[name].extra, **c.kwargs},
     )
     runs, run = [], []
     for tid, bit in zip(out["input_ids"], out["assistant_masks"]):
@@ -508,7 +609,7 @@ def generated_text(name: str, template: str, c: Convo, i: int) -> str:
     prompt = render(name, template, c.messages[:i], gen=True, **kw)
     alone = render(name, template, c.messages[: i + 1], gen=False, **kw)
     assert alone.startswith(prompt)
-    turn = alone[len(prompt):]
+    turn = alone[len(prompt) :]
     end = max(turn.rfind(s) + len(s) for s in FAMILIES[name].stops if s in turn)
     return turn[:end]
 
@@ -545,8 +646,12 @@ def test_originals_give_no_assistant_mask(name):
 
 
 def test_qwen3_mask_leaves_out_the_prefilled_empty_think_block():
-    c = Convo([_user("q1"), _call("t1"), RESULT, {"role": "assistant", "content": "A1"}], TOOLS,
-              {"enable_thinking": False}, False)
+    c = Convo(
+        [_user("q1"), _call("t1"), RESULT, {"role": "assistant", "content": "A1"}],
+        TOOLS,
+        {"enable_thinking": False},
+        False,
+    )
     runs = mask_runs("qwen3", tmpl.templates.load("qwen3"), c)
     assert runs[1] == "A1<|im_end|>"
     c.kwargs = {}
@@ -555,23 +660,37 @@ def test_qwen3_mask_leaves_out_the_prefilled_empty_think_block():
 
 def test_gemma_legacy_tool_responses_render_as_the_original():
     """Gemma-native messages that carry their own tool responses are left as the original renders them."""
-    msg = {"role": "assistant", "content": "It is sunny.", "tool_calls": _call("t1")["tool_calls"],
-           "tool_responses": [{"name": "get_weather", "response": {"temp_c": 21, "sky": "clear"}}]}
+    msg = {
+        "role": "assistant",
+        "content": "It is sunny.",
+        "tool_calls": _call("t1")["tool_calls"],
+        "tool_responses": [{"name": "get_weather", "response": {"temp_c": 21, "sky": "clear"}}],
+    }
     c = Convo([_user("q1"), msg], TOOLS, {}, False)
     variant = tmpl.templates.load("gemma-4")
     for gen in (False, True):
         kw = dict(tools=TOOLS, gen=gen)
-        assert render("gemma-4", variant, c.messages, **kw) == render("gemma-4", original_template("gemma-4"), c.messages, **kw)
+        assert render("gemma-4", variant, c.messages, **kw) == render(
+            "gemma-4", original_template("gemma-4"), c.messages, **kw
+        )
     calls, answer = mask_runs("gemma-4", variant, c)
     assert calls.endswith("<tool_call|><|tool_response>") and answer == "It is sunny.<turn|>"
 
 
 # -- 4. tmpl's suffix contract with the variants -----------------------------------------------
 
-STOPS = {"qwen2.5": {"<|im_end|>"}, "qwen3": {"<|im_end|>"}, "llama-3": {"<|eot_id|>"},
-         "gpt-oss": {"<|call|>", "<|return|>"}, "gemma-4": {"<turn|>", "<|tool_response>", "<eos>"}}
+STOPS = {
+    "qwen2.5": {"<|im_end|>"},
+    "qwen3": {"<|im_end|>"},
+    "llama-3": {"<|eot_id|>"},
+    "gpt-oss": {"<|call|>", "<|return|>"},
+    "gemma-4": {"<turn|>", "<|tool_response>", "<eos>"},
+}
 
-CONTRACT_CASES = [(n, {}) for n in NAMES] + [("qwen3", {"enable_thinking": False}), ("gemma-4", {"enable_thinking": True})]
+CONTRACT_CASES = [(n, {}) for n in NAMES] + [
+    ("qwen3", {"enable_thinking": False}),
+    ("gemma-4", {"enable_thinking": True}),
+]
 
 
 @pytest.fixture
@@ -584,7 +703,9 @@ def fresh():
 @pytest.mark.parametrize("name,kwargs", CONTRACT_CASES)
 def test_suffix_contract_with_the_variant(fresh, name, kwargs):
     tok = tokenizer(name)
-    tpl = tmpl.ChatTemplate(tok, chat_template=tmpl.templates.load(name), name=name, **{**FAMILIES[name].extra, **kwargs})
+    tpl = tmpl.ChatTemplate(
+        tok, chat_template=tmpl.templates.load(name), name=name, **{**FAMILIES[name].extra, **kwargs}
+    )
     assert {tok.convert_ids_to_tokens(i) for i in tpl.stop_token_ids} == STOPS[name]
     for k in (1, 2, 3):
         assistant = assistant_turn(k)
@@ -633,6 +754,7 @@ def test_gpt_oss_variant_refuses_parallel_calls():
 
 # -- 5. the offline synthetic tokenizer ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_synthetic_tokenizer_renders_like_the_real_one(name):
     info = tmpl.templates.info(name)
@@ -669,6 +791,7 @@ def test_synthetic_tokenizer_passes_the_suffix_contract(fresh, name):
 
 
 # -- the catalog API ----------------------------------------------------------------------------
+
 
 def test_available_lists_every_shipped_file():
     folder = tmpl.templates.shipped_dir()

@@ -27,7 +27,12 @@ from .contract import (
     tool_results,
 )
 
-DOCUMENTED = (tmpl.errors.UnsupportedTemplateError, tmpl.errors.SpliceError, tmpl.errors.TemplateRenderError, tmpl.errors.MessageError)
+DOCUMENTED = (
+    tmpl.errors.UnsupportedTemplateError,
+    tmpl.errors.SpliceError,
+    tmpl.errors.TemplateRenderError,
+    tmpl.errors.MessageError,
+)
 ENTRIES = catalog()
 CONTENTS = list(HARD_CONTENTS.values())
 

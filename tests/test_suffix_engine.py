@@ -14,9 +14,53 @@ from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, full_render,
 
 # The seed (TRL PR #5145): a Qwen completion whose tool call is whitespace-heavy JSON, as token IDs.
 SEED_COMPLETION = [
-    151657, 198, 515, 6656, 330, 606, 1, 286, 549, 338, 330, 64648, 22785, 756, 6656, 330, 16370, 1,
-    256, 549, 338, 341, 6374, 330, 64, 1, 256, 549, 220, 220, 18, 345, 6374, 330, 65, 1, 256, 549,
-    220, 220, 19, 198, 4569, 456, 532, 151658, 151645,
+    151657,
+    198,
+    515,
+    6656,
+    330,
+    606,
+    1,
+    286,
+    549,
+    338,
+    330,
+    64648,
+    22785,
+    756,
+    6656,
+    330,
+    16370,
+    1,
+    256,
+    549,
+    338,
+    341,
+    6374,
+    330,
+    64,
+    1,
+    256,
+    549,
+    220,
+    220,
+    18,
+    345,
+    6374,
+    330,
+    65,
+    1,
+    256,
+    549,
+    220,
+    220,
+    19,
+    198,
+    4569,
+    456,
+    532,
+    151658,
+    151645,
 ]
 
 
@@ -31,15 +75,26 @@ def test_seed_whitespace_heavy_call_keeps_its_47_tokens(tokenizer_of):
     tok = tokenizer_of("qwen2.5-instruct")
     tpl = tmpl.ChatTemplate(tok, name="qwen2.5-instruct")
     history = [{"role": "user", "content": "What is 3 times 4?"}]
-    tools = [{"type": "function", "function": {"name": "multiply_tool", "description": "a*b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "multiply_tool",
+                "description": "a*b",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+            },
+        }
+    ]
     prompt = tpl.prompt_ids(history, tools=tools)
     assert len(SEED_COMPLETION) == 47
     # the naive way: decode, parse, re-render. The model's 47 tokens become 41 others.
     text = tok.decode(SEED_COMPLETION)
     call = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])
-    assistant = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+    assistant = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}],
+    }
     results = [{"role": "tool", "name": "multiply_tool", "content": "12"}]
     _, rerendered = full_render(tpl, history + [assistant] + results, tools)
     assert rerendered[: len(prompt)] == prompt
@@ -81,7 +136,9 @@ def test_fingerprint_covers_template_kwargs_and_text(tokenizer_of):
 def test_non_string_content_takes_the_per_call_path_and_stays_exact(tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of("gemma-4-it"), name="gemma-4-it")
     assistant = assistant_turn(2)
-    results = tool_results(assistant, [[{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}], "plain"])
+    results = tool_results(
+        assistant, [[{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}], "plain"]
+    )
     check_turn(tpl, HISTORIES["user"], assistant, results)
     assert tpl.engine.per_call_count == 1
 

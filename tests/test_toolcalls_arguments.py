@@ -22,7 +22,11 @@ from tmpl.toolcalls.parsers.gemma4 import read_gemma_value
         ('{"city": "Paris"}', {"city": "Paris"}, ()),
         ({"city": "Paris"}, {"city": "Paris"}, ()),
         ('\n  {  "city" :\n "Paris" ,\n "days":[ 1 ,2 ] }\n ', {"city": "Paris", "days": [1, 2]}, ()),
-        ("{'city': 'Paris', 'ok': True, 'none': None}", {"city": "Paris", "ok": True, "none": None}, ("python literal",)),
+        (
+            "{'city': 'Paris', 'ok': True, 'none': None}",
+            {"city": "Paris", "ok": True, "none": None},
+            ("python literal",),
+        ),
         ("{'a': (1, 2), 'b': [3,],}", {"a": [1, 2], "b": [3]}, ("python literal",)),
         ("{city: 'Paris'}", {"city": "Paris"}, ("python literal",)),
         ('{"city": "Paris"}}\n</tool_call>', {"city": "Paris"}, ("trailing text",)),
@@ -71,7 +75,10 @@ def test_literal_reader_escapes_and_positions():
 def test_gemma_value_reader():
     q = '<|"|>'
     assert read_gemma_value(f"{{a:{q}x, y{q},b:[1,2.5,true,None],c:{{{q}k{q}:-3}}}}", 0, q)[0] == {
-        "a": "x, y", "b": [1, 2.5, True, None], "c": {"k": -3}}
+        "a": "x, y",
+        "b": [1, 2.5, True, None],
+        "c": {"k": -3},
+    }
     with pytest.raises(LiteralError):
         read_gemma_value("{a:}", 0, q)
 
@@ -93,11 +100,31 @@ SCHEMA = {
 
 
 def test_coercion_where_unambiguous():
-    args = {"n": "3", "x": "2.5", "flag": "False", "s": 7, "items": "[1, \"2\"]", "opts": {"depth": "4"},
-            "maybe": "null", "either": "5", "free": "6", "extra": "7"}
+    args = {
+        "n": "3",
+        "x": "2.5",
+        "flag": "False",
+        "s": 7,
+        "items": '[1, "2"]',
+        "opts": {"depth": "4"},
+        "maybe": "null",
+        "either": "5",
+        "free": "6",
+        "extra": "7",
+    }
     got, repairs = coerce_arguments(args, SCHEMA)
-    assert got == {"n": 3, "x": 2.5, "flag": False, "s": "7", "items": [1, 2], "opts": {"depth": 4},
-                   "maybe": None, "either": "5", "free": "6", "extra": "7"}
+    assert got == {
+        "n": 3,
+        "x": 2.5,
+        "flag": False,
+        "s": "7",
+        "items": [1, 2],
+        "opts": {"depth": 4},
+        "maybe": None,
+        "either": "5",
+        "free": "6",
+        "extra": "7",
+    }
     assert "coerced n to integer" in repairs and "coerced opts.depth to integer" in repairs
     assert not any("either" in r or "free" in r or "extra" in r for r in repairs)
 
@@ -110,8 +137,9 @@ def test_coercion_leaves_what_does_not_fit():
 
 
 def test_text_values_without_schema_read_json_literals():
-    got, _ = coerce_arguments({"a": "3", "b": "[1]", "c": "True", "d": "text", "e": "3 apples", "f": '"q"'}, None,
-                              text_values=True)
+    got, _ = coerce_arguments(
+        {"a": "3", "b": "[1]", "c": "True", "d": "text", "e": "3 apples", "f": '"q"'}, None, text_values=True
+    )
     assert got == {"a": 3, "b": [1], "c": True, "d": "text", "e": "3 apples", "f": '"q"'}
 
 
@@ -128,8 +156,18 @@ def test_id_scanning_twins(twin):
 
 @pytest.mark.parametrize(
     "module",
-    ["types", "literal", "arguments", "schema", "metrics", "toolbox", "parsers.gemma4", "parsers.pythonic",
-     "parsers.jsoncalls", "parsers"],
+    [
+        "types",
+        "literal",
+        "arguments",
+        "schema",
+        "metrics",
+        "toolbox",
+        "parsers.gemma4",
+        "parsers.pythonic",
+        "parsers.jsoncalls",
+        "parsers",
+    ],
 )
 def test_docstring_examples(module):
     mod = importlib.import_module(f"tmpl.toolcalls.{module}")

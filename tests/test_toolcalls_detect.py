@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 import tmpl
-from tmpl.toolcalls import parse_completion, parser_for
 from tmpl.errors import NoToolParserError, UnknownParserError
-from tmpl.toolcalls import PARSERS, detect, get_parser
+from tmpl.toolcalls import PARSERS, detect, get_parser, parse_completion, parser_for
+
 from .toolcalls_data import chat_template, template_ids
 
 R, V = "render", "vocabulary"
@@ -193,8 +193,10 @@ def test_template_reasoning_delimiters_are_probed():
     tpl = chat_template("llama.cpp/Apriel-1.6-15b-Thinker-fixed.jinja")
     assert detect(tpl).think == ("", "[BEGIN FINAL RESPONSE]")
     assert detect(chat_template("qwen3")).think is None  # <think>...</think> is the format's own
-    text = ('I could call <tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls> but no.\n'
-            '[BEGIN FINAL RESPONSE]\nSure.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>')
+    text = (
+        'I could call <tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls> but no.\n'
+        '[BEGIN FINAL RESPONSE]\nSure.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>'
+    )
     parsed = parse_completion(tpl, tpl.codec.encode(text))
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
     assert "get_time" in parsed.reasoning and parsed.content == "Sure."

@@ -20,6 +20,7 @@ from tmpl.toolcalls.arguments import coerce_arguments
 from tmpl.toolcalls.literal import LiteralError, read_literal
 from tmpl.toolcalls.parsers.base import NAME_RE
 from tmpl.toolcalls.types import PARSE_ERROR_KINDS
+
 from .toolcalls_data import TOOLS, chat_template
 
 #: parser -> template whose tokenizer it is fuzzed on
@@ -43,15 +44,80 @@ HOSTS = {
 }
 
 FRAGMENTS = [
-    "{", "}", "[", "]", "(", ")", ",", ":", ";", '"', "'", "\\", "\n", " ", "  \n\t", "=",
-    '"name"', '"arguments"', '"parameters"', '"id"', '"get_weather"', '"city"', '"Paris"', "get_weather",
-    "city", "3", "-2.5e3", "true", "None", "null", "{}", '{"name": "get_weather", "arguments": {"city": "Paris"}}',
-    "{'name': 'f', 'arguments': {'x': 1}}", '"{\\"a\\": 1}"', "call:", "functions.get_weather", "to=functions.f",
-    " to=", "json", "commentary", "analysis", "final", "<function=get_weather>", "</function>", "<parameter=city>",
-    "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "```json\n", "```", "function",
-    "get_weather(city='Paris')", ".call(", ">>>", ">>>all\n", "get_weather\n", "[ARGS]", "[CALL_ID]", "<think>", "</think>", "é漢🙂", "\U000f0001", '<｜DSML｜invoke name="f">', '<｜DSML｜parameter name="k" string="false">',
-    "</｜DSML｜parameter>", "</｜DSML｜invoke>", '<function name="f">', '<param name="k">', "</param>", "<![CDATA[",
-    "[" * 30, "{" * 30,
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    ",",
+    ":",
+    ";",
+    '"',
+    "'",
+    "\\",
+    "\n",
+    " ",
+    "  \n\t",
+    "=",
+    '"name"',
+    '"arguments"',
+    '"parameters"',
+    '"id"',
+    '"get_weather"',
+    '"city"',
+    '"Paris"',
+    "get_weather",
+    "city",
+    "3",
+    "-2.5e3",
+    "true",
+    "None",
+    "null",
+    "{}",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "{'name': 'f', 'arguments': {'x': 1}}",
+    '"{\\"a\\": 1}"',
+    "call:",
+    "functions.get_weather",
+    "to=functions.f",
+    " to=",
+    "json",
+    "commentary",
+    "analysis",
+    "final",
+    "<function=get_weather>",
+    "</function>",
+    "<parameter=city>",
+    "</parameter>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "```json\n",
+    "```",
+    "function",
+    "get_weather(city='Paris')",
+    ".call(",
+    ">>>",
+    ">>>all\n",
+    "get_weather\n",
+    "[ARGS]",
+    "[CALL_ID]",
+    "<think>",
+    "</think>",
+    "é漢🙂",
+    "\U000f0001",
+    '<｜DSML｜invoke name="f">',
+    '<｜DSML｜parameter name="k" string="false">',
+    "</｜DSML｜parameter>",
+    "</｜DSML｜invoke>",
+    '<function name="f">',
+    '<param name="k">',
+    "</param>",
+    "<![CDATA[",
+    "[" * 30,
+    "{" * 30,
 ]
 
 
@@ -85,8 +151,13 @@ def _check(parsed: ParsedCompletion, n_ids: int) -> None:
 
 
 #: the token that must open any call of these formats (when the tokenizer has it)
-OPENERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "gemma4": "<|tool_call>",
-           "deepseek_v3": "<｜tool▁call▁begin｜>", "phi4": "<|tool_call|>"}
+OPENERS = {
+    "hermes": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+    "gemma4": "<|tool_call>",
+    "deepseek_v3": "<｜tool▁call▁begin｜>",
+    "phi4": "<|tool_call|>",
+}
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -138,7 +209,9 @@ def test_fuzz_argument_readers(text):
         read_literal(text)
     except LiteralError:
         pass
-    coerce_arguments({"days": text, "city": text, "filters": text}, TOOLS[0]["function"]["parameters"], text_values=True)
+    coerce_arguments(
+        {"days": text, "city": text, "filters": text}, TOOLS[0]["function"]["parameters"], text_values=True
+    )
     coerce_arguments({"filters": text, "tags": text}, TOOLS[1]["function"]["parameters"])
 
 
@@ -158,8 +231,12 @@ def _real_completion(parser: str) -> tuple[object, list[int]]:
     return tpl, tpl.codec.encode(text)
 
 
-_MUTATION = st.tuples(st.sampled_from(["delete", "duplicate", "insert", "swap", "truncate"]),
-                      st.integers(0, 10_000), st.integers(0, 10_000), st.integers(0, 10_000))
+_MUTATION = st.tuples(
+    st.sampled_from(["delete", "duplicate", "insert", "swap", "truncate"]),
+    st.integers(0, 10_000),
+    st.integers(0, 10_000),
+    st.integers(0, 10_000),
+)
 
 
 @pytest.mark.parametrize("parser", list(PARSERS))
@@ -178,9 +255,9 @@ def test_fuzz_mutated_real_renders(parser):
             n = max(len(ids), 1)
             a, b = sorted((i % n, j % n))
             if kind == "delete":
-                del ids[a:b + 1]
+                del ids[a : b + 1]
             elif kind == "duplicate":
-                ids[b:b] = ids[a:b + 1]
+                ids[b:b] = ids[a : b + 1]
             elif kind == "insert":
                 ids.insert(a, pool[k % len(pool)])
             elif kind == "swap" and ids:
@@ -193,20 +270,37 @@ def test_fuzz_mutated_real_renders(parser):
 
 
 _TEXT = st.text(
-    alphabet=st.characters(exclude_categories=("Cs", "Cc", "Co", "Cn"), exclude_characters="<>|", include_characters="\n\t"),
+    alphabet=st.characters(
+        exclude_categories=("Cs", "Cc", "Co", "Cn"), exclude_characters="<>|", include_characters="\n\t"
+    ),
     max_size=12,
 ).filter(lambda t: unicodedata.normalize("NFKC", t) == t)  # tokenizers normalize; the model never writes the rest
 _IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
-_SCALAR = st.one_of(_TEXT, st.integers(-(10**12), 10**12), st.booleans(),
-                    st.floats(allow_nan=False, allow_infinity=False, width=32).filter(lambda x: x != 0 or str(x) == "0.0"))
-_VALUE = st.recursive(_SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                        st.dictionaries(_IDENT, inner, max_size=3)), max_leaves=6)
+_SCALAR = st.one_of(
+    _TEXT,
+    st.integers(-(10**12), 10**12),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).filter(lambda x: x != 0 or str(x) == "0.0"),
+)
+_VALUE = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_IDENT, inner, max_size=3)),
+    max_leaves=6,
+)
 _ARGS = st.dictionaries(_IDENT, _VALUE, max_size=4)
 _KIND = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
-ROUND_TRIP = ["qwen3", "llama.cpp/Qwen3-Coder.jinja", "llama.cpp/GLM-4.6.jinja", "gemma-4-it",
-              "llama.cpp/deepseek-ai-DeepSeek-V4.jinja",
-              "mistral-nemo-instruct-2407", "gpt-oss", "llama-3.2-instruct", "llama.cpp/deepseek-ai-DeepSeek-V3.1.jinja"]
+ROUND_TRIP = [
+    "qwen3",
+    "llama.cpp/Qwen3-Coder.jinja",
+    "llama.cpp/GLM-4.6.jinja",
+    "gemma-4-it",
+    "llama.cpp/deepseek-ai-DeepSeek-V4.jinja",
+    "mistral-nemo-instruct-2407",
+    "gpt-oss",
+    "llama-3.2-instruct",
+    "llama.cpp/deepseek-ai-DeepSeek-V3.1.jinja",
+]
 
 
 @pytest.mark.parametrize("key", ROUND_TRIP)
@@ -221,11 +315,16 @@ def test_fuzz_round_trip_of_generated_calls(key):
     @given(st.lists(st.tuples(_IDENT, _ARGS), min_size=1, max_size=1 if single else 3, unique_by=lambda c: c[0]))
     def run(calls):
         tools = [tool(name, {k: {"type": _KIND[type(v)]} for k, v in args.items()}) for name, args in calls]
-        ids = completion_ids(tpl, assistant_message(calls, ids=[f"Id{i}x5Yz7Q" for i in range(len(calls))]), tools=tools)
+        ids = completion_ids(
+            tpl, assistant_message(calls, ids=[f"Id{i}x5Yz7Q" for i in range(len(calls))]), tools=tools
+        )
         parsed = parse_completion(tpl, ids, tools=tools)
         assert not parsed.errors, (parsed.errors, tpl.codec.decode(ids))
         got = [(c.name, c.arguments) for c in parsed.tool_calls]
         assert len(got) == len(calls) and all(g[0] == c[0] and same(g[1], c[1]) for g, c in zip(got, calls)), (
-            got, calls, tpl.codec.decode(ids))
+            got,
+            calls,
+            tpl.codec.decode(ids),
+        )
 
     run()

@@ -24,6 +24,7 @@ from tmpl.toolcalls import ParsedCompletion, ParseError, ToolCall, detect, parse
 from tmpl.toolcalls.detect import detect_with
 from tmpl.toolcalls.parsers.base import NAME_RE
 from tmpl.toolcalls.types import PARSE_ERROR_KINDS
+
 from .conftest import load_tokenizer
 from .test_toolcalls_roundtrip import _check_calls, _render, _rendering_templates
 from .toolcalls_data import CALLS, TOOLS, chat_template
@@ -80,8 +81,15 @@ def test_unlearnable_template_says_why(plugin_tpl):
 
 
 #: templates the learned parser alone must read (every JSON-call family; a floor, not the count)
-MUST_LEARN = {"qwen2.5-instruct", "qwen3", "llama-3.2-instruct", "mistral-nemo-instruct-2407",
-              "llama.cpp/NVIDIA-Nemotron-Nano-v2.jinja", "llama.cpp/MiniMax-M1.jinja", "llama.cpp/unsloth-Apriel-1.5.jinja"}
+MUST_LEARN = {
+    "qwen2.5-instruct",
+    "qwen3",
+    "llama-3.2-instruct",
+    "mistral-nemo-instruct-2407",
+    "llama.cpp/NVIDIA-Nemotron-Nano-v2.jinja",
+    "llama.cpp/MiniMax-M1.jinja",
+    "llama.cpp/unsloth-Apriel-1.5.jinja",
+}
 
 
 @pytest.mark.parametrize("key", _rendering_templates())
@@ -122,9 +130,30 @@ def test_learned_alone_count():
     assert MUST_LEARN <= set(learned)
 
 
-FRAGMENTS = ["<|plugin_calls|>", "<|end_plugin_calls|>", "[", "]", "{", "}", ",", ":", '"', "\n", " ",
-             '"tool"', '"params"', '"call_id"', '"get_weather"', '{"city": "Paris"}', "null", "3", "'x'",
-             '{"tool": "get_weather", "params": {"city": "Paris"}, "call_id": "a1"}', "<|im_end|>", "<tool_call>"]
+FRAGMENTS = [
+    "<|plugin_calls|>",
+    "<|end_plugin_calls|>",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    '"',
+    "\n",
+    " ",
+    '"tool"',
+    '"params"',
+    '"call_id"',
+    '"get_weather"',
+    '{"city": "Paris"}',
+    "null",
+    "3",
+    "'x'",
+    '{"tool": "get_weather", "params": {"city": "Paris"}, "call_id": "a1"}',
+    "<|im_end|>",
+    "<tool_call>",
+]
 
 
 def _well_formed(parsed) -> None:
@@ -137,8 +166,10 @@ def _well_formed(parsed) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_size=24),
-       noise=st.lists(st.integers(0, 151000), max_size=6))
+@given(
+    parts=st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_size=24),
+    noise=st.lists(st.integers(0, 151000), max_size=6),
+)
 def test_learned_parser_fuzz(plugin_tpl, parts, noise):
     """Whatever the tokens, the learned parser returns well-formed records and never raises."""
     parser = parser_for(plugin_tpl)

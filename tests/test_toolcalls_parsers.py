@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tmpl.toolcalls import ParseError, ToolCall, get_parser, parse_completion
+
 from .toolcalls_data import TOOLS, chat_template
 
 QWEN = "qwen3"
@@ -39,13 +40,19 @@ def kinds(parsed) -> list[str]:
 
 
 def test_hermes_whitespace_heavy_json():
-    p = parse(QWEN, '<tool_call>\n  {\n   "name" :  "get_weather" ,\n\t"arguments" : {  "city" :"Paris"  }  }  \n</tool_call><|im_end|>')
+    p = parse(
+        QWEN,
+        '<tool_call>\n  {\n   "name" :  "get_weather" ,\n\t"arguments" : {  "city" :"Paris"  }  }  \n</tool_call><|im_end|>',
+    )
     assert calls(p) == [("get_weather", {"city": "Paris"})] and not p.errors
     assert p.tool_calls[0].repairs == () and p.content == ""
 
 
 def test_hermes_single_quotes_and_python_literals():
-    p = parse(QWEN, "<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Paris', 'metric': True, 'x': None,}}</tool_call>")
+    p = parse(
+        QWEN,
+        "<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Paris', 'metric': True, 'x': None,}}</tool_call>",
+    )
     assert calls(p) == [("get_weather", {"city": "Paris", "metric": True, "x": None})]
     assert "python literal" in p.tool_calls[0].repairs
 
@@ -76,15 +83,21 @@ def test_hermes_two_calls_glued_together():
 
 
 def test_hermes_calls_inside_think_are_reasoning_never_calls():
-    p = parse(QWEN, '<think>\nMaybe <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>? No.\n</think>\n\nDone.<|im_end|>')
+    p = parse(
+        QWEN,
+        '<think>\nMaybe <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>? No.\n</think>\n\nDone.<|im_end|>',
+    )
     assert calls(p) == [] and not p.errors
     assert "rm_rf" in p.reasoning and p.content == "Done."
 
 
 def test_reasoning_opened_by_the_prompt_and_unclosed_reasoning():
     # Qwen3.5's generation prompt ends with <think>: the completion starts inside reasoning
-    p = parse(QWEN35, 'call <tool_call>\n<function=rm_rf>\n</function>\n</tool_call> maybe\n</think>\n\n'
-                      '<tool_call>\n<function=get_time>\n</function>\n</tool_call><|im_end|>')
+    p = parse(
+        QWEN35,
+        "call <tool_call>\n<function=rm_rf>\n</function>\n</tool_call> maybe\n</think>\n\n"
+        "<tool_call>\n<function=get_time>\n</function>\n</tool_call><|im_end|>",
+    )
     assert calls(p) == [("get_time", {})] and "rm_rf" in p.reasoning
     # reasoning cut off before </think>: nothing in it is a call
     p = parse(QWEN, '<think>I will call <tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
@@ -94,7 +107,14 @@ def test_reasoning_opened_by_the_prompt_and_unclosed_reasoning():
 def test_delimiter_text_written_as_ordinary_tokens_is_not_a_call():
     tpl = chat_template(QWEN)
     enc = tpl.codec.encode
-    ids = enc("Write ") + enc("<tool") + enc("_call>") + enc('{"name": "get_time", "arguments": {}}') + enc("</tool") + enc("_call>")
+    ids = (
+        enc("Write ")
+        + enc("<tool")
+        + enc("_call>")
+        + enc('{"name": "get_time", "arguments": {}}')
+        + enc("</tool")
+        + enc("_call>")
+    )
     assert tpl.codec.added_by_text["<tool_call>"] not in ids
     p = parse_completion(tpl, ids)
     assert calls(p) == [] and not p.errors
@@ -106,15 +126,22 @@ def test_hermes_argument_spellings():
     assert calls(p) == [("get_weather", {"city": "Paris"})] and "json in a string" in p.tool_calls[0].repairs
     p = parse(QWEN, '<tool_call>{"name": "get_weather", "parameters": {"city": "Paris"}}}</tool_call>')
     assert calls(p) == [("get_weather", {"city": "Paris"})] and "trailing text" in p.tool_calls[0].repairs
-    p = parse(QWEN, '<tool_call>{"name": "get_weather", "arguments": {"days": "3", "metric": "false"}}</tool_call>', tools=TOOLS)
+    p = parse(
+        QWEN,
+        '<tool_call>{"name": "get_weather", "arguments": {"days": "3", "metric": "false"}}</tool_call>',
+        tools=TOOLS,
+    )
     assert calls(p) == [("get_weather", {"days": 3, "metric": False})]
     assert "coerced days to integer" in p.tool_calls[0].repairs
 
 
 def test_hermes_unreadable_calls_are_errors_in_order():
-    p = parse(QWEN, '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>not json at all</tool_call>\n'
-                    '<tool_call>{"arguments": {"x": 1}}</tool_call>\n<tool_call>{"name": "bad name!", "arguments": {}}</tool_call>'
-                    '<tool_call>{"name": "b", "arguments": [1]}</tool_call>')
+    p = parse(
+        QWEN,
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>not json at all</tool_call>\n'
+        '<tool_call>{"arguments": {"x": 1}}</tool_call>\n<tool_call>{"name": "bad name!", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "b", "arguments": [1]}</tool_call>',
+    )
     assert calls(p) == [("a", {})]
     assert kinds(p) == ["bad_json", "missing_name", "malformed", "bad_json"]
     assert [type(x) for x in p.items] == [ToolCall, ParseError, ParseError, ParseError, ParseError]
@@ -139,33 +166,50 @@ def test_call_records_ids_spans_and_message():
     a, b = call.token_span
     assert tpl.codec.decode(ids[a:b]) == call.raw == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     msg = p.to_message()
-    assert msg == {"role": "assistant", "content": "Sure.", "tool_calls": [
-        {"id": call.id, "type": "function", "function": {"name": "get_time", "arguments": {}}}]}
-    assert parse(QWEN, "<think>hm</think>ok").to_message() == {"role": "assistant", "content": "ok", "reasoning_content": "hm"}
+    assert msg == {
+        "role": "assistant",
+        "content": "Sure.",
+        "tool_calls": [{"id": call.id, "type": "function", "function": {"name": "get_time", "arguments": {}}}],
+    }
+    assert parse(QWEN, "<think>hm</think>ok").to_message() == {
+        "role": "assistant",
+        "content": "ok",
+        "reasoning_content": "hm",
+    }
 
 
 # -- Qwen3-Coder / Qwen3.5 XML -------------------------------------------------------------------
 
 
 def test_qwen_xml_multiline_values_and_schema_types():
-    text = ("<tool_call>\n<function=search>\n<parameter=query>\nline one\nline two\n</parameter>\n"
-            "<parameter=filters>\n{\"n\": 2}\n</parameter>\n</function>\n</tool_call><|im_end|>")
+    text = (
+        "<tool_call>\n<function=search>\n<parameter=query>\nline one\nline two\n</parameter>\n"
+        '<parameter=filters>\n{"n": 2}\n</parameter>\n</function>\n</tool_call><|im_end|>'
+    )
     p = parse(CODER, text, tools=TOOLS)
     assert calls(p) == [("search", {"query": "line one\nline two", "filters": {"n": 2}})]
     # a string parameter stays text even when it looks like a number
-    p = parse(CODER, "<tool_call>\n<function=search>\n<parameter=query>\n42\n</parameter>\n</function>\n</tool_call>", tools=TOOLS)
+    p = parse(
+        CODER,
+        "<tool_call>\n<function=search>\n<parameter=query>\n42\n</parameter>\n</function>\n</tool_call>",
+        tools=TOOLS,
+    )
     assert calls(p) == [("search", {"query": "42"})]
 
 
 def test_qwen_xml_missing_closes():
-    p = parse(CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n3\n</function>\n</tool_call>", tools=TOOLS)
+    p = parse(
+        CODER,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n3\n</function>\n</tool_call>",
+        tools=TOOLS,
+    )
     assert calls(p) == [("get_weather", {"city": "Paris", "days": 3})]
     assert "missing </parameter>" in p.tool_calls[0].repairs
     p = parse(CODER, "<tool_call>\n<function=get_time>\n<|im_end|>")
     assert calls(p) == [("get_time", {})] and "missing </function>" in p.tool_calls[0].repairs
     p = parse(CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
     assert calls(p) == [] and kinds(p) == ["truncated"]
-    p = parse(CODER, "<tool_call>\n{\"name\": \"get_time\"}\n</tool_call>")
+    p = parse(CODER, '<tool_call>\n{"name": "get_time"}\n</tool_call>')
     assert calls(p) == [] and kinds(p) == ["malformed"]
 
 
@@ -194,8 +238,11 @@ def test_llama_text_mentioning_json_is_content():
 
 
 def test_mistral_json_list_with_ids_and_content():
-    p = parse(NEMO, 'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1B2c3D4e"}, '
-                    '{"name": "get_time", "arguments": {}, "id": "Z9y8X7w6v"}]</s>')
+    p = parse(
+        NEMO,
+        'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1B2c3D4e"}, '
+        '{"name": "get_time", "arguments": {}, "id": "Z9y8X7w6v"}]</s>',
+    )
     assert calls(p) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
     assert [c.id for c in p.tool_calls] == ["a1B2c3D4e", "Z9y8X7w6v"] and p.content == "Checking."
 
@@ -222,9 +269,11 @@ def test_mistral_malformed_and_truncated():
 
 
 def test_gemma4_values():
-    text = ('<|tool_call>call:search{filters:{lang:<|"|>fr<|"|>,n:2},query:<|"|>a "quoted", {braced} text<|"|>,'
-            'tags:[<|"|>a<|"|>,<|"|>b c<|"|>]}<tool_call|><|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3,'
-            'metric:false,ratio:-0.5}<tool_call|><|tool_response>')
+    text = (
+        '<|tool_call>call:search{filters:{lang:<|"|>fr<|"|>,n:2},query:<|"|>a "quoted", {braced} text<|"|>,'
+        'tags:[<|"|>a<|"|>,<|"|>b c<|"|>]}<tool_call|><|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3,'
+        "metric:false,ratio:-0.5}<tool_call|><|tool_response>"
+    )
     p = parse(GEMMA, text)
     assert calls(p) == [
         ("search", {"filters": {"lang": "fr", "n": 2}, "query": 'a "quoted", {braced} text', "tags": ["a", "b c"]}),
@@ -234,8 +283,11 @@ def test_gemma4_values():
 
 
 def test_gemma4_thinking_channel_missing_close_and_glued():
-    p = parse(GEMMA, '<|channel>thought\nI could <|tool_call>call:rm_rf{}<tool_call|>\n<channel|>'
-                     '<|tool_call>call:get_time{}<tool_call|>Done.<turn|>')
+    p = parse(
+        GEMMA,
+        "<|channel>thought\nI could <|tool_call>call:rm_rf{}<tool_call|>\n<channel|>"
+        "<|tool_call>call:get_time{}<tool_call|>Done.<turn|>",
+    )
     assert calls(p) == [("get_time", {})] and "rm_rf" in p.reasoning and p.content == "Done."
     assert not p.reasoning.startswith("thought")
     p = parse(GEMMA, "<|tool_call>call:get_time{}<turn|>")
@@ -258,8 +310,10 @@ def test_gemma4_malformed_and_truncated():
 
 def test_harmony_template_and_model_forms():
     template_form = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
-    model_form = ('<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
-                  'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')
+    model_form = (
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+    )
     for text in (template_form, model_form):
         p = parse(OSS, text)
         assert calls(p) == [("get_weather", {"city": "Paris"})] and not p.errors
@@ -267,14 +321,17 @@ def test_harmony_template_and_model_forms():
 
 
 def test_harmony_analysis_channel_is_never_a_call():
-    p = parse(OSS, '<|channel|>analysis to=functions.rm_rf<|message|>{}<|end|><|start|>assistant<|channel|>final'
-                   '<|message|>All done.<|return|>')
+    p = parse(
+        OSS,
+        "<|channel|>analysis to=functions.rm_rf<|message|>{}<|end|><|start|>assistant<|channel|>final"
+        "<|message|>All done.<|return|>",
+    )
     assert calls(p) == [] and not p.errors
     assert p.content == "All done." and p.reasoning == "{}"
 
 
 def test_harmony_missing_call_token_and_truncation():
-    p = parse(OSS, '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}')
+    p = parse(OSS, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}")
     assert calls(p) == [("get_time", {})] and p.tool_calls[0].repairs == ("no <|call|> after the arguments",)
     p = parse(OSS, '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa')
     assert calls(p) == [] and kinds(p) == ["truncated"]
@@ -286,11 +343,15 @@ def test_harmony_missing_call_token_and_truncation():
 
 
 def test_deepseek_v3_and_v31_forms():
-    v3 = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-          '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
-          "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
-    v31 = ('Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
-           "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
+    v3 = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
+        "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    )
+    v31 = (
+        'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
+        "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    )
     for text in (v3, v31):
         p = parse(DSV31, text)
         assert calls(p) == [("get_weather", {"city": "Paris"}), ("get_time", {})] and not p.errors
@@ -301,8 +362,11 @@ def test_deepseek_v3_and_v31_forms():
 
 
 def test_deepseek_think_missing_end_and_malformed():
-    p = parse(DSV31, "<think>try <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>rm_rf<｜tool▁sep｜>{}<｜tool▁call▁end｜></think>"
-                     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
+    p = parse(
+        DSV31,
+        "<think>try <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>rm_rf<｜tool▁sep｜>{}<｜tool▁call▁end｜></think>"
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+    )
     assert calls(p) == [("get_time", {})] and "rm_rf" in p.reasoning
     assert "missing close tag" in p.tool_calls[0].repairs
     p = parse(DSV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time{}<｜tool▁call▁end｜><｜end▁of▁sentence｜>")
@@ -315,8 +379,10 @@ def test_deepseek_think_missing_end_and_malformed():
 
 
 def test_glm4_pairs_missing_value_close_and_think():
-    text = ("<think>maybe <tool_call>rm_rf</tool_call></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
-            "<arg_value>Paris, \"FR\"</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>")
+    text = (
+        "<think>maybe <tool_call>rm_rf</tool_call></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        '<arg_value>Paris, "FR"</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>'
+    )
     p = parse(GLM, text, tools=TOOLS)
     assert calls(p) == [("get_weather", {"city": 'Paris, "FR"', "days": 3})] and "rm_rf" in p.reasoning
     p = parse(GLM, "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>cats\n</tool_call>", tools=TOOLS)
@@ -329,15 +395,23 @@ def test_glm4_pairs_missing_value_close_and_think():
 
 
 def test_kimi_pythonic_functionary_and_tagged_kin():
-    p = parse("llama.cpp/moonshotai-Kimi-K2.jinja",
-              '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
-              '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>')
+    p = parse(
+        "llama.cpp/moonshotai-Kimi-K2.jinja",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    )
     assert calls(p) == [("get_weather", {"city": "Paris"})] and p.tool_calls[0].id == "functions.get_weather:0"
-    p = parse("llama.cpp/LFM2.5-8B-A1B.jinja", "<|tool_call_start|>[get_weather(city='Paris', days=2), get_time()]<|tool_call_end|>")
+    p = parse(
+        "llama.cpp/LFM2.5-8B-A1B.jinja",
+        "<|tool_call_start|>[get_weather(city='Paris', days=2), get_time()]<|tool_call_end|>",
+    )
     assert calls(p) == [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {})]
     p = parse("llama.cpp/LFM2.5-8B-A1B.jinja", "<|tool_call_start|>[get_weather(__import__('os'))]<|tool_call_end|>")
     assert calls(p) == [] and kinds(p) == ["bad_json"]
-    p = parse("llama.cpp/meetkai-functionary-medium-v3.1.jinja", '<function=get_weather>{"city": "Paris"}</function><|eom_id|>')
+    p = parse(
+        "llama.cpp/meetkai-functionary-medium-v3.1.jinja",
+        '<function=get_weather>{"city": "Paris"}</function><|eom_id|>',
+    )
     assert calls(p) == [("get_weather", {"city": "Paris"})]
     p = parse("llama.cpp/unsloth-Apriel-1.5.jinja", '<tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls>')
     assert calls(p) == [("get_time", {})]
@@ -359,10 +433,12 @@ def test_functionary_v3_segments():
 
 def test_xml_invoke_dsml_and_minicpm():
     v4 = "llama.cpp/deepseek-ai-DeepSeek-V4.jinja"
-    text = ('Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
-            '<｜DSML｜parameter name="city" string="true">42</｜DSML｜parameter>\n'
-            '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
-            '</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>')
+    text = (
+        'Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">42</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"
+    )
     p = parse(v4, text)
     assert calls(p) == [("get_weather", {"city": "42", "days": 3})] and p.content == "Sure."
     p = parse(v4, '<｜DSML｜invoke name="get_time">\n<｜end▁of▁sentence｜>')
@@ -370,8 +446,12 @@ def test_xml_invoke_dsml_and_minicpm():
     p = parse(v4, '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Par')
     assert calls(p) == [] and kinds(p) == ["truncated"]
     cpm = "llama.cpp/openbmb-MiniCPM5-1B.jinja"
-    p = parse(cpm, '<function name="search"><param name="query"><![CDATA[a<b & c]]></param>'
-                   "<param name=\"filters\">{'n': 2}</param></function><|im_end|>", tools=TOOLS)
+    p = parse(
+        cpm,
+        '<function name="search"><param name="query"><![CDATA[a<b & c]]></param>'
+        "<param name=\"filters\">{'n': 2}</param></function><|im_end|>",
+        tools=TOOLS,
+    )
     assert calls(p) == [("search", {"query": "a<b & c", "filters": {"n": 2}})]
 
 
@@ -392,7 +472,10 @@ def test_parsers_on_both_twins(name, twin):
         "mistral": (NEMO, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]</s>'),
         "gemma4": (GEMMA, "<|tool_call>call:get_time{}<tool_call|>"),
         "harmony": (OSS, " to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"),
-        "deepseek_v3": (DSV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"),
+        "deepseek_v3": (
+            DSV31,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+        ),
     }
     key, text = samples[name]
     tpl = chat_template(key)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import catalog
 from tmpl.errors import TemplateRenderError
 from tmpl.toolcalls import detect, parse_completion
+
+from .conftest import catalog
 from .toolcalls_data import CALLS, FAMILIES, TOOLS, assistant_message, chat_template, completion_ids, same, template_ids
 
 CONTENT = "Checking that now."
@@ -21,8 +22,11 @@ REASONING = "TmPlThInKiNgAbOuT the weather"
 
 def _rendering_templates() -> list[str]:
     """Families, and catalog templates whose tool conversation visibly renders the call."""
-    return [k for k in template_ids() if k in FAMILIES or any(
-        e["template"] == "templates/" + k and e.get("tool_call_visible") for e in catalog())]
+    return [
+        k
+        for k in template_ids()
+        if k in FAMILIES or any(e["template"] == "templates/" + k and e.get("tool_call_visible") for e in catalog())
+    ]
 
 
 def _render(tpl, calls, **kwargs):
@@ -60,8 +64,11 @@ def test_round_trip(key):
     tpl = chat_template(key)
     found = detect(tpl)
     if found.how != "render":
-        reason = "renders no calls" if found.how == "vocabulary" or found.calls == 0 and "nothing" in found.detail else \
-            "writes calls in a format no parser reads"
+        reason = (
+            "renders no calls"
+            if found.how == "vocabulary" or found.calls == 0 and "nothing" in found.detail
+            else "writes calls in a format no parser reads"
+        )
         pytest.skip(f"{key}: the template {reason} ({found.detail[:80]})")
     checked = 0
     for k in (1, 2, 3):
@@ -74,7 +81,7 @@ def test_round_trip(key):
         parsed = parse_completion(tpl, ids, tools=TOOLS)
         _check_calls(parsed, calls, text, given)
         # no piece of a call leaks into the content (host-tokenizer turn markers may remain)
-        assert not any(s in parsed.content for s in ("get_weather", "Pa\"ris", "{", "café")), parsed.content
+        assert not any(s in parsed.content for s in ("get_weather", 'Pa"ris', "{", "café")), parsed.content
         # token spans cover each call's raw text, in order
         spans = [c.token_span for c in parsed.tool_calls]
         assert all(a < b for a, b in spans) and all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
@@ -123,7 +130,13 @@ def test_without_tools_values_keep_their_written_types():
 def test_families_cover_the_issue_formats():
     """Every format the issue lists is read back from some real template render."""
     formats = {detect(chat_template(k)).parser for k in FAMILIES if detect(chat_template(k)).how == "render"}
-    formats |= {detect(chat_template(k)).parser for k in (
-        "llama.cpp/Qwen3-Coder.jinja", "llama.cpp/GLM-4.6.jinja", "llama.cpp/deepseek-ai-DeepSeek-V3.1.jinja",
-        "llama.cpp/unsloth-mistral-Devstral-Small-2507.jinja")}
+    formats |= {
+        detect(chat_template(k)).parser
+        for k in (
+            "llama.cpp/Qwen3-Coder.jinja",
+            "llama.cpp/GLM-4.6.jinja",
+            "llama.cpp/deepseek-ai-DeepSeek-V3.1.jinja",
+            "llama.cpp/unsloth-mistral-Devstral-Small-2507.jinja",
+        )
+    }
     assert formats >= {"hermes", "qwen3_xml", "llama3_json", "mistral", "gemma4", "harmony", "deepseek_v3", "glm4"}

@@ -14,9 +14,9 @@ import pytest
 from transformers.utils import get_json_schema
 
 import tmpl
-from tmpl.toolcalls import parse_completion
 from tmpl.errors import ToolboxError, ToolSchemaError
-from tmpl.toolcalls import FAILURE_KINDS, ParseError, ToolCall
+from tmpl.toolcalls import FAILURE_KINDS, ParseError, ToolCall, parse_completion
+
 from .toolcalls_data import assistant_message, chat_template, completion_ids
 
 RELEASE = threading.Event()  # lets hung sync tools finish when the module's tests are done
@@ -109,17 +109,29 @@ def test_schemas_come_from_type_hints_and_docstrings():
 def test_results_errors_and_order_per_sample():
     box = tmpl.Toolbox([get_weather, search, nothing], timeout=5)
     samples = [
-        [call("get_weather", {"city": "Paris", "days": "2"}, "a1"), call("search", {"query": "cats", "limit": 2}, "a2"),
-         call("nothing", cid="a3")],
-        [call("get_weather", {"city": "Atlantis"}, "b1"), call("fly", {}, "b2"), call("get_weather", {"town": "x"}, "b3"),
-         ParseError("bad_json", "arguments are not valid JSON", raw="<tool_call>{", name="search", id="b4")],
+        [
+            call("get_weather", {"city": "Paris", "days": "2"}, "a1"),
+            call("search", {"query": "cats", "limit": 2}, "a2"),
+            call("nothing", cid="a3"),
+        ],
+        [
+            call("get_weather", {"city": "Atlantis"}, "b1"),
+            call("fly", {}, "b2"),
+            call("get_weather", {"town": "x"}, "b3"),
+            ParseError("bad_json", "arguments are not valid JSON", raw="<tool_call>{", name="search", id="b4"),
+        ],
         [],
     ]
     result = box.run_batch(samples)
     assert len(result) == 3 and result.stop == [False, False, False]
     first = result.messages[0]
     assert [m["tool_call_id"] for m in first] == ["a1", "a2", "a3"]
-    assert first[0] == {"role": "tool", "tool_call_id": "a1", "name": "get_weather", "content": "Paris: sunny for 2 day(s)"}
+    assert first[0] == {
+        "role": "tool",
+        "tool_call_id": "a1",
+        "name": "get_weather",
+        "content": "Paris: sunny for 2 day(s)",
+    }
     assert first[1]["content"] == '{"query": "cats", "results": ["r0", "r1"]}' and first[2]["content"] == ""
     second = [m["content"] for m in result.messages[1]]
     assert second[0] == "Error: get_weather raised ValueError: no such city"
@@ -209,12 +221,17 @@ def test_parsed_completions_run_end_to_end_into_suffix_ids():
     assert [c.name for c in parsed.tool_calls] == ["get_weather", "search"] and not parsed.errors
     result = box.run_batch([parsed])
     messages = result.messages[0]
-    assert [m["content"] for m in messages] == ["Paris: sunny for 2 day(s)", '{"query": "cats", "results": ["r0", "r1", "r2"]}']
+    assert [m["content"] for m in messages] == [
+        "Paris: sunny for 2 day(s)",
+        '{"query": "cats", "results": ["r0", "r1", "r2"]}',
+    ]
     assert [m["tool_call_id"] for m in messages] == [c.id for c in parsed.tool_calls]
     prompt = tpl.prompt_ids(history, tools=box.schemas)
     suffix = tpl.suffix_ids(messages, completion_ids=completion, tools=box.schemas)
     full = history + [parsed.to_message()] + messages
-    assert prompt + completion + suffix == tpl.codec.encode(tpl.render(full, tools=box.schemas, add_generation_prompt=True))
+    assert prompt + completion + suffix == tpl.codec.encode(
+        tpl.render(full, tools=box.schemas, add_generation_prompt=True)
+    )
 
 
 def test_misuse_is_a_typed_error():
@@ -241,11 +258,15 @@ def test_misuse_is_a_typed_error():
 
 def test_dict_calls_are_accepted():
     box = tmpl.Toolbox([get_weather])
-    result = box.run_batch([[
-        {"id": "x1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}},
-        {"name": "get_weather", "arguments": "{'city': "},
-        {"arguments": {}},
-    ]])
+    result = box.run_batch(
+        [
+            [
+                {"id": "x1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}},
+                {"name": "get_weather", "arguments": "{'city': "},
+                {"arguments": {}},
+            ]
+        ]
+    )
     contents = [m["content"] for m in result.messages[0]]
     assert contents[0] == "Lima: sunny for 1 day(s)" and result.messages[0][0]["tool_call_id"] == "x1"
     assert contents[1].startswith("Error: the tool call to 'get_weather' could not be read")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tmpl import _compat
 from tmpl.errors import LogprobError, TmplError, TokenIdError, TrajectoryClosedError
+
 from .trajectory_model import ABORTED, RUNNING, BadId, BadLogprob, Closed, Model, as_float32
 
 try:

@@ -69,8 +69,16 @@ def tpl():
 
 
 def rollout(tpl, llm, sampling, **kw):
-    return tmpl.Rollout(tpl, VLLM(llm), tools=[get_time, get_weather], max_turns=4, verify_every=1,
-                        sampling=sampling, progress=False, **kw)
+    return tmpl.Rollout(
+        tpl,
+        VLLM(llm),
+        tools=[get_time, get_weather],
+        max_turns=4,
+        verify_every=1,
+        sampling=sampling,
+        progress=False,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])

@@ -35,17 +35,33 @@ def free_port() -> int:
 
 def start_server(port: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(QWEN), "--host", "127.0.0.1",
-           "--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--seed", "0", *extra]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(QWEN),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        *extra,
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def wait_ready(proc: subprocess.Popen, url: str, deadline: float) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}: "
-                               f"{proc.stderr.read().decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"vLLM server {url} exited with {proc.returncode}: "
+                f"{proc.stderr.read().decode(errors='replace')[-2000:]}"
+            )
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
@@ -87,13 +103,22 @@ def tpl():
 
 def run(tpl, backend, n=2):
     # the budget fits the servers' --max-model-len 1024: a larger max_tokens is refused with HTTP 400
-    return tmpl.Rollout(tpl, backend, tools=[get_time, get_weather], max_turns=4, verify_every=1, max_length=1024,
-                        max_completion_length=512,
-                        sampling=Sampling(temperature=1.0, n=n, seed=5), progress=False).run(QUESTIONS)
+    return tmpl.Rollout(
+        tpl,
+        backend,
+        tools=[get_time, get_weather],
+        max_turns=4,
+        verify_every=1,
+        max_length=1024,
+        max_completion_length=512,
+        sampling=Sampling(temperature=1.0, n=n, seed=5),
+        progress=False,
+    ).run(QUESTIONS)
 
 
-@pytest.mark.parametrize("api, which", [("completions", "stock"), ("generate", "scale_out"),
-                                        ("completions", "scale_out")])
+@pytest.mark.parametrize(
+    "api, which", [("completions", "stock"), ("generate", "scale_out"), ("completions", "scale_out")]
+)
 def test_real_server_tool_rollouts_equal_full_renders(tpl, servers, api, which):
     results = run(tpl, VLLMServer(servers[which], api=api, timeout=120))
     assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import DATA, catalog, family_source, load_tokenizer
 from tmpl import ChatTemplate, _compat
+
+from .conftest import DATA, catalog, family_source, load_tokenizer
 
 #: Families whose tokenizer folder ships its own chat template.
 FAMILIES = (
@@ -64,12 +65,21 @@ def tool(name: str, properties: dict[str, Any], required: list[str] | None = Non
 TOOLS = [
     tool(
         "get_weather",
-        {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "ratio": {"type": "number"}},
+        {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "metric": {"type": "boolean"},
+            "ratio": {"type": "number"},
+        },
         ["city"],
     ),
     tool(
         "search",
-        {"query": {"type": "string"}, "filters": {"type": "object"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        {
+            "query": {"type": "string"},
+            "filters": {"type": "object"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
         ["query"],
     ),
     tool("get_time", {}),
@@ -83,15 +93,19 @@ CALLS = [
 ]
 
 
-def assistant_message(calls, *, content: str = "", reasoning: tuple[str, str] | None = None, ids=None,
-                      as_text: bool = False) -> dict:
+def assistant_message(
+    calls, *, content: str = "", reasoning: tuple[str, str] | None = None, ids=None, as_text: bool = False
+) -> dict:
     """An assistant message making ``calls``; ``as_text`` writes arguments as JSON text (OpenAI's wire format)."""
     msg: dict[str, Any] = {
         "role": "assistant",
         "content": content,
         "tool_calls": [
-            {"id": (ids[i] if ids else f"c{i}aBcDeFg"), "type": "function",
-             "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False) if as_text else a}}
+            {
+                "id": (ids[i] if ids else f"c{i}aBcDeFg"),
+                "type": "function",
+                "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False) if as_text else a},
+            }
             for i, (n, a) in enumerate(calls)
         ],
     }

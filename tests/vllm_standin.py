@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tmpl.backends.base import GenerationRequest, Sampling
 
-
 # -- a fake ``vllm`` module with the interface the adapter uses ----------------------------------
+
 
 @dataclass
 class Logprob:
@@ -44,24 +44,34 @@ class FakeLLM:
 
     def generate(self, prompts, sampling_params=None, use_tqdm=True):
         self.calls.append((prompts, sampling_params, use_tqdm))
-        requests = [_request(str(i), p["prompt_token_ids"], sp.kwargs) for i, (p, sp) in enumerate(zip(prompts, sampling_params))]
+        requests = [
+            _request(str(i), p["prompt_token_ids"], sp.kwargs)
+            for i, (p, sp) in enumerate(zip(prompts, sampling_params))
+        ]
         outputs = []
         for res in self.backend.generate_batch(requests):
             steps = [{t: Logprob(lp)} for t, lp in zip(res.token_ids, res.logprobs)]
-            completion = types.SimpleNamespace(token_ids=tuple(res.token_ids), logprobs=steps,
-                                               finish_reason=res.finish_reason, text="")
+            completion = types.SimpleNamespace(
+                token_ids=tuple(res.token_ids), logprobs=steps, finish_reason=res.finish_reason, text=""
+            )
             outputs.append(types.SimpleNamespace(outputs=[completion]))
         return outputs
 
 
 def _request(rid: str, ids, params: dict) -> GenerationRequest:
-    sampling = Sampling(temperature=params.get("temperature", 1.0), top_p=params.get("top_p", 1.0),
-                        top_k=params.get("top_k", 0) or 0, seed=params.get("seed"))
-    return GenerationRequest(rid, list(ids), int(params.get("max_tokens", 16)),
-                             frozenset(params.get("stop_token_ids") or ()), sampling)
+    sampling = Sampling(
+        temperature=params.get("temperature", 1.0),
+        top_p=params.get("top_p", 1.0),
+        top_k=params.get("top_k", 0) or 0,
+        seed=params.get("seed"),
+    )
+    return GenerationRequest(
+        rid, list(ids), int(params.get("max_tokens", 16)), frozenset(params.get("stop_token_ids") or ()), sampling
+    )
 
 
 # -- a local server speaking vLLM's HTTP JSON ---------------------------------------------------
+
 
 class StandinServer:
     """``POST /inference/v1/generate``, ``POST /v1/completions``, ``POST /abort_requests``.
@@ -105,14 +115,32 @@ class StandinServer:
                     req = _request(body["request_id"], body["token_ids"], body["sampling_params"])
                     [res] = server.backend.generate_batch([req])
                     content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(res.token_ids, res.logprobs)]
-                    return self._send(200, {"request_id": body["request_id"], "choices": [
-                        {"index": 0, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
-                         "logprobs": {"content": content}}]})
+                    return self._send(
+                        200,
+                        {
+                            "request_id": body["request_id"],
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "token_ids": res.token_ids,
+                                    "finish_reason": res.finish_reason,
+                                    "logprobs": {"content": content},
+                                }
+                            ],
+                        },
+                    )
                 if self.path == "/v1/completions":
                     req = _request("c", body["prompt"], body)
                     [res] = server.backend.generate_batch([req])
-                    choice = {"index": 0, "text": "", "finish_reason": res.finish_reason,
-                              "logprobs": {"token_logprobs": res.logprobs, "tokens": [f"token_id:{t}" for t in res.token_ids]}}
+                    choice = {
+                        "index": 0,
+                        "text": "",
+                        "finish_reason": res.finish_reason,
+                        "logprobs": {
+                            "token_logprobs": res.logprobs,
+                            "tokens": [f"token_id:{t}" for t in res.token_ids],
+                        },
+                    }
                     if body.get("return_token_ids"):
                         choice["token_ids"] = res.token_ids
                     return self._send(200, {"id": "cmpl-1", "object": "text_completion", "choices": [choice]})

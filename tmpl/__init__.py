@@ -16,8 +16,8 @@ True
 
 from __future__ import annotations
 
-from ._compat import NATIVE
 from . import backends, errors, export, report, templates, toolcalls
+from ._compat import NATIVE
 from .backends import Sampling
 from .chat_template import ChatTemplate
 from .errors import TmplError

@@ -28,6 +28,7 @@ from .suffix.engine import SuffixEngine
 
 Message = Mapping[str, Any]
 
+
 def resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None) -> tuple[str, str | None]:
     """Template text and, when it came from a file, the file's stem."""
     if chat_template is None:
@@ -90,7 +91,9 @@ class ChatTemplate:
     ) -> None:
         self.tokenizer = tokenizer
         self.template, stem = resolve_template(tokenizer, chat_template)
-        self.name = name or stem or os.path.basename(str(getattr(tokenizer, "name_or_path", "")).rstrip("/")) or "template"
+        self.name = (
+            name or stem or os.path.basename(str(getattr(tokenizer, "name_or_path", "")).rstrip("/")) or "template"
+        )
         self.template_kwargs = dict(template_kwargs)
         self.codec = codec_for(tokenizer)
         self.renderer = Renderer(tokenizer, self.template, name=self.name, template_kwargs=self.template_kwargs)

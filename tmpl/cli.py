@@ -68,12 +68,16 @@ def _replay(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r, drift, d in rows:
         shown = "not measured" if drift is None else str(drift).lower()
-        cause, where, ours, theirs = (d.cause.value, str(d.position), _cell(d.ours), _cell(d.rendered)) if d else ("",) * 4
+        cause, where, ours, theirs = (
+            (d.cause.value, str(d.position), _cell(d.ours), _cell(d.rendered)) if d else ("",) * 4
+        )
         print(f"| {r.index} | {r.sample} | {r.status.name} | {shown} | {cause} | {where} | {ours} | {theirs} |")
     measured = [d for _, drift, d in rows if drift is not None]
     counts = {c.value: sum(1 for d in measured if d is not None and d.cause is c) for c in DriftCause}
-    print(f"\n{len(rows)} samples, {len(measured)} measured, {sum(counts.values())} drifted: "
-          + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    print(
+        f"\n{len(rows)} samples, {len(measured)} measured, {sum(counts.values())} drifted: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    )
     return 0
 
 
@@ -92,8 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(run=_check)
     mat = sub.add_parser("matrix", help="report on many templates")
-    mat.add_argument("sources", nargs="*", help="catalog .json, model folders, .jinja files or folders of them "
-                                                "(none: the templates tmpl ships)")
+    mat.add_argument(
+        "sources",
+        nargs="*",
+        help="catalog .json, model folders, .jinja files or folders of them (none: the templates tmpl ships)",
+    )
     mat.add_argument("--format", choices=("md", "html", "json"), default="md")
     mat.add_argument("-o", "--output", help="write to this file instead of stdout")
     mat.add_argument("--tokenizer", help="tokenizer folder to render bare .jinja files with")

@@ -60,9 +60,7 @@ class Codec:
         self.atom_ids: frozenset[int] = frozenset(tid for tid, info in self.added.items() if info.atom)
         self.special_ids: frozenset[int] = frozenset(tid for tid, info in self.added.items() if info.special)
         #: atoms that can close a turn: not whitespace alone (Gemma's "\n" added tokens never close one)
-        self.close_ids: frozenset[int] = frozenset(
-            tid for tid in self.atom_ids if self.added[tid].content.strip()
-        )
+        self.close_ids: frozenset[int] = frozenset(tid for tid in self.atom_ids if self.added[tid].content.strip())
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self._hash: str | None = None
 

@@ -53,8 +53,16 @@ FORMAT = "tmpl.rollout.v1"
 
 _ARRAYS = {"prompt_ids": np.int32, "completion_ids": np.int32, "mask": np.uint8, "logprobs": np.float32}
 _REQUIRED = (
-    "prompt_ids", "completion_ids", "mask", "logprobs", "status", "reason", "messages", "spans",
-    "max_length", "max_completion_length",
+    "prompt_ids",
+    "completion_ids",
+    "mask",
+    "logprobs",
+    "status",
+    "reason",
+    "messages",
+    "spans",
+    "max_length",
+    "max_completion_length",
 )
 
 __all__ = ["FORMAT", "from_dataset", "from_jsonl", "from_records", "to_dataset", "to_jsonl", "to_records"]
@@ -62,8 +70,10 @@ __all__ = ["FORMAT", "from_dataset", "from_jsonl", "from_records", "to_dataset",
 
 # -- records ------------------------------------------------------------------------------------
 
-def to_records(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
-               ) -> list[dict[str, Any]]:
+
+def to_records(
+    results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
     """One plain dict per result (JSON-ready: lists, numbers, strings, None).
 
     >>> records = to_records(results, metrics=rollout.metrics)  # doctest: +SKIP
@@ -95,8 +105,9 @@ def to_records(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mappi
             "drift": r.drift,
             **_drift_fields(r.drift_detail),
             "messages": r.messages,
-            "spans": [{"kind": s[0], "turn": s[1], "message": s[2], "start": s[3], "end": s[4]}
-                      for s in state["spans"]],
+            "spans": [
+                {"kind": s[0], "turn": s[1], "message": s[2], "start": s[3], "end": s[4]} for s in state["spans"]
+            ],
             "max_length": state["max_length"],
             "max_completion_length": state["max_completion_length"],
             "vocab_size": state["vocab_size"],
@@ -159,18 +170,29 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
         messages = json.loads(messages)
     times = SampleTimes(**(record.get("times") or {}))
     return RolloutResult(
-        index=int(record.get("index", 0)), sample=int(record.get("sample", 0)), trajectory=traj, messages=messages,
-        turns=int(record.get("turns", 0)), tool_calls=int(record.get("tool_calls", 0)),
-        tool_failures=int(record.get("tool_failures", 0)), finish_reason=record.get("finish_reason", "stop"),
-        drift=record.get("drift"), times=times, drift_detail=_drift_detail(record, where),
+        index=int(record.get("index", 0)),
+        sample=int(record.get("sample", 0)),
+        trajectory=traj,
+        messages=messages,
+        turns=int(record.get("turns", 0)),
+        tool_calls=int(record.get("tool_calls", 0)),
+        tool_failures=int(record.get("tool_failures", 0)),
+        finish_reason=record.get("finish_reason", "stop"),
+        drift=record.get("drift"),
+        times=times,
+        drift_detail=_drift_detail(record, where),
         tool_failure_kinds={k: int(v) for k, v in (record.get("tool_failure_kinds") or {}).items() if v},
     )
 
 
 # -- JSON Lines ---------------------------------------------------------------------------------
 
-def to_jsonl(results: Iterable[RolloutResult], path: str | os.PathLike,
-             metrics: RolloutMetrics | Mapping[str, float] | None = None) -> Path:
+
+def to_jsonl(
+    results: Iterable[RolloutResult],
+    path: str | os.PathLike,
+    metrics: RolloutMetrics | Mapping[str, float] | None = None,
+) -> Path:
     """Write one JSON record per result to ``path`` (gzip-compressed when it ends with ``.gz``).
 
     >>> tmpl.export.to_jsonl(results, "rollouts.jsonl.gz", metrics=rollout.metrics)  # doctest: +SKIP
@@ -213,8 +235,10 @@ def _open(path: Path, mode: str) -> io.TextIOBase:
 
 # -- datasets ----------------------------------------------------------------------------------
 
-def to_dataset(results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
-               ) -> datasets.Dataset:
+
+def to_dataset(
+    results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
+) -> datasets.Dataset:
     """A ``datasets.Dataset`` with one row per result (``.to_parquet(path)`` saves it).
 
     Columns are the record fields; ``messages`` holds the conversation as a JSON string.
@@ -244,18 +268,35 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
     """Explicit column types: token arrays keep their widths, nullable columns do not depend on row 0."""
     V, S = datasets.Value, datasets.Sequence
     features = {
-        "format": V("string"), "index": V("int64"), "sample": V("int64"), "sample_id": V("string"),
-        "prompt_ids": S(V("int32")), "completion_ids": S(V("int32")), "mask": S(V("uint8")),
-        "logprobs": S(V("float32")), "status": V("string"), "reason": V("string"), "finish_reason": V("string"),
-        "turns": V("int64"), "tool_calls": V("int64"), "tool_failures": V("int64"), "drift": V("bool"),
+        "format": V("string"),
+        "index": V("int64"),
+        "sample": V("int64"),
+        "sample_id": V("string"),
+        "prompt_ids": S(V("int32")),
+        "completion_ids": S(V("int32")),
+        "mask": S(V("uint8")),
+        "logprobs": S(V("float32")),
+        "status": V("string"),
+        "reason": V("string"),
+        "finish_reason": V("string"),
+        "turns": V("int64"),
+        "tool_calls": V("int64"),
+        "tool_failures": V("int64"),
+        "drift": V("bool"),
         "tool_failure_kinds": {k: V("int64") for k in FAILURE_KINDS},
-        "drift_cause": V("string"), "drift_position": V("int64"), "drift_ours": V("string"),
+        "drift_cause": V("string"),
+        "drift_position": V("int64"),
+        "drift_ours": V("string"),
         "drift_rendered": V("string"),
         "messages": V("string"),
-        "spans": [{"kind": V("string"), "turn": V("int64"), "message": V("int64"), "start": V("int64"),
-                   "end": V("int64")}],
-        "max_length": V("int64"), "max_completion_length": V("int64"), "vocab_size": V("int64"),
-        "tokens_cut": V("int64"), "num_turns": V("int64"),
+        "spans": [
+            {"kind": V("string"), "turn": V("int64"), "message": V("int64"), "start": V("int64"), "end": V("int64")}
+        ],
+        "max_length": V("int64"),
+        "max_completion_length": V("int64"),
+        "vocab_size": V("int64"),
+        "tokens_cut": V("int64"),
+        "num_turns": V("int64"),
         "times": {k: V("float64") for k in first["times"]},
     }
     if "run_metrics" in first:
@@ -265,11 +306,16 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
 
 # -- helpers -----------------------------------------------------------------------------------
 
+
 def _drift_fields(detail: DriftDetail | None) -> dict[str, Any]:
     if detail is None:
         return {"drift_cause": None, "drift_position": None, "drift_ours": None, "drift_rendered": None}
-    return {"drift_cause": detail.cause.value, "drift_position": detail.position, "drift_ours": detail.ours,
-            "drift_rendered": detail.rendered}
+    return {
+        "drift_cause": detail.cause.value,
+        "drift_position": detail.position,
+        "drift_ours": detail.ours,
+        "drift_rendered": detail.rendered,
+    }
 
 
 def _drift_detail(record: Mapping[str, Any], where: str) -> DriftDetail | None:
@@ -277,8 +323,9 @@ def _drift_detail(record: Mapping[str, Any], where: str) -> DriftDetail | None:
     if cause is None:
         return None
     try:
-        return DriftDetail(DriftCause(cause), int(record["drift_position"]), record["drift_ours"],
-                           record["drift_rendered"])
+        return DriftDetail(
+            DriftCause(cause), int(record["drift_position"]), record["drift_ours"], record["drift_rendered"]
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise ExportError(where, f"unreadable drift detail (cause {cause!r}): {exc}") from None
 

@@ -37,8 +37,15 @@ class HTTPClient:
     ``timeout``: seconds for a whole request; ``connect_timeout``: seconds to open a connection.
     """
 
-    def __init__(self, *, timeout: float, max_connections: int = 256, connect_timeout: float = 10.0,
-                 headers: dict[str, str] | None = None, verify: Any = True) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        max_connections: int = 256,
+        connect_timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
+        verify: Any = True,
+    ) -> None:
         self.timeout = timeout
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
@@ -55,10 +62,12 @@ class HTTPClient:
             live = id(asyncio.get_running_loop())
             self._pools = {k: v for k, v in self._pools.items() if k[0] == live}  # pools of finished loops
             pool = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=self.max_connections,
-                                    max_keepalive_connections=self.max_connections),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections, max_keepalive_connections=self.max_connections
+                ),
                 timeout=httpx.Timeout(self.timeout, connect=min(self.connect_timeout, self.timeout)),
-                headers={"Accept": "application/json", **self.headers}, verify=self.verify,
+                headers={"Accept": "application/json", **self.headers},
+                verify=self.verify,
             )
             self._pools[key] = pool
         return pool
@@ -70,7 +79,9 @@ class HTTPClient:
         ``asyncio.TimeoutError`` when the request takes longer than the timeout.
         """
         httpx = _httpx()
-        extra = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
+        extra = (
+            {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
+        )
         try:
             response = await self._pool(url).post(url, json=payload, **extra)
         except httpx.TimeoutException as exc:

@@ -35,7 +35,7 @@ class Scripted(Backend):
         out = self.policy(req)
         if isinstance(out, GenerationResult):
             return out
-        ids, lps = (out if isinstance(out, tuple) else (out, None))
+        ids, lps = out if isinstance(out, tuple) else (out, None)
         ids = list(ids)
         lps = list(lps) if lps is not None else [self.logprob] * len(ids)
         end, reason = min(len(ids), req.max_tokens), "length"

@@ -87,8 +87,12 @@ class VLLMServer(Backend):
     def _payload(self, req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         params = sampling_kwargs(req)
         if self.api == "generate":
-            payload: dict[str, Any] = {"request_id": req.request_id, "token_ids": list(req.prompt_ids),
-                                       "sampling_params": params, "stream": False}
+            payload: dict[str, Any] = {
+                "request_id": req.request_id,
+                "token_ids": list(req.prompt_ids),
+                "sampling_params": params,
+                "stream": False,
+            }
             path = "/inference/v1/generate"
         else:
             params.pop("detokenize")
@@ -145,8 +149,7 @@ class VLLMServer(Backend):
             if ids is None:
                 return GenerationResult.failed(
                     req.request_id,
-                    f"{url}: the response has no token_ids (for api='completions', vLLM must support "
-                    "return_token_ids)",
+                    f"{url}: the response has no token_ids (for api='completions', vLLM must support return_token_ids)",
                 )
             ids = [int(t) for t in ids]
             if not lp:
@@ -160,8 +163,13 @@ class VLLMServer(Backend):
             reason = choice.get("finish_reason") or "stop"
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             return GenerationResult.failed(req.request_id, f"{url}: malformed response ({exc}): {str(body)[:200]}")
-        return GenerationResult(req.request_id, ids, logprobs, reason if reason in ("stop", "length", "abort") else "error",
-                                logprobs_mode=self.logprobs_mode)
+        return GenerationResult(
+            req.request_id,
+            ids,
+            logprobs,
+            reason if reason in ("stop", "length", "abort") else "error",
+            logprobs_mode=self.logprobs_mode,
+        )
 
     async def cancel(self, request_id: str) -> None:
         """Close the request's connection (vLLM aborts it) and, for the tokens API, abort it by id."""
@@ -179,8 +187,10 @@ class VLLMServer(Backend):
     @property
     def stats(self) -> list[dict[str, Any]]:
         """Per-server counts: in flight, completed, failures."""
-        return [{"url": s.url, "outstanding": s.outstanding, "completed": s.completed, "failures": s.failures}
-                for s in self.servers]
+        return [
+            {"url": s.url, "outstanding": s.outstanding, "completed": s.completed, "failures": s.failures}
+            for s in self.servers
+        ]
 
 
 def entry_token_id(entry: dict[str, Any]) -> int:
@@ -196,12 +206,14 @@ def entry_token_id(entry: dict[str, Any]) -> int:
         return int(entry["token_id"])
     token = str(entry.get("token", ""))
     if token.startswith("token_id:"):
-        return int(token[len("token_id:"):])
+        return int(token[len("token_id:") :])
     raise ValueError(f"a logprobs entry without a token id: {str(entry)[:80]}")
 
 
 def scale_out_hint(url: str, body: Any) -> str:
     """The error for a stock server refusing the tokens endpoint (no ``--enable-scale-out``)."""
-    return (f"{url}: HTTP 403 from /inference/v1/generate ({str(body)[:120]}): this server was started without "
-            "--enable-scale-out. Restart it with `python -m vllm.entrypoints.openai.api_server --model PATH "
-            "--enable-scale-out`, or use VLLMServer(..., api='completions'), which a stock server accepts.")
+    return (
+        f"{url}: HTTP 403 from /inference/v1/generate ({str(body)[:120]}): this server was started without "
+        "--enable-scale-out. Restart it with `python -m vllm.entrypoints.openai.api_server --model PATH "
+        "--enable-scale-out`, or use VLLMServer(..., api='completions'), which a stock server accepts."
+    )

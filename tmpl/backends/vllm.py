@@ -95,7 +95,7 @@ class VLLM(Backend):
         params = [sampling_params(**sampling_kwargs(r)) for r in requests]
         try:
             outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=self.use_tqdm)
-        except Exception as exc:  # the engine failed this batch: every request fails with the reason
+        except Exception as exc:  # noqa: BLE001 - the engine failed this batch: every request fails with the reason
             return [GenerationResult.failed(r.request_id, f"vLLM: {type(exc).__name__}: {exc}") for r in requests]
         results = []
         for req, out in zip(requests, outputs):

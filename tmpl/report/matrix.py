@@ -44,8 +44,12 @@ class Row:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "origin": self.origin, "error": self.error,
-                "report": self.report.to_dict() if self.report else None}
+        return {
+            "name": self.name,
+            "origin": self.origin,
+            "error": self.error,
+            "report": self.report.to_dict() if self.report else None,
+        }
 
 
 _TOKENIZERS: dict[str, Any] = {}
@@ -116,7 +120,9 @@ def sources_from_paths(paths: Sequence[str | Path], tokenizer: str | None = None
         elif path.is_dir() or path.suffix == ".jinja":
             files = sorted(path.glob("*.jinja")) if path.is_dir() else [path]
             if tokenizer is None:
-                raise TmplError(f"{path}: .jinja templates need --tokenizer (a folder with the tokenizer to render with)")
+                raise TmplError(
+                    f"{path}: .jinja templates need --tokenizer (a folder with the tokenizer to render with)"
+                )
             for f in files:
                 out.append(Source(f.name, lambda f=f: _template(tokenizer, f, f.name), f.name))
         else:
@@ -230,8 +236,9 @@ def to_html(rows: Sequence[Row], title: str = "tmpl compatibility matrix") -> st
                 cls = "skipped"
             tds.append(f'<td class="{cls}">{html.escape(cell)}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
-    return _HTML.format(title=html.escape(title), summary=html.escape(_summary(rows)), head=head,
-                        body="\n".join(body), n=len(rows))
+    return _HTML.format(
+        title=html.escape(title), summary=html.escape(_summary(rows)), head=head, body="\n".join(body), n=len(rows)
+    )
 
 
 _HTML = """<!DOCTYPE html>

@@ -26,8 +26,8 @@ from typing import Any
 from .. import templates as shipped
 from ..chat_template import ChatTemplate
 from ..errors import SpliceError, TmplError, UnsupportedTemplateError
-from ..toolcalls.api import parser_for
 from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
+from ..toolcalls.api import parser_for
 from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
 
 SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
@@ -109,13 +109,18 @@ class TemplateReport:
             f"- **several user turns: {self.verdicts['multi_user'].label}**",
             "",
             "## Tool support",
-            f"- plain conversation renders: {yn(self.plain_renders)}" + (f" ({self.plain_error})" if self.plain_error else ""),
-            f"- tool conversation renders: {yn(self.tool_renders)}" + (f" ({self.tool_error})" if self.tool_error else ""),
+            f"- plain conversation renders: {yn(self.plain_renders)}"
+            + (f" ({self.plain_error})" if self.plain_error else ""),
+            f"- tool conversation renders: {yn(self.tool_renders)}"
+            + (f" ({self.tool_error})" if self.tool_error else ""),
             f"- tool calls visible: {yn(self.calls_visible)}; tool results visible: {yn(self.results_visible)}",
             f"- parallel calls rendered: up to {self.max_parallel_calls}",
             f"- tool-call parser: {self.parser or 'none detected'}"
-            + (f" (no hand-written parser reads the calls; learned from the template's renders: {self.parser_syntax})"
-               if self.parser_syntax else ""),
+            + (
+                f" (no hand-written parser reads the calls; learned from the template's renders: {self.parser_syntax})"
+                if self.parser_syntax
+                else ""
+            ),
             "",
             "## Turn close",
             f"- plain turn closes with `{self.plain_close}`; tool-call turn with `{self.tool_close}`"
@@ -179,10 +184,13 @@ def _assistant_mask(tpl) -> bool:
     try:
         out = tpl.tokenizer.apply_chat_template(
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "TmPlMaSkEd"}],
-            chat_template=tpl.template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+            chat_template=tpl.template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
             **tpl.template_kwargs,
         )
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to render with a mask means no mask support
         return False
     ids, mask = out["input_ids"], out["assistant_masks"]
     picked = [i for i, m in zip(ids, mask) if m]
@@ -223,8 +231,8 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         with_gen = tpl.renderer.text([{"role": "user", "content": USER_SENTINEL}], add_generation_prompt=True)
         without = tpl.renderer.text([{"role": "user", "content": USER_SENTINEL}], add_generation_prompt=False)
         if with_gen.startswith(without):
-            gen_prompt = with_gen[len(without):]
-            gen_ids = codec.encode(with_gen)[len(codec.encode(without)):]
+            gen_prompt = with_gen[len(without) :]
+            gen_ids = codec.encode(with_gen)[len(codec.encode(without)) :]
     except TmplError:
         pass
 
@@ -241,8 +249,9 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
     if stability is None:
         from .stability import StabilityResult
 
-        stability = StabilityResult(checks={n: Check(ok=False, reason="not checked") for n in
-                                            ("tool_append", "assistant_kept", "user_append")})
+        stability = StabilityResult(
+            checks={n: Check(ok=False, reason="not checked") for n in ("tool_append", "assistant_kept", "user_append")}
+        )
     after_close = None
     if turns.tool is not None:  # the text right after the close, from a one-call render
         shapes = _tool_shapes(1)
@@ -251,7 +260,7 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
             text = tpl.renderer.text(history + [assistant] + results, tools=PROBE_TOOLSET, add_generation_prompt=True)
             close_end = text.find(turns.tool.close.text, text.find(arg_sentinel(0)))
             if close_end >= 0:
-                after = text[close_end + len(turns.tool.close.text):]
+                after = text[close_end + len(turns.tool.close.text) :]
                 after_close = after[: after.find(content_sentinel(0))] if content_sentinel(0) in after else after
         except TmplError:
             pass
@@ -289,8 +298,10 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         notes=notes,
     )
     if stability.date_injected:
-        notes.append("the template renders today's date: prompts rendered on different days differ "
-                     "(pass date_string= or a fixed template kwarg to pin it)")
+        notes.append(
+            "the template renders today's date: prompts rendered on different days differ "
+            "(pass date_string= or a fixed template kwarg to pin it)"
+        )
     if turns.plain is not None and turns.plain.tools_needed:
         notes.append("the template renders a plain conversation only when given a tools list")
     if frame is not None and not frame.calls_visible:
@@ -304,6 +315,7 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
 
 def judge(r: TemplateReport) -> dict[str, Verdict]:
     """Verdicts from the findings (pure function of the report)."""
+
     def base() -> Verdict | None:
         if r.splice_detail is not None:
             return Verdict(UNSAFE, f"the turn close is not a single token of this tokenizer, {r.splice_detail}")
@@ -341,7 +353,7 @@ def _try_shipped(tpl, report: TemplateReport) -> None:
 
 def _tail_after(text: str, marker: str) -> str | None:
     at = text.rfind(marker)
-    return text[at + len(marker):] if at >= 0 else None
+    return text[at + len(marker) :] if at >= 0 else None
 
 
 def renders_same_last_turn(original, candidate, max_calls: int = 2) -> bool:

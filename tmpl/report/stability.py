@@ -35,8 +35,11 @@ PROBE_TOOLSET = [
         "function": {
             "name": "get_weather",
             "description": "Current weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City"}},
-                           "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "City"}},
+                "required": ["city"],
+            },
         },
     },
     {
@@ -44,8 +47,11 @@ PROBE_TOOLSET = [
         "function": {
             "name": "search_web",
             "description": "Search the web.",
-            "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "Query"}},
-                           "required": ["query"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "Query"}},
+                "required": ["query"],
+            },
         },
     },
 ]
@@ -134,18 +140,20 @@ def conversations(max_calls: int, seed: int = 0, n: int = 6) -> list[dict[str, A
             history.append({"role": "system", "content": SYSTEM})
         history.append({"role": "user", "content": f"TmPlUsEr{j}: weather in Paris?"})
         if j % 3 == 2:
-            history += [_assistant(0, 9, rng, reasoning=True, content="Earlier answer."),
-                        {"role": "user", "content": "TmPlUsErAgAiN: and now?"}]
+            history += [
+                _assistant(0, 9, rng, reasoning=True, content="Earlier answer."),
+                {"role": "user", "content": "TmPlUsErAgAiN: and now?"},
+            ]
         reasoning = j % 2 == 0
         k = max(1, min(max_calls, 1 + j % 3))
         first = _assistant(k, 0, rng, reasoning)
-        cases.append({"history": history, "assistant": first, "results": _results(first, rng),
-                      "reasoning": reasoning})
+        cases.append({"history": history, "assistant": first, "results": _results(first, rng), "reasoning": reasoning})
         if j % 2 == 0:  # a second tool round on top of the first
             later = history + [first] + _results(first, rng)
             second = _assistant(1, 1, rng, reasoning)
-            cases.append({"history": later, "assistant": second, "results": _results(second, rng),
-                          "reasoning": reasoning})
+            cases.append(
+                {"history": later, "assistant": second, "results": _results(second, rng), "reasoning": reasoning}
+            )
     return cases
 
 
@@ -157,7 +165,7 @@ def _divergence(short: Sequence[int], long: Sequence[int]) -> int:
     return i
 
 
-def _classify(short_text: str, long_text: str, messages: Sequence[Mapping[str, Any]]) -> str:
+def _classify(short_text: str, long_text: str, messages: Sequence[Mapping[str, Any]]) -> str:  # noqa: ARG001
     """Why a shorter render is not a prefix of a longer one (best explanation)."""
     if REASONING in short_text and short_text.count(REASONING) > long_text.count(REASONING):
         return "thinking stripped from earlier turns"
@@ -231,8 +239,9 @@ class StabilityProber:
         if c.ok and at < len(prompt):
             c.ok = False
             c.reason = _classify(p_text, f_text, history)
-            c.counterexample = _counterexample(self.codec, list(history) + [assistant] + list(results), prompt, full,
-                                               at, "tool_append")
+            c.counterexample = _counterexample(
+                self.codec, list(history) + [assistant] + list(results), prompt, full, at, "tool_append"
+            )
         span = self._assistant_span(history, assistant)
         c = checks["assistant_kept"]
         c.cases += 1
@@ -240,9 +249,10 @@ class StabilityProber:
             a_text, alone = self._ids(list(history) + [assistant], False)
             c.ok = False
             c.reason = _classify(a_text, f_text, [assistant])
-            at2 = len(prompt) + _divergence(span, full[len(prompt):])
-            c.counterexample = _counterexample(self.codec, list(history) + [assistant] + list(results), alone, full,
-                                               at2, "assistant_kept")
+            at2 = len(prompt) + _divergence(span, full[len(prompt) :])
+            c.counterexample = _counterexample(
+                self.codec, list(history) + [assistant] + list(results), alone, full, at2, "assistant_kept"
+            )
         # a new user turn after a plain reply (with reasoning where the template renders it)
         reply = {"role": "assistant", "content": "Here is the answer."}
         if case["reasoning"]:

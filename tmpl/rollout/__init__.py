@@ -12,4 +12,13 @@ from .drift import DriftCause, DriftDetail, explain_drift
 from .loop import Rollout, RolloutResult
 from .metrics import RolloutMetrics, SampleTimes
 
-__all__ = ["DriftCause", "DriftDetail", "EndCode", "explain_drift", "Rollout", "RolloutMetrics", "RolloutResult", "SampleTimes"]
+__all__ = [
+    "DriftCause",
+    "DriftDetail",
+    "EndCode",
+    "explain_drift",
+    "Rollout",
+    "RolloutMetrics",
+    "RolloutResult",
+    "SampleTimes",
+]

@@ -62,8 +62,14 @@ _STATUS = {
         Status.TRUNCATED,
     ),
     **dict.fromkeys(
-        (EndCode.GENERATION_FAILED, EndCode.BACKEND_ABORTED, EndCode.NO_LOGPROBS, EndCode.SUFFIX_FAILED,
-         EndCode.VERIFY_FAILED, EndCode.CRASHED),
+        (
+            EndCode.GENERATION_FAILED,
+            EndCode.BACKEND_ABORTED,
+            EndCode.NO_LOGPROBS,
+            EndCode.SUFFIX_FAILED,
+            EndCode.VERIFY_FAILED,
+            EndCode.CRASHED,
+        ),
         Status.ABORTED,
     ),
 }

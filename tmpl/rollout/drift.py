@@ -27,10 +27,19 @@ _CONTEXT = 64
 #: tokens compared after the first difference to find where the two sides agree again
 _WINDOW = 256
 
-_REASONING_MARKERS = ("<think>", "</think>", "<|channel|>analysis", "<|start_thinking|>", "<|channel>thought",
-                      "[THINK]", "<reasoning>")
-_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2}|\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{4}|"
-                   r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{1,2},? \d{4})\b")
+_REASONING_MARKERS = (
+    "<think>",
+    "</think>",
+    "<|channel|>analysis",
+    "<|start_thinking|>",
+    "<|channel>thought",
+    "[THINK]",
+    "<reasoning>",
+)
+_DATE = re.compile(
+    r"\b(\d{4}-\d{2}-\d{2}|\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{4}|"
+    r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{1,2},? \d{4})\b"
+)
 
 
 class DriftCause(str, enum.Enum):
@@ -98,16 +107,27 @@ def explain_drift(tpl: Any, ours: list[int], rendered: list[int]) -> DriftDetail
     if p is None:
         return None
     a, b = ours[p : p + _WINDOW], rendered[p : p + _WINDOW]
-    match = next((m for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
-                  if m.size >= 3 or m.size == 0), None)
+    match = next(
+        (
+            m
+            for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
+            if m.size >= 3 or m.size == 0
+        ),
+        None,
+    )
     i, j = (match.a, match.b) if match is not None and match.size else (len(a), len(b))
     decode = tpl.codec.decode
     span_a, span_b = a[:i], b[:j]
     ours_text, rendered_text = decode(span_a), decode(span_b)
     start = max(0, p - _CONTEXT)
     before = decode(ours[start:p])
-    objects = _same_json(before, ours_text, decode(ours[p + i : p + i + _CONTEXT]),
-                         rendered_text, decode(rendered[p + j : p + j + _CONTEXT]))
+    objects = _same_json(
+        before,
+        ours_text,
+        decode(ours[p + i : p + i + _CONTEXT]),
+        rendered_text,
+        decode(rendered[p + j : p + j + _CONTEXT]),
+    )
     if objects is not None:  # show the whole object on both sides: a reordered key alone says little
         return DriftDetail(DriftCause.JSON_RESERIALIZED, p, *objects)
     return DriftDetail(_cause(tpl, span_a, span_b, ours_text, rendered_text), p, ours_text, rendered_text)
@@ -128,8 +148,7 @@ def _cause(tpl: Any, span_a: list[int], span_b: list[int], a: str, b: str) -> Dr
     return DriftCause.OTHER
 
 
-def _same_json(before: str, ours: str, ours_after: str, rendered: str, rendered_after: str
-               ) -> tuple[str, str] | None:
+def _same_json(before: str, ours: str, ours_after: str, rendered: str, rendered_after: str) -> tuple[str, str] | None:
     """Both texts of the JSON value that encloses the difference, when it is the same value written differently."""
     a = _enclosing_json(before + ours + ours_after, len(before))
     b = _enclosing_json(before + rendered + rendered_after, len(before))
@@ -154,8 +173,9 @@ def _enclosing_json(text: str, offset: int) -> tuple[Any, str] | None:
     return None
 
 
-def rerender_drift(tpl: Any, messages: list[dict[str, Any]], ids: list[int], tools: Any = None
-                   ) -> tuple[bool | None, DriftDetail | None]:
+def rerender_drift(
+    tpl: Any, messages: list[dict[str, Any]], ids: list[int], tools: Any = None
+) -> tuple[bool | None, DriftDetail | None]:
     """Re-render ``messages`` with the template and explain how the result differs from ``ids``.
 
     Returns ``(drift, detail)``: ``(None, None)`` when the template cannot render the messages.

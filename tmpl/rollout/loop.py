@@ -30,13 +30,13 @@ from ..backends.base import Backend, GenerationRequest, Sampling
 from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
+from ..toolcalls.api import parse_completion, parser_for
+from ..trajectory.types import Span, Status
 from .codes import EndCode
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
 from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
 from .timing import PhaseClock
-from ..toolcalls.api import parse_completion, parser_for
-from ..trajectory.types import Span, Status
 
 
 @dataclass
@@ -102,10 +102,16 @@ class RolloutResult:
         """Per-sample numbers: turns, tool calls and failures, tokens, drift, seconds by phase."""
         generated = int(self.mask.sum())
         return {
-            "status": self.status.name, "reason": self.reason, "turns": self.turns, "attempts": self.attempts,
-            "tool_calls": self.tool_calls, "tool_failures": self.tool_failures,
-            "tokens_generated": generated, "tokens_appended": len(self.mask) - generated,
-            "drift": self.drift, "drift_cause": self.drift_detail.cause.value if self.drift_detail else None,
+            "status": self.status.name,
+            "reason": self.reason,
+            "turns": self.turns,
+            "attempts": self.attempts,
+            "tool_calls": self.tool_calls,
+            "tool_failures": self.tool_failures,
+            "tokens_generated": generated,
+            "tokens_appended": len(self.mask) - generated,
+            "drift": self.drift,
+            "drift_cause": self.drift_detail.cause.value if self.drift_detail else None,
             "finish_reason": self.finish_reason,
             **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
         }
@@ -198,7 +204,7 @@ class Rollout:
                 for attempt in range(self.sample_retries + 1):
                     try:
                         result = await self._sample(i, s, conversations[i], prompts[i], scheduler, traj, attempt)
-                    except Exception as exc:  # one sample's failure must not take the batch down
+                    except Exception as exc:  # noqa: BLE001 - one sample's failure must not take the batch down
                         result = self._crashed(i, s, conversations[i], prompts[i], traj, exc)
                     traj = result.trajectory
                     if result.code is None or not result.code.retryable:
@@ -216,14 +222,25 @@ class Rollout:
             if bar is not None:
                 bar.close()
         self.metrics = RolloutMetrics.from_results(
-            results, wall_time=time.perf_counter() - start, engine_time=scheduler.engine_time,
-            batches=scheduler.batches, tokenize_time=setup.tokenize,
+            results,
+            wall_time=time.perf_counter() - start,
+            engine_time=scheduler.engine_time,
+            batches=scheduler.batches,
+            tokenize_time=setup.tokenize,
         )
         return results
 
     # -- one sample -----------------------------------------------------------------------
-    async def _sample(self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int],
-                      scheduler: Scheduler, traj: Any = None, attempt: int = 0) -> RolloutResult:
+    async def _sample(
+        self,
+        i: int,
+        s: int,
+        conversation: Sequence[Mapping[str, Any]],
+        prompt: list[int],
+        scheduler: Scheduler,
+        traj: Any = None,
+        attempt: int = 0,
+    ) -> RolloutResult:
         if traj is None:
             traj = self._trajectory(i, s, prompt)
         else:
@@ -238,19 +255,32 @@ class Rollout:
         if run.code is None:  # pragma: no cover - every turn that stops sets a code
             run.end(EndCode.FINISHED)
         drift, detail = self._measure_drift(run)
-        return RolloutResult(i, s, traj, run.history, run.turns, run.calls, run.failures, run.finish, drift,
-                             run.times, code=run.code, drift_detail=detail, tool_failure_kinds=run.failure_kinds)
+        return RolloutResult(
+            i,
+            s,
+            traj,
+            run.history,
+            run.turns,
+            run.calls,
+            run.failures,
+            run.finish,
+            drift,
+            run.times,
+            code=run.code,
+            drift_detail=detail,
+            tool_failure_kinds=run.failure_kinds,
+        )
 
-    async def _turn(self, run: _SampleRun, turn: int, sampling: Sampling, scheduler: Scheduler,
-                    attempt: int) -> bool:
+    async def _turn(self, run: _SampleRun, turn: int, sampling: Sampling, scheduler: Scheduler, attempt: int) -> bool:
         """One generation and, when it called tools, one tool round. False once the sample ended."""
         traj, tpl = run.traj, self.tpl
         budget = traj.max_new_tokens(self.max_tokens_per_turn)
         if budget <= 0:
             return run.end(EndCode.NO_BUDGET, "no token budget left for another turn")
         rid = f"{run.index}-{run.sample}-{turn}" + (f"-r{attempt}" if attempt else "")
-        result = await scheduler.generate(GenerationRequest(rid, list(run.sequence), budget, tpl.stop_token_ids,
-                                                            sampling))
+        result = await scheduler.generate(
+            GenerationRequest(rid, list(run.sequence), budget, tpl.stop_token_ids, sampling)
+        )
         run.turns += 1
         run.finish = result.finish_reason
         if result.finish_reason == "error":
@@ -274,8 +304,9 @@ class Rollout:
             return run.end(EndCode.MAX_TURNS, f"reached max_turns={self.max_turns} with tool calls pending")
         return await self._tool_round(run, parsed, assistant, result.token_ids, scheduler)
 
-    async def _tool_round(self, run: _SampleRun, parsed: Any, assistant: dict[str, Any],
-                          completion: list[int], scheduler: Scheduler) -> bool:
+    async def _tool_round(
+        self, run: _SampleRun, parsed: Any, assistant: dict[str, Any], completion: list[int], scheduler: Scheduler
+    ) -> bool:
         """Run the calls of one completion and append their exact suffix. False once the sample ended."""
         assert self.toolbox is not None
         with scheduler.working(), run.clock("tools"):
@@ -287,8 +318,9 @@ class Rollout:
         before = run.history[:-1]  # the messages before the assistant turn
         with run.clock("suffix"):
             try:
-                suffix = self.tpl.suffix_ids(tool_messages, completion_ids=completion, tools=self.tool_schemas,
-                                             history=before)
+                suffix = self.tpl.suffix_ids(
+                    tool_messages, completion_ids=completion, tools=self.tool_schemas, history=before
+                )
             except TmplError as exc:
                 run.history += tool_messages
                 return run.end(EndCode.SUFFIX_FAILED, f"cannot build the tool suffix: {exc}")
@@ -307,11 +339,17 @@ class Rollout:
         return True
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Any:
-        return _compat.builder.Trajectory(prompt, self.max_length, self.max_completion_length,
-                                          vocab_size=self.tpl.codec.vocab_size, sample_id=f"{i}/{s}")
+        return _compat.builder.Trajectory(
+            prompt,
+            self.max_length,
+            self.max_completion_length,
+            vocab_size=self.tpl.codec.vocab_size,
+            sample_id=f"{i}/{s}",
+        )
 
-    def _crashed(self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int], traj: Any,
-                 exc: Exception) -> RolloutResult:
+    def _crashed(
+        self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int], traj: Any, exc: Exception
+    ) -> RolloutResult:
         """An unexpected error in one sample: the sample is ABORTED with the error as its reason."""
         if traj is None:
             traj = self._trajectory(i, s, prompt)
@@ -337,8 +375,9 @@ class Rollout:
         if self._suffix_count % self.verify_every:
             return True
         try:
-            text = self.tpl.renderer.text(history + [assistant] + tool_messages, tools=self.tool_schemas,
-                                          add_generation_prompt=True)
+            text = self.tpl.renderer.text(
+                history + [assistant] + tool_messages, tools=self.tool_schemas, add_generation_prompt=True
+            )
         except TmplError:
             return True  # the template cannot render it: nothing to compare with
         full = self.tpl.codec.encode(text)
@@ -363,8 +402,21 @@ class _Setup:
 class _SampleRun:
     """The running state of one sample: its trajectory, messages, engine input, counters and clock."""
 
-    __slots__ = ("index", "sample", "traj", "history", "sequence", "times", "clock", "calls", "failures",
-                 "turns", "finish", "code", "failure_kinds")
+    __slots__ = (
+        "index",
+        "sample",
+        "traj",
+        "history",
+        "sequence",
+        "times",
+        "clock",
+        "calls",
+        "failures",
+        "turns",
+        "finish",
+        "code",
+        "failure_kinds",
+    )
 
     def __init__(self, index: int, sample: int, traj: Any, history: list[dict[str, Any]], sequence: list[int]):
         self.index, self.sample, self.traj = index, sample, traj

@@ -63,11 +63,18 @@ class RolloutMetrics:
         return self.drift_samples / self.drift_measured if self.drift_measured else 0.0
 
     @classmethod
-    def from_results(cls, results: Sequence[Any], *, wall_time: float, engine_time: float, batches: int,
-                     tokenize_time: float = 0.0) -> RolloutMetrics:
+    def from_results(
+        cls, results: Sequence[Any], *, wall_time: float, engine_time: float, batches: int, tokenize_time: float = 0.0
+    ) -> RolloutMetrics:
         m = cls(samples=len(results), wall_time=wall_time, engine_time=engine_time, batches=batches)
-        outside = {"tokenize": tokenize_time, "parse": 0.0, "tools": 0.0, "suffix": 0.0, "bookkeeping": 0.0,
-                   "drift": 0.0}
+        outside = {
+            "tokenize": tokenize_time,
+            "parse": 0.0,
+            "tools": 0.0,
+            "suffix": 0.0,
+            "bookkeeping": 0.0,
+            "drift": 0.0,
+        }
         for r in results:
             status = r.status.name
             if status == "DONE":
@@ -107,9 +114,23 @@ class RolloutMetrics:
     def as_dict(self, prefix: str = "rollout/") -> dict[str, float]:
         """Flat numbers for a logger (wandb, tensorboard)."""
         out: dict[str, float] = {}
-        for k in ("samples", "done", "truncated", "aborted", "turns_mean", "turns_max", "tool_calls",
-                  "tool_failures", "tokens_generated", "tokens_appended", "batches", "wall_time", "engine_time",
-                  "drift_measured", "drift_samples"):
+        for k in (
+            "samples",
+            "done",
+            "truncated",
+            "aborted",
+            "turns_mean",
+            "turns_max",
+            "tool_calls",
+            "tool_failures",
+            "tokens_generated",
+            "tokens_appended",
+            "batches",
+            "wall_time",
+            "engine_time",
+            "drift_measured",
+            "drift_samples",
+        ):
             out[prefix + k] = float(getattr(self, k))
         out[prefix + "drift_rate"] = self.drift_rate
         for k, v in self.outside.items():
@@ -137,8 +158,19 @@ class RolloutMetrics:
         from .drift import DriftCause
 
         out: dict[str, float] = {}
-        for k in ("samples", "done", "truncated", "aborted", "turns_mean", "turns_max", "tool_calls",
-                  "tool_failures", "tokens_generated", "tokens_appended", "batches"):
+        for k in (
+            "samples",
+            "done",
+            "truncated",
+            "aborted",
+            "turns_mean",
+            "turns_max",
+            "tool_calls",
+            "tool_failures",
+            "tokens_generated",
+            "tokens_appended",
+            "batches",
+        ):
             out[prefix + k] = float(getattr(self, k))
         out[prefix + "drift/measured"] = float(self.drift_measured)
         out[prefix + "drift/rate"] = self.drift_rate
@@ -165,6 +197,10 @@ class RolloutMetrics:
             f"{self.tool_failures} failed; {self.tokens_generated} tokens generated, {self.tokens_appended} appended; "
             f"{self.wall_time:.2f} s wall, {self.engine_time:.2f} s in the engine, {outside:.2f} s outside it "
             f"(summed over samples); drift: {self.drift_samples}/{self.drift_measured} samples would have changed "
-            "IDs if re-rendered" + (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.drift_causes.items())) + ")"
-                                    if self.drift_causes else "")
+            "IDs if re-rendered"
+            + (
+                " (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.drift_causes.items())) + ")"
+                if self.drift_causes
+                else ""
+            )
         )

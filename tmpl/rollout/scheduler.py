@@ -114,7 +114,7 @@ class Scheduler:
                 results = await asyncio.to_thread(self.backend.generate_batch, requests)
             else:
                 results = self.backend.generate_batch(requests)
-        except Exception as exc:  # the engine failed the whole batch: every request fails with why
+        except Exception as exc:  # noqa: BLE001 - the engine failed the whole batch: every request fails with why
             results = [GenerationResult.failed(r.request_id, f"{type(exc).__name__}: {exc}") for r in requests]
         finally:
             self._leave()

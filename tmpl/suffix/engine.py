@@ -76,9 +76,7 @@ class SuffixEngine:
         memo = self._tools_memo.get(id(tools))
         if memo is not None and memo[0] is tools:
             return memo[1]
-        digest = hashlib.sha1(
-            json.dumps(_schemas(tools), sort_keys=True, default=str).encode("utf-8")
-        ).hexdigest()
+        digest = hashlib.sha1(json.dumps(_schemas(tools), sort_keys=True, default=str).encode("utf-8")).hexdigest()
         if len(self._tools_memo) > 256:
             self._tools_memo.clear()
         self._tools_memo[id(tools)] = (tools, digest)

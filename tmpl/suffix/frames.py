@@ -24,6 +24,7 @@ from typing import Any
 from .. import _compat
 from ..codec import Codec
 from ..errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
+from ..render import Renderer
 from .probe import (
     PROBE_TOOL_NAME,
     USER_SENTINEL,
@@ -36,7 +37,6 @@ from .probe import (
     dummy_tool_turn,
     find_close,
 )
-from ..render import Renderer
 
 #: Transforms a template may apply to a tool content, tried in this order.
 TRANSFORMS: dict[str, Callable[[str], str]] = {
@@ -51,7 +51,7 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
 HARD_CONTENTS: dict[str, tuple[str, ...]] = {
     "plain": (
         "Result: 21.5 C, sunny; humidity 40%",
-        "He said \"hi\" \\ 'ok' \\\" \\\\n end",
+        'He said "hi" \\ \'ok\' \\" \\\\n end',
         "unicode: é ñ 漢字 🙂 ∑ ß Ωmega",
         '{"nested": {"a": [1, 2.5, null, true]}, "s": "x\\"y", "u": "é"}',
         "line1\nline2\n\n\tindented\r\nwindows",
@@ -104,9 +104,7 @@ class DynamicRun:
         self.head = head
         self.rest = tuple(pieces)
         self.single = (
-            (pieces[0], "".join(p for p in pieces[1:]))
-            if pieces and all(type(p) is str for p in pieces[1:])
-            else None
+            (pieces[0], "".join(p for p in pieces[1:])) if pieces and all(type(p) is str for p in pieces[1:]) else None
         )
 
     def text(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
@@ -384,8 +382,10 @@ class FrameBuilder:
         """Re-render the dummy turn after other histories; the suffix text must not change."""
         cids = [call_id(0, i) if has else None for i, has in enumerate(frame.id_slots)]
         _, assistant, tool_msgs = dummy_tool_turn(shapes, [content_sentinel(i) for i in range(frame.k)], cids)
-        prior_call = {"type": "function", "function": {"name": shapes[0].get("name") or PROBE_TOOL_NAME,
-                                                       "arguments": {"tmpl_probe": "TmPlPrIoRaRg"}}}
+        prior_call = {
+            "type": "function",
+            "function": {"name": shapes[0].get("name") or PROBE_TOOL_NAME, "arguments": {"tmpl_probe": "TmPlPrIoRaRg"}},
+        }
         prior_result = {k: v for k, v in shapes[0].items() if k not in ("content", "tool_call_id")}
         prior_result["content"] = "TmPlPrIoRrEsUlT"
         if frame.id_slots[0]:
@@ -399,19 +399,25 @@ class FrameBuilder:
                 user,
             ],
             "an earlier tool round": [
-                user, {"role": "assistant", "content": "", "tool_calls": [prior_call]}, prior_result,
+                user,
+                {"role": "assistant", "content": "", "tool_calls": [prior_call]},
+                prior_result,
             ],
             "a system message and an earlier tool round": [
                 {"role": "system", "content": "TmPlSyStEmPrOmPt"},
-                user, {"role": "assistant", "content": "", "tool_calls": [prior_call]}, prior_result,
+                user,
+                {"role": "assistant", "content": "", "tool_calls": [prior_call]},
+                prior_result,
             ],
         }
         anchors = [arg_sentinel(i) for i in range(frame.k)]
         for label, history in alternatives.items():
             try:
                 text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
-                prompt = None if frame.calls_visible else self.renderer.text(
-                    history, tools=tools, add_generation_prompt=True
+                prompt = (
+                    None
+                    if frame.calls_visible
+                    else self.renderer.text(history, tools=tools, add_generation_prompt=True)
                 )
             except TemplateRenderError:
                 continue  # the template refuses that history: nothing to compare

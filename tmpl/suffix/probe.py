@@ -117,8 +117,16 @@ def _tokens_from(offsets: Sequence[tuple[int, int]], char_pos: int) -> int:
     return len(offsets)
 
 
-def find_close(codec: Codec, name: str, full_text: str, anchors: Sequence[str], close_id: int, *,
-               after: str = USER_SENTINEL, prompt_text: str | None = None) -> Close:
+def find_close(
+    codec: Codec,
+    name: str,
+    full_text: str,
+    anchors: Sequence[str],
+    close_id: int,
+    *,
+    after: str = USER_SENTINEL,
+    prompt_text: str | None = None,
+) -> Close:
     """Locate a close already known by its token (the template-level tool close) in ``full_text``:
     its first occurrence after the assistant's last anchor (or after the generation prompt)."""
     ids, offsets = codec.encode_with_offsets(full_text)
@@ -202,11 +210,7 @@ def locate_close(
             alone_ids, alone_offsets = codec.encode_with_offsets(alone_text)
             t_alone = _tokens_from(alone_offsets, a_alone)
             n = 0
-            while (
-                t_full + n < len(ids)
-                and t_alone + n < len(alone_ids)
-                and ids[t_full + n] == alone_ids[t_alone + n]
-            ):
+            while t_full + n < len(ids) and t_alone + n < len(alone_ids) and ids[t_full + n] == alone_ids[t_alone + n]:
                 n += 1
             shared = [t for t in range(t_full, t_full + n) if closing(ids[t])]
             if n:
@@ -285,7 +289,7 @@ class TurnInfo:
     tool_error: Exception | None
 
 
-def _trained_stop(codec: Codec, alone: str, close: Close, inside: set[int], start: int) -> int | None:
+def _trained_stop(codec: Codec, alone: str, close: Close, inside: set[int], start: int) -> int | None:  # noqa: ARG001
     """The token that ends the turn in the assistant-last render (the training target)."""
     ids, offsets = codec.encode_with_offsets(alone)
     cands = [t for t, (s, e) in enumerate(offsets) if s >= start and e > s and ids[t] in codec.close_ids]
@@ -308,7 +312,10 @@ def dummy_tool_turn(
     calls, tools_out = [], []
     for i, (shape, content, cid) in enumerate(zip(shapes, contents, ids)):
         name = shape.get("name") or PROBE_TOOL_NAME
-        call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": {"tmpl_probe": arg_sentinel(i)}}}
+        call: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": name, "arguments": {"tmpl_probe": arg_sentinel(i)}},
+        }
         msg = {k: v for k, v in shape.items() if k not in ("content", "tool_call_id")}
         if cid is not None:
             call["id"] = cid
@@ -383,7 +390,9 @@ def probe_tool_turn(renderer: Renderer, codec: Codec, k: int = 2) -> TurnProbe:
             shapes, [content_sentinel(i) for i in range(n)], [call_id(0, i) for i in range(n)]
         )
         try:
-            probe = _turn(renderer, codec, history, assistant, tool_msgs, [arg_sentinel(i) for i in range(n)], PROBE_TOOLS)
+            probe = _turn(
+                renderer, codec, history, assistant, tool_msgs, [arg_sentinel(i) for i in range(n)], PROBE_TOOLS
+            )
         except (TemplateRenderError, UnsupportedTemplateError) as exc:
             last_error = exc
             continue

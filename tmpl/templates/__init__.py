@@ -23,7 +23,6 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TemplateMetadataError, UnknownTemplateError

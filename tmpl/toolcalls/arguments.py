@@ -155,7 +155,7 @@ def _guess_text(value: str) -> Any:
     text = value.strip()
     if text in _PY_WORDS:  # Jinja writes Python's spelling of booleans and None with `| string`
         return _PY_WORDS[text]
-    if not text or text[0] not in '-0123456789tfn{[':
+    if not text or text[0] not in "-0123456789tfn{[":
         return value
     try:
         parsed = json.loads(text)
@@ -176,7 +176,9 @@ def _coerce(value: Any, schema: Any, path: str, repairs: list[str], text_values:
         ok, converted = _from_text(value, types)
         if ok:
             repairs.append(f"coerced {path} to {'/'.join(t for t in types if t != 'null') or 'null'}")
-            return _coerce(converted, schema, path, repairs, False) if isinstance(converted, (dict, list)) else converted
+            return (
+                _coerce(converted, schema, path, repairs, False) if isinstance(converted, (dict, list)) else converted
+            )
         return value
     if isinstance(value, bool):
         return value

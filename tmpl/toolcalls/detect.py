@@ -140,8 +140,14 @@ def detect_with(renderer: Renderer, codec: Codec, *, hand_written: bool = True, 
             "role": "assistant",
             "content": "",
             "tool_calls": [  # some templates want arguments as a JSON string (OpenAI's wire format)
-                {"id": call_id(7, i), "type": "function",
-                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]}}
+                {
+                    "id": call_id(7, i),
+                    "type": "function",
+                    "function": {
+                        "name": c["name"],
+                        "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"],
+                    },
+                }
                 for i, c in enumerate(calls)
             ],
         }
@@ -160,28 +166,45 @@ def detect_with(renderer: Renderer, codec: Codec, *, hand_written: bool = True, 
         for name in PARSERS if hand_written else ():
             try:
                 parsed = get_parser(name, codec).parse(ids, tools=DETECT_TOOLS)
-            except Exception as exc:  # a parser bug must not break detection; tests hold parsers to no-raise
+            except Exception as exc:  # noqa: BLE001 - a parser bug must not break detection; tests hold parsers to no-raise
                 reasons.append(f"{name} raised {type(exc).__name__}: {exc}")
                 continue
             if _matches(parsed, calls):
                 found.append(name)
         if found:
-            return Detection(found[0], "render", tuple(found), k, f"the render of {k} call(s) reads back with {found[0]}",
-                             key, think_override(found[0], layout))
+            return Detection(
+                found[0],
+                "render",
+                tuple(found),
+                k,
+                f"the render of {k} call(s) reads back with {found[0]}",
+                key,
+                think_override(found[0], layout),
+            )
         reasons.append(f"no parser reads back the render of {how}: {text[:120]!r}")
     if rendered_any and learn:
         learned, why = learn_syntax(renderer, codec, layout if layout and layout[1] else None)
         if learned is not None:
-            return Detection("learned", "learned", ("learned",), 2, f"learned from the template's renders: {why}",
-                             key, None, learned)
+            return Detection(
+                "learned", "learned", ("learned",), 2, f"learned from the template's renders: {why}", key, None, learned
+            )
         reasons.append(f"no call syntax could be learned: {why}")
     if rendered_any or not hand_written:
         return Detection(None, "none", (), 0, "; ".join(reasons), key)
-    by_vocab = [name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)]
+    by_vocab = [
+        name for name, cls in PARSERS.items() if cls.signature and all(t in codec.added_by_text for t in cls.signature)
+    ]
     if len(by_vocab) == 1:
-        return Detection(by_vocab[0], "vocabulary", tuple(by_vocab), 0,
-                         f"the template renders no calls; the tokenizer has {by_vocab[0]}'s tokens "
-                         f"{', '.join(PARSERS[by_vocab[0]].signature)}", key, think_override(by_vocab[0], layout))
+        return Detection(
+            by_vocab[0],
+            "vocabulary",
+            tuple(by_vocab),
+            0,
+            f"the template renders no calls; the tokenizer has {by_vocab[0]}'s tokens "
+            f"{', '.join(PARSERS[by_vocab[0]].signature)}",
+            key,
+            think_override(by_vocab[0], layout),
+        )
     why = "; ".join(reasons)
     if by_vocab:
         why += f"; the vocabulary fits several parsers ({', '.join(by_vocab)})"

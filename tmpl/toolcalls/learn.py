@@ -29,17 +29,32 @@ _DECODER = json.JSONDecoder()
 
 #: Tools and calls of the verification renders (names and values the inference never saw).
 VERIFY_TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {"name": n, "description": "Verification tool.",
-                                      "parameters": {"type": "object", "properties": {}}}}
+    {
+        "type": "function",
+        "function": {
+            "name": n,
+            "description": "Verification tool.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
     for n in ("get_weather", "search_docs_v2", "send-mail")
 ]
 VERIFY_CALLS: list[list[dict[str, Any]]] = [
-    [{"name": "get_weather", "arguments": {"city": 'Par"is\n{x}', "units": ["c", "f"], "deep": {"a": None, "b": True}}}],
-    [{"name": "search_docs_v2", "arguments": {"q": "naïve — 東京 \\ 'x'", "k": 3.5}},
-     {"name": "send-mail", "arguments": {"to": "a@b.c", "body": "</end> ] } ,"}}],
-    [{"name": "send-mail", "arguments": {}},
-     {"name": "get_weather", "arguments": {"city": "Oslo", "n": -2}},
-     {"name": "search_docs_v2", "arguments": {"q": "[1, 2]", "flags": [False, 0, ""]}}],
+    [
+        {
+            "name": "get_weather",
+            "arguments": {"city": 'Par"is\n{x}', "units": ["c", "f"], "deep": {"a": None, "b": True}},
+        }
+    ],
+    [
+        {"name": "search_docs_v2", "arguments": {"q": "naïve — 東京 \\ 'x'", "k": 3.5}},
+        {"name": "send-mail", "arguments": {"to": "a@b.c", "body": "</end> ] } ,"}},
+    ],
+    [
+        {"name": "send-mail", "arguments": {}},
+        {"name": "get_weather", "arguments": {"city": "Oslo", "n": -2}},
+        {"name": "search_docs_v2", "arguments": {"q": "[1, 2]", "flags": [False, 0, ""]}},
+    ],
 ]
 
 
@@ -50,8 +65,11 @@ def _render_calls(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]],
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"id": call_id(9, i), "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]}}
+            {
+                "id": call_id(9, i),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]},
+            }
             for i, c in enumerate(calls)
         ],
     }
@@ -105,8 +123,14 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_end: str, lead: str = "",
-                 specials: tuple[str, ...] = ()) -> tuple[CallSyntax | None, str]:
+def infer_syntax(
+    text: str,
+    calls: list[dict[str, Any]],
+    ids: list[str],
+    turn_end: str,
+    lead: str = "",
+    specials: tuple[str, ...] = (),
+) -> tuple[CallSyntax | None, str]:
     """The call syntax of a completion ``text`` rendering ``calls`` (1 or 2) with ``ids``; (None, why) if none.
 
     ``turn_end`` / ``lead`` are what the template writes after / before a plain message's
@@ -157,7 +181,9 @@ def infer_syntax(text: str, calls: list[dict[str, Any]], ids: list[str], turn_en
     cut = min((block_close.find(t) for t in specials if t and t in block_close), default=-1)
     if cut >= 0:
         block_close = block_close[:cut].strip()
-    syntax = CallSyntax(block_open, block_close, call_open.strip(), call_close.strip(), shape, name_key, args_key, id_key)
+    syntax = CallSyntax(
+        block_open, block_close, call_open.strip(), call_close.strip(), shape, name_key, args_key, id_key
+    )
     return syntax, syntax.describe()
 
 
@@ -167,7 +193,9 @@ def _turn_frame(renderer: Renderer, codec: Codec) -> tuple[str, str]:
 
     history = [{"role": "user", "content": USER_SENTINEL}]
     try:
-        text = codec.decode(completion_ids(renderer, codec, history, {"role": "assistant", "content": CONTENT_SENTINEL}, None))
+        text = codec.decode(
+            completion_ids(renderer, codec, history, {"role": "assistant", "content": CONTENT_SENTINEL}, None)
+        )
     except TmplError:
         return "", ""
     if CONTENT_SENTINEL not in text:
@@ -202,8 +230,9 @@ def verify(parser: LearnedParser, renderer: Renderer, codec: Codec, as_text: boo
     return None if checked else "no verification render could be made"
 
 
-def learn_syntax(renderer: Renderer, codec: Codec, think: tuple[str, str] | None = None
-                 ) -> tuple[LearnedParser | None, str]:
+def learn_syntax(
+    renderer: Renderer, codec: Codec, think: tuple[str, str] | None = None
+) -> tuple[LearnedParser | None, str]:
     """(verified learned parser, description) for a template, or (None, why none was learned)."""
     from .detect import probe_calls
 
@@ -237,8 +266,11 @@ def _render_calls_with_ids(renderer: Renderer, codec: Codec, calls: list[dict[st
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"id": call_id(7, i), "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]}}
+            {
+                "id": call_id(7, i),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]},
+            }
             for i, c in enumerate(calls)
         ],
     }

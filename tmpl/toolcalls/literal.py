@@ -110,7 +110,11 @@ class _Reader:
             elif e == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", s[j + 2 : j + 6]):
                 code = int(s[j + 2 : j + 6], 16)
                 i = j + 6
-                if 0xD800 <= code < 0xDC00 and s[i : i + 2] == "\\u" and re.fullmatch(r"[0-9a-fA-F]{4}", s[i + 2 : i + 6]):
+                if (
+                    0xD800 <= code < 0xDC00
+                    and s[i : i + 2] == "\\u"
+                    and re.fullmatch(r"[0-9a-fA-F]{4}", s[i + 2 : i + 6])
+                ):
                     low = int(s[i + 2 : i + 6], 16)
                     if 0xDC00 <= low < 0xE000:
                         code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
@@ -123,7 +127,7 @@ class _Reader:
                 out.append("\\" + e)
                 i = j + 2
 
-    def key(self, i: int, depth: int) -> tuple[str, int]:
+    def key(self, i: int, depth: int) -> tuple[str, int]:  # noqa: ARG002
         if i < self.n and self.s[i] in "\"'":
             return self.string(i)
         m = _WORD.match(self.s, i)

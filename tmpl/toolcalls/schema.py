@@ -68,6 +68,3 @@ def parameters_by_name(tools: Sequence[Any] | Any | None) -> dict[str, dict[str,
         params = fn.get("parameters")
         out[str(fn.get("name", ""))] = dict(params) if isinstance(params, Mapping) else {}
     return out
-
-
-

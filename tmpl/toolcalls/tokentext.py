@@ -105,7 +105,7 @@ class TokenText:
             text = next(decoded)
             if guard is not None:
                 head = self.table.text_of[guard]
-                text = text[len(head):] if text.startswith(head) else codec.decode(self.ids[start:end])
+                text = text[len(head) :] if text.startswith(head) else codec.decode(self.ids[start:end])
             out.append(_PRIVATE.sub("\ufffd", text))
         return out
 

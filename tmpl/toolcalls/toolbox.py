@@ -37,7 +37,7 @@ from ..errors import ToolboxError
 from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
 from .schema import tool_name, tool_schema
-from .types import ParsedCompletion, CallProblem, ToolCall, new_call_id
+from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
 
 ON_ERROR = ("message", "stop")
 
@@ -146,7 +146,9 @@ class Toolbox:
                 sig: inspect.Signature | None = inspect.signature(fn)
             except (TypeError, ValueError):
                 sig = None
-            is_async = inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
+            is_async = inspect.iscoroutinefunction(fn) or (
+                callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+            )
             self._tools[name] = _Tool(name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)))
         if timeouts:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
@@ -229,9 +231,7 @@ class Toolbox:
     # -- planning ---------------------------------------------------------------------
     def _plan(self, samples: Sequence[Any]) -> list[list[ToolCall | CallProblem]]:
         if isinstance(samples, (ParsedCompletion, str, bytes, Mapping)) or not isinstance(samples, Sequence):
-            raise ToolboxError(
-                f"run_batch takes a list with one entry per sample, not {type(samples).__name__}"
-            )
+            raise ToolboxError(f"run_batch takes a list with one entry per sample, not {type(samples).__name__}")
         plan: list[list[ToolCall | CallProblem]] = []
         for b, sample in enumerate(samples):
             if isinstance(sample, ParsedCompletion):
@@ -277,21 +277,28 @@ class Toolbox:
     async def _one(self, item: ToolCall | CallProblem, sem: asyncio.Semaphore) -> CallOutcome:
         if isinstance(item, CallProblem):
             what = f" to '{item.name}'" if item.name else ""
-            return CallOutcome(item.id, item.name or "unknown", "malformed_call",
-                               f"Error: the tool call{what} could not be read ({item.message}); it was not run.", None)
+            return CallOutcome(
+                item.id,
+                item.name or "unknown",
+                "malformed_call",
+                f"Error: the tool call{what} could not be read ({item.message}); it was not run.",
+                None,
+            )
         tool = self._tools.get(item.name)
         if tool is None:
             available = ", ".join(self._tools) or "(none)"
-            return CallOutcome(item.id, item.name, "unknown_tool",
-                               f"Error: unknown tool '{item.name}'; available: {available}", None)
+            return CallOutcome(
+                item.id, item.name, "unknown_tool", f"Error: unknown tool '{item.name}'; available: {available}", None
+            )
         params = tool.schema.get("function", {}).get("parameters")
         args, _ = coerce_arguments(item.arguments, params if isinstance(params, Mapping) else None)
         if tool.signature is not None:
             try:
                 tool.signature.bind(**args)
             except TypeError as exc:
-                return CallOutcome(item.id, item.name, "bad_arguments",
-                                   f"Error: wrong arguments for {item.name}: {exc}", None)
+                return CallOutcome(
+                    item.id, item.name, "bad_arguments", f"Error: wrong arguments for {item.name}: {exc}", None
+                )
         async with sem:
             return await self._execute(tool, item, args)
 
@@ -309,8 +316,9 @@ class Toolbox:
             task.cancel()
             if thread_future is not None and not thread_future.done():
                 self._hung.add(thread_future)
-            return CallOutcome(call.id, call.name, "timeout",
-                               f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout)
+            return CallOutcome(
+                call.id, call.name, "timeout", f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout
+            )
         try:
             value = task.result()
             if inspect.isawaitable(value):  # a sync callable that returned a coroutine
@@ -319,15 +327,21 @@ class Toolbox:
                 done, _ = await asyncio.wait({inner}, timeout=left)
                 if not done:
                     inner.cancel()
-                    return CallOutcome(call.id, call.name, "timeout",
-                                       f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout)
+                    return CallOutcome(
+                        call.id,
+                        call.name,
+                        "timeout",
+                        f"Error: {call.name} timed out after {tool.timeout:g} s",
+                        tool.timeout,
+                    )
                 value = inner.result()
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # the tool raised (SystemExit, its own CancelledError too): a message
+        except BaseException as exc:  # noqa: BLE001 - the tool raised (SystemExit, its own CancelledError too): a message
             text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-            return CallOutcome(call.id, call.name, "exception", f"Error: {call.name} raised {text}",
-                               time.perf_counter() - began)
+            return CallOutcome(
+                call.id, call.name, "exception", f"Error: {call.name} raised {text}", time.perf_counter() - began
+            )
         return CallOutcome(call.id, call.name, None, _content(value), time.perf_counter() - began, value)
 
 

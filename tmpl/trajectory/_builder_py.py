@@ -63,8 +63,23 @@ class Trajectory:
     """
 
     __slots__ = (
-        "_sample_id", "_prompt", "_max_length", "_max_completion_length", "_capacity", "_alloc", "_limit",
-        "_vocab_size", "_ids", "_mask", "_logprobs", "_n", "_status", "_reason", "_cut", "_turns", "_spans",
+        "_sample_id",
+        "_prompt",
+        "_max_length",
+        "_max_completion_length",
+        "_capacity",
+        "_alloc",
+        "_limit",
+        "_vocab_size",
+        "_ids",
+        "_mask",
+        "_logprobs",
+        "_n",
+        "_status",
+        "_reason",
+        "_cut",
+        "_turns",
+        "_spans",
     )
 
     def __init__(
@@ -340,8 +355,11 @@ class Trajectory:
     @classmethod
     def _from_state(cls, state: dict[str, Any]) -> Trajectory:
         traj = cls(
-            state["prompt_ids"], state["max_length"], state["max_completion_length"],
-            vocab_size=state["vocab_size"], sample_id=state["sample_id"],
+            state["prompt_ids"],
+            state["max_length"],
+            state["max_completion_length"],
+            vocab_size=state["vocab_size"],
+            sample_id=state["sample_id"],
         )
         n = len(state["completion_ids"])
         traj._reserve(n)

@@ -164,9 +164,7 @@ def message_code(message: int | None, sample: object) -> int:
     return index
 
 
-def budgets(
-    sample: object, max_length: Any, max_completion_length: Any, prompt_length: int
-) -> tuple[int, int, int]:
+def budgets(sample: object, max_length: Any, max_completion_length: Any, prompt_length: int) -> tuple[int, int, int]:
     """``(max_length, max_completion_length, capacity)`` checked; capacity is the most completion tokens.
 
     ``max_completion_length=None`` means the completion is capped by ``max_length`` alone.

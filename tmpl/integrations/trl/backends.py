@@ -92,8 +92,9 @@ class VLLMClientBackend(Backend):
         results = []
         for k, req in enumerate(group):
             ids = [int(t) for t in ids_rows[k]]
-            lps = _sampled_logprobs(ids, lp_rows[k] if lp_rows is not None else None,
-                                    token_rows[k] if token_rows is not None else None)
+            lps = _sampled_logprobs(
+                ids, lp_rows[k] if lp_rows is not None else None, token_rows[k] if token_rows is not None else None
+            )
             end, reason = min(len(ids), req.max_tokens), None
             for t in range(end):
                 if ids[t] in stop_set:
@@ -101,8 +102,15 @@ class VLLMClientBackend(Backend):
                     break
             if reason is None:
                 reason = "length" if end >= req.max_tokens else "stop"
-            results.append(GenerationResult(req.request_id, ids[:end], None if lps is None else lps[:end], reason,
-                                            logprobs_mode=self.logprobs_mode))
+            results.append(
+                GenerationResult(
+                    req.request_id,
+                    ids[:end],
+                    None if lps is None else lps[:end],
+                    reason,
+                    logprobs_mode=self.logprobs_mode,
+                )
+            )
         return results
 
 
@@ -130,6 +138,7 @@ def _sampled_logprobs(ids: list[int], steps: Sequence[Any] | None, tokens: Seque
 
 # -- choosing the backend of a trainer ---------------------------------------------------------
 
+
 def trainer_name(trainer: Any) -> str:
     return type(trainer).__name__
 
@@ -146,7 +155,8 @@ def trainer_backend(trainer: Any) -> Iterator[Backend]:
             tp = int(getattr(generation, "tensor_parallel_size", 1) or 1)
             if tp > 1:
                 raise TrainerConfigError(
-                    trainer_name(trainer), "vllm_tensor_parallel_size",
+                    trainer_name(trainer),
+                    "vllm_tensor_parallel_size",
                     f"{tp} > 1 in colocate mode is not supported: each rank of a tensor-parallel group must call "
                     "the engine in lockstep, which a multi-turn rollout (samples finishing at different turns) "
                     "cannot do; use vllm_mode='server' or vllm_tensor_parallel_size=1",
@@ -159,9 +169,12 @@ def trainer_backend(trainer: Any) -> Iterator[Backend]:
                 yield VLLMClientBackend(client)
             else:  # TRL creates the client on the main process only
                 args = getattr(trainer, "args", None)
-                yield VLLMServer([server_url(args)], api="completions",
-                                 timeout=float(getattr(args, "vllm_server_timeout", 240.0) or 240.0),
-                                 logprobs_mode="processed")
+                yield VLLMServer(
+                    [server_url(args)],
+                    api="completions",
+                    timeout=float(getattr(args, "vllm_server_timeout", 240.0) or 240.0),
+                    logprobs_mode="processed",
+                )
         else:
             raise TrainerConfigError(trainer_name(trainer), "vllm_mode", f"unknown mode {mode!r} (colocate or server)")
         return

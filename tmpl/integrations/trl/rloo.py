@@ -107,8 +107,9 @@ class ToolRLOOTrainer(RLOOTrainer):
             for i, row in enumerate(inputs):
                 row[key] = values[i] if isinstance(values, list) else values
 
-    def _log_lengths(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                     env_mask: list[list[int]]) -> None:
+    def _log_lengths(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], env_mask: list[list[int]]
+    ) -> None:
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         prompt_lengths = self.accelerator.gather(torch.tensor([len(p) for p in prompt_ids], device=device))
@@ -132,16 +133,26 @@ class ToolRLOOTrainer(RLOOTrainer):
         finally:
             self._tmpl_scoring_mask = None
 
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                           logits_to_keep: int, *args: Any, **kwargs: Any):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        *args: Any,
+        **kwargs: Any,
+    ):
         logps, entropies, *rest = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
         mask = self._tmpl_scoring_mask
         if mask is not None:
             if tuple(mask.shape) != tuple(logps.shape):
                 raise RolloutContractError(
-                    "env_mask", f"tool mask of shape {tuple(mask.shape)} does not match the scored completions "
-                    f"{tuple(logps.shape)}")
+                    "env_mask",
+                    f"tool mask of shape {tuple(mask.shape)} does not match the scored completions "
+                    f"{tuple(logps.shape)}",
+                )
             logps = logps * mask.to(logps.dtype)
             if entropies is not None:
                 entropies = entropies * mask.to(entropies.dtype)

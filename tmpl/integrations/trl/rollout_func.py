@@ -41,7 +41,14 @@ from .version import require_trl
 
 #: Keys this function adds for the reward functions (besides TRL's required ones and env_mask).
 REWARD_KEYS: tuple[str, ...] = (
-    "messages", "tool_results", "status", "reason", "turns", "tool_calls", "tool_failures", "rollout_metrics",
+    "messages",
+    "tool_results",
+    "status",
+    "reason",
+    "turns",
+    "tool_calls",
+    "tool_failures",
+    "rollout_metrics",
 )
 #: Rollout options that come from the trainer and cannot be overridden here.
 _FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)"}
@@ -75,17 +82,26 @@ class TmplRolloutFunc:
         **rollout_kwargs: Any,
     ) -> None:
         require_trl()
-        allowed = set(inspect.signature(Rollout.__init__).parameters) - {"self", "template", "backend", "tools",
-                                                                          "max_turns", "sampling"}
+        allowed = set(inspect.signature(Rollout.__init__).parameters) - {
+            "self",
+            "template",
+            "backend",
+            "tools",
+            "max_turns",
+            "sampling",
+        }
         for key in rollout_kwargs:
             if key in _FROM_TRAINER:
                 raise TypeError(f"make_rollout_func: {key} comes from the trainer; set {_FROM_TRAINER[key]} instead")
             if key not in allowed:
-                raise TypeError(f"make_rollout_func got an unexpected keyword argument {key!r}; "
-                                f"Rollout options are: {', '.join(sorted(allowed - set(_FROM_TRAINER)))}")
+                raise TypeError(
+                    f"make_rollout_func got an unexpected keyword argument {key!r}; "
+                    f"Rollout options are: {', '.join(sorted(allowed - set(_FROM_TRAINER)))}"
+                )
         if sampling is not None and sampling.n != 1:
             raise TrainerConfigError(
-                "make_rollout_func", "sampling",
+                "make_rollout_func",
+                "sampling",
                 f"n={sampling.n}: TRL already repeats each prompt num_generations times and expects one "
                 "completion per prompt it passes; use Sampling(n=1) and set GRPOConfig(num_generations=...)",
             )
@@ -114,9 +130,15 @@ class TmplRolloutFunc:
         tpl = self.chat_template(trainer)
         sampling = self.sampling or sampling_of(trainer)
         with _backend(self.backend, trainer) as backend:
-            rollout = Rollout(tpl, backend, tools=self.toolbox, max_turns=self.max_turns,
-                              max_completion_length=int(trainer.max_completion_length),
-                              sampling=sampling, **self._length_kwargs(trainer))
+            rollout = Rollout(
+                tpl,
+                backend,
+                tools=self.toolbox,
+                max_turns=self.max_turns,
+                max_completion_length=int(trainer.max_completion_length),
+                sampling=sampling,
+                **self._length_kwargs(trainer),
+            )
             results = _run(rollout, conversations)
         metrics = rollout.metrics
         assert metrics is not None
@@ -125,8 +147,14 @@ class TmplRolloutFunc:
             _log(trainer, metrics)
         if self.on_results is not None:
             self.on_results(results, metrics)
-        return to_trl_output(results, metrics, conversations, fill_id=_fill_id(tpl),
-                             mask_aborted=self.mask_aborted, mask_truncated=self.mask_truncated)
+        return to_trl_output(
+            results,
+            metrics,
+            conversations,
+            fill_id=_fill_id(tpl),
+            mask_aborted=self.mask_aborted,
+            mask_truncated=self.mask_truncated,
+        )
 
     def chat_template(self, trainer: Any) -> ChatTemplate:
         """The :class:`tmpl.ChatTemplate` used with ``trainer`` (built once per trainer)."""
@@ -170,60 +198,80 @@ def make_rollout_func(
     >>> GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=ds,
     ...             rollout_func=rollout_func).train()                                # doctest: +SKIP
     """
-    return TmplRolloutFunc(tools=tools, max_turns=max_turns, backend=backend, sampling=sampling, template=template,
-                           **rollout_kwargs)
+    return TmplRolloutFunc(
+        tools=tools, max_turns=max_turns, backend=backend, sampling=sampling, template=template, **rollout_kwargs
+    )
 
 
 # -- what comes from the trainer -----------------------------------------------------------------
+
 
 def check_trainer(trainer: Any) -> None:
     """Refuse trainers that would run their own tool loop on top of tmpl's."""
     if getattr(trainer, "tools", None):
         names = ", ".join(getattr(t, "__name__", repr(t)) for t in trainer.tools)
         raise TrainerConfigError(
-            trainer_name(trainer), "tools",
+            trainer_name(trainer),
+            "tools",
             f"the trainer was given tools ({names}) together with tmpl's rollout_func; it would run its own tool "
             "loop on the completions tmpl returns (re-tokenizing tool results). Give the tools to "
             "make_rollout_func(tools=...) only",
         )
     if getattr(trainer, "environment_factories", None):
         raise TrainerConfigError(
-            trainer_name(trainer), "environment_factory",
+            trainer_name(trainer),
+            "environment_factory",
             "environments run TRL's own tool loop; with tmpl's rollout_func pass the environment's methods "
             "as make_rollout_func(tools=...)",
         )
     for setting, default in (("repetition_penalty", 1.0), ("min_p", 0.0)):
         value = getattr(trainer, setting, None)
         if value not in (None, default):
-            raise TrainerConfigError(trainer_name(trainer), setting,
-                                     f"{value} is not supported by tmpl's rollout (temperature, top_p, top_k only)")
+            raise TrainerConfigError(
+                trainer_name(trainer),
+                setting,
+                f"{value} is not supported by tmpl's rollout (temperature, top_p, top_k only)",
+            )
     kwargs = getattr(getattr(trainer, "args", None), "generation_kwargs", None)
     if kwargs:
-        raise TrainerConfigError(trainer_name(trainer), "generation_kwargs",
-                                 f"{sorted(kwargs)} are not supported by tmpl's rollout (temperature, top_p, top_k only)")
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "generation_kwargs",
+            f"{sorted(kwargs)} are not supported by tmpl's rollout (temperature, top_p, top_k only)",
+        )
 
 
 def sampling_of(trainer: Any) -> Sampling:
     """The trainer's sampling settings; logprobs after temperature/top-k/top-p, as TRL's vLLM reports them."""
     top_p = getattr(trainer, "top_p", None)
-    return Sampling(temperature=float(getattr(trainer, "temperature", 1.0)),
-                    top_p=1.0 if top_p is None else float(top_p),
-                    top_k=int(getattr(trainer, "top_k", 0) or 0), n=1, logprobs="processed")
+    return Sampling(
+        temperature=float(getattr(trainer, "temperature", 1.0)),
+        top_p=1.0 if top_p is None else float(top_p),
+        top_k=int(getattr(trainer, "top_k", 0) or 0),
+        n=1,
+        logprobs="processed",
+    )
 
 
 def template_for(trainer: Any, template: ChatTemplate | str | None) -> ChatTemplate:
     """The chat template of a trainer: its tokenizer, its template (or ``template``), its kwargs."""
     tokenizer = getattr(trainer, "_tokenizer", None) or getattr(trainer, "processing_class", None)
     if tokenizer is None or not hasattr(tokenizer, "convert_tokens_to_ids"):
-        raise TrainerConfigError(trainer_name(trainer), "processing_class",
-                                 "tmpl's rollout needs a text tokenizer (multimodal processors are not supported)")
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "processing_class",
+            "tmpl's rollout needs a text tokenizer (multimodal processors are not supported)",
+        )
     kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
     if isinstance(template, ChatTemplate):
         from ...codec import codec_for
 
         if template.codec.content_hash != codec_for(tokenizer).content_hash:
-            raise TrainerConfigError(trainer_name(trainer), "processing_class",
-                                     f"template {template.name!r} was built on a different tokenizer than the trainer's")
+            raise TrainerConfigError(
+                trainer_name(trainer),
+                "processing_class",
+                f"template {template.name!r} was built on a different tokenizer than the trainer's",
+            )
         return template
     if isinstance(template, str):
         from ... import templates
@@ -232,7 +280,9 @@ def template_for(trainer: Any, template: ChatTemplate | str | None) -> ChatTempl
             return ChatTemplate(tokenizer, templates.load(template), name=template, **kwargs)
         return ChatTemplate(tokenizer, template, **kwargs)
     if template is not None:
-        raise TypeError(f"template must be a ChatTemplate, a template name or text, or None, not {type(template).__name__}")
+        raise TypeError(
+            f"template must be a ChatTemplate, a template name or text, or None, not {type(template).__name__}"
+        )
     return ChatTemplate(tokenizer, getattr(trainer, "chat_template", None), **kwargs)
 
 
@@ -249,9 +299,14 @@ def default_max_length(trainer: Any) -> int:
 def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, Any]]]:
     out = []
     for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str) or not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
+        if (
+            isinstance(prompt, str)
+            or not isinstance(prompt, Sequence)
+            or not all(isinstance(m, Mapping) for m in prompt)
+        ):
             raise TrainerConfigError(
-                trainer_name(trainer), "train_dataset",
+                trainer_name(trainer),
+                "train_dataset",
                 f"prompt {i} is {type(prompt).__name__}, not a conversation: tmpl's rollout renders prompts with the "
                 "chat template, so the dataset's 'prompt' column must hold lists of messages",
             )
@@ -260,6 +315,7 @@ def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, 
 
 
 # -- running and converting ------------------------------------------------------------------------
+
 
 @contextmanager
 def _backend(forced: Backend | None, trainer: Any) -> Iterator[Backend]:
@@ -321,7 +377,7 @@ def to_trl_output(
         out["logprobs"].append(logprobs)
         out["env_mask"].append(mask)
         extras["messages"].append(r.messages)
-        extras["tool_results"].append([m for m in r.messages[len(conversation):] if m.get("role") == "tool"])
+        extras["tool_results"].append([m for m in r.messages[len(conversation) :] if m.get("role") == "tool"])
         extras["status"].append(r.status.name)
         extras["reason"].append(r.reason)
         extras["turns"].append(r.turns)

@@ -29,7 +29,7 @@ from ..arguments import coerce_arguments, read_arguments
 from ..literal import LiteralError, read_literal
 from ..schema import parameters_by_name
 from ..tokentext import MarkerTable, TokenText
-from ..types import ParsedCompletion, CallProblem, ToolCall, new_call_id
+from ..types import CallProblem, ParsedCompletion, ToolCall, new_call_id
 
 #: A tool name as models write it (``get_weather``, ``functions.lookup``, ``my-tool``).
 NAME = r"[A-Za-z_][\w.\-:/]*"
@@ -203,7 +203,9 @@ class ToolParser:
             items=tuple(items),
         )
 
-    def build(self, view: TokenText, raw: RawCall, params: Mapping[str, Mapping[str, Any]] | None) -> ToolCall | CallProblem:
+    def build(
+        self, view: TokenText, raw: RawCall, params: Mapping[str, Mapping[str, Any]] | None
+    ) -> ToolCall | CallProblem:
         span = view.token_span(raw.start, raw.end)
         text = view.raw(raw.start, raw.end)
         name = raw.name.strip() if isinstance(raw.name, str) else None

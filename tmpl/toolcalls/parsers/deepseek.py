@@ -75,7 +75,9 @@ class DeepSeekParser(ToolParser):
         if not tail.lstrip().startswith(("{", "`", "[")):
             m = _V3_HEAD.match(tail)  # V3 / R1: "function<sep>NAME\n```json ...```"
             if m is None:
-                return RawCall(a, b, error="expected NAME and a ```json block after the separator", error_kind="malformed")
+                return RawCall(
+                    a, b, error="expected NAME and a ```json block after the separator", error_kind="malformed"
+                )
             name, args_text = m.group(1), tail[m.end() :]
         else:  # V3.1: "NAME<sep>{...}"
             name, args_text = head, tail

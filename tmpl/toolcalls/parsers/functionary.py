@@ -35,8 +35,15 @@ class FunctionaryParser(ToolParser):
                 continue
             found = json_objects(text, block.body_start, block.body_end)
             if not found or found[0].error is not None:
-                out.append(RawCall(block.start, block.end, name=name, error="arguments are not a JSON object",
-                                   error_kind="bad_json"))
+                out.append(
+                    RawCall(
+                        block.start,
+                        block.end,
+                        name=name,
+                        error="arguments are not a JSON object",
+                        error_kind="bad_json",
+                    )
+                )
                 continue
             args_end, value = found[0].end, found[0].value
             rest = text[args_end : block.body_end].strip()
@@ -45,6 +52,9 @@ class FunctionaryParser(ToolParser):
                 repairs.append("python literal")
             if rest and not all(ch in self.stops for ch in rest):
                 repairs.append("trailing text")
-            out.append(RawCall(block.start, block.end if block.closed else args_end, name=name, arguments=value,
-                               repairs=repairs))
+            out.append(
+                RawCall(
+                    block.start, block.end if block.closed else args_end, name=name, arguments=value, repairs=repairs
+                )
+            )
         return out

@@ -163,12 +163,18 @@ class Gemma4Parser(ToolParser):
                     out[-1].repairs.append("trailing text")
                 return out
             if m.end() >= b or text[m.end()] != "{":
-                out.append(RawCall(pos, b, name=m.group(1), error="expected {arguments} after the name", error_kind="malformed"))
+                out.append(
+                    RawCall(
+                        pos, b, name=m.group(1), error="expected {arguments} after the name", error_kind="malformed"
+                    )
+                )
                 return out
             try:
                 value, j = read_gemma_value(text, m.end(), self.quote, b)
             except LiteralError as exc:
-                out.append(RawCall(pos, b, name=m.group(1), error=f"unreadable arguments ({exc})", error_kind="bad_json"))
+                out.append(
+                    RawCall(pos, b, name=m.group(1), error=f"unreadable arguments ({exc})", error_kind="bad_json")
+                )
                 return out
             out.append(RawCall(pos, j, name=m.group(1), arguments=value))
             pos = j

@@ -49,7 +49,9 @@ class Glm4Parser(ToolParser):
             key = text[k.end() : ke.start()].strip()
             v = self._value.match(text, ke.end(), b)
             if v is None:
-                return RawCall(a, b, name=name, error=f"<arg_key>{key}</arg_key> has no <arg_value>", error_kind="malformed")
+                return RawCall(
+                    a, b, name=name, error=f"<arg_key>{key}</arg_key> has no <arg_value>", error_kind="malformed"
+                )
             nxt = self._key.search(text, v.end(), b)
             limit = nxt.start() if nxt else b
             ve = self._value_end.search(text, v.end(), limit)

@@ -42,7 +42,7 @@ class HarmonyParser(ToolParser):
         self._channel = re.compile(self.p(CHANNEL) + r"\s*(\w+)")
         self._recipient = re.compile(r"(?<![\w.])to=([^\s<>\U000f0000-\U0010ffff]+)")
 
-    def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:  # pragma: no cover - parse() is overridden
+    def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:  # noqa: ARG002 - pragma: no cover - parse() is overridden
         return []
 
     def parse(self, completion_ids: Sequence[int], *, tools: Any = None) -> ParsedCompletion:
@@ -77,7 +77,9 @@ class HarmonyParser(ToolParser):
                 content.append(view.clean(msg.end(), body_end).strip())
         return self.finish(view, raws, "\n".join(content), "\n".join(reasoning) if reasoning else None, tools)
 
-    def _call(self, view: TokenText, a: int, body: int, body_end: int, term: re.Match | None, recipient: str) -> RawCall:
+    def _call(
+        self, view: TokenText, a: int, body: int, body_end: int, term: re.Match | None, recipient: str
+    ) -> RawCall:
         text = view.text
         name = _tool_name(recipient)
         args = view.clean(body, body_end)

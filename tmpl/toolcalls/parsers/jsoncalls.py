@@ -95,7 +95,9 @@ def calls_in_json(text: str, start: int, end: int, *, at_end: bool = False) -> l
                 out[-1].repairs.append("trailing text")
                 out[-1].end = max(out[-1].end, s)
                 break
-            out.append(RawCall(s, e, error=f"not a JSON call ({error})", error_kind="truncated" if at_end else "bad_json"))
+            out.append(
+                RawCall(s, e, error=f"not a JSON call ({error})", error_kind="truncated" if at_end else "bad_json")
+            )
             break
         items = _array_items(text, s, e) if isinstance(value, list) else None
         if isinstance(value, list) and items is None:

@@ -47,15 +47,31 @@ class KimiK2Parser(ToolParser):
                 body_end = m.start() if m else body_end
             a = self._args.search(text, block.body_start, body_end)
             if a is None:
-                out.append(RawCall(block.start, block.end, error="no <|tool_call_argument_begin|>", error_kind="malformed"))
+                out.append(
+                    RawCall(block.start, block.end, error="no <|tool_call_argument_begin|>", error_kind="malformed")
+                )
                 continue
             head = text[block.body_start : a.start()]
             m = _ID.match(head)
             if m is None:
-                out.append(RawCall(block.start, block.end, error=f"{head.strip()[:40]!r} is not functions.NAME:IDX",
-                                   error_kind="missing_name"))
+                out.append(
+                    RawCall(
+                        block.start,
+                        block.end,
+                        error=f"{head.strip()[:40]!r} is not functions.NAME:IDX",
+                        error_kind="missing_name",
+                    )
+                )
                 continue
             repairs = [] if block.closed else ["missing close tag"]
-            out.append(RawCall(block.start, block.end if block.closed else body_end, name=m.group(1),
-                               arguments=text[a.end() : body_end], id=head.strip(), repairs=repairs))
+            out.append(
+                RawCall(
+                    block.start,
+                    block.end if block.closed else body_end,
+                    name=m.group(1),
+                    arguments=text[a.end() : body_end],
+                    id=head.strip(),
+                    repairs=repairs,
+                )
+            )
         return out

@@ -65,8 +65,10 @@ class LearnedParser(ToolParser):
         self.syntax = syntax
         self._added = sorted(codec.added_by_text, key=len, reverse=True)
         self.delimiters = tuple(
-            t for m in (syntax.block_open, syntax.block_close, syntax.call_open, syntax.call_close)
-            for t in self._added if t and t in m
+            t
+            for m in (syntax.block_open, syntax.block_close, syntax.call_open, syntax.call_close)
+            for t in self._added
+            if t and t in m
         )
         super().__init__(codec, think)
 
@@ -96,8 +98,9 @@ class LearnedParser(ToolParser):
         self._co, self._cc = self.marker(s.call_open), self.marker(s.call_close)
 
     # -- locating ----------------------------------------------------------------------
-    def _spans(self, text: str, open_re: re.Pattern | None, close_re: re.Pattern | None,
-               start: int, end: int) -> list[tuple[int, int, int, int, str | None]]:
+    def _spans(
+        self, text: str, open_re: re.Pattern | None, close_re: re.Pattern | None, start: int, end: int
+    ) -> list[tuple[int, int, int, int, str | None]]:
         """(start, body_start, body_end, end, error) of each marked span in ``text[start:end]``."""
         if open_re is None:
             return [(start, start, end, end, None)]
@@ -109,8 +112,10 @@ class LearnedParser(ToolParser):
                 stop = next((i for i in range(m.end(), limit) if text[i] in self.stops), limit)
                 out.append((m.start(), m.end(), stop, stop, None))
             return out
-        return [(b.start, b.body_start, b.body_end, b.end, TRUNCATED if b.truncated else None)
-                for b in blocks(text, open_re, close_re, start, end, self.stops)]
+        return [
+            (b.start, b.body_start, b.body_end, b.end, TRUNCATED if b.truncated else None)
+            for b in blocks(text, open_re, close_re, start, end, self.stops)
+        ]
 
     def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:
         text = view.text
@@ -152,7 +157,7 @@ class LearnedParser(ToolParser):
         out: list[RawCall] = []
         for v in json_objects(text, start, end):
             if v.error is not None:
-                if text[v.start:v.end].strip() and not all(c in self.stops for c in text[v.start:v.end].strip()):
+                if text[v.start : v.end].strip() and not all(c in self.stops for c in text[v.start : v.end].strip()):
                     out.append(RawCall(v.start, v.end, error=f"not a JSON call ({v.error})", error_kind="bad_json"))
                 break
             items = v.value if isinstance(v.value, list) else [v.value]
@@ -168,6 +173,8 @@ class LearnedParser(ToolParser):
         args = get_path(obj, s.arguments_key)
         cid = get_path(obj, s.id_key) if s.id_key else None
         if not isinstance(name, str) or not name.strip():
-            return RawCall(start, end, error=f"the call object has no {'.'.join(s.name_key)!r}", error_kind="missing_name")
+            return RawCall(
+                start, end, error=f"the call object has no {'.'.join(s.name_key)!r}", error_kind="missing_name"
+            )
         repairs = ["python literal"] if lenient else []
         return RawCall(start, end, name=name, arguments=args, id=cid if isinstance(cid, str) else None, repairs=repairs)

@@ -51,7 +51,9 @@ class MistralParser(ToolParser):
             else:
                 found = self._named_calls(text, tag.end(), stop, cut)
             if not found:
-                out.append(RawCall(tag.start(), stop, error="nothing readable after [TOOL_CALLS]", error_kind="malformed"))
+                out.append(
+                    RawCall(tag.start(), stop, error="nothing readable after [TOOL_CALLS]", error_kind="malformed")
+                )
                 continue
             found[0].start = tag.start()
             out.extend(found)
@@ -67,15 +69,27 @@ class MistralParser(ToolParser):
                     out[-1].repairs.append("trailing text")
                     out[-1].end = stop
                     break
-                out.append(RawCall(pos, stop, error="expected NAME[ARGS]{...} after [TOOL_CALLS]", error_kind="malformed"))
+                out.append(
+                    RawCall(pos, stop, error="expected NAME[ARGS]{...} after [TOOL_CALLS]", error_kind="malformed")
+                )
                 break
             found = json_objects(text, m.end(), stop)
             if not found or found[0].error is not None:
-                kind, why = ("truncated", TRUNCATED) if cut else ("bad_json", "arguments after [ARGS] are not a JSON object")
+                kind, why = (
+                    ("truncated", TRUNCATED) if cut else ("bad_json", "arguments after [ARGS] are not a JSON object")
+                )
                 out.append(RawCall(pos, stop, name=m.group(1), error=why, error_kind=kind))
                 break
             b, value = found[0].end, found[0].value
-            out.append(RawCall(pos, b, name=m.group(1), arguments=value, id=m.group(2) or None,
-                               repairs=["python literal"] if found[0].lenient else []))
+            out.append(
+                RawCall(
+                    pos,
+                    b,
+                    name=m.group(1),
+                    arguments=value,
+                    id=m.group(2) or None,
+                    repairs=["python literal"] if found[0].lenient else [],
+                )
+            )
             pos = b
         return out

@@ -51,8 +51,10 @@ class QwenXmlParser(ToolParser):
         repairs = [] if fe else ["missing </function>"]
         args: dict[str, str] = {}
         p = self._param.search(text, f.end(), body_end)
-        if p is None and text[f.end():body_end].strip():
-            return RawCall(a, b, name=name, error="expected <parameter=KEY> inside <function=...>", error_kind="malformed")
+        if p is None and text[f.end() : body_end].strip():
+            return RawCall(
+                a, b, name=name, error="expected <parameter=KEY> inside <function=...>", error_kind="malformed"
+            )
         while p is not None:
             nxt = self._param.search(text, p.end(), body_end)
             limit = nxt.start() if nxt else body_end

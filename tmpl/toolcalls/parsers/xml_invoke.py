@@ -35,7 +35,9 @@ _CDATA = re.compile(r"\s*<!\[CDATA\[(.*)\]\]>\s*\Z", re.S)
 
 class XmlInvokeParser(ToolParser):
     name = "xml_invoke"
-    description = '<invoke name="NAME"><parameter name="K">V</parameter></invoke> (DeepSeek V4 DSML, MiniMax-M2, MiniCPM5)'
+    description = (
+        '<invoke name="NAME"><parameter name="K">V</parameter></invoke> (DeepSeek V4 DSML, MiniMax-M2, MiniCPM5)'
+    )
     delimiters = ()
 
     def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:
@@ -67,8 +69,13 @@ class XmlInvokeParser(ToolParser):
         typed = False
         p = param.search(text, m.end(), end)
         if p is None and text[m.end() : end].strip():
-            return RawCall(m.start(), end, name=m.group("name"), error="expected <parameter name=...> inside the call",
-                           error_kind="malformed")
+            return RawCall(
+                m.start(),
+                end,
+                name=m.group("name"),
+                error="expected <parameter name=...> inside the call",
+                error_kind="malformed",
+            )
         while p is not None:
             nxt = param.search(text, p.end(), end)
             limit = nxt.start() if nxt else end
