@@ -29,7 +29,7 @@ from .suffix.engine import SuffixEngine
 Message = Mapping[str, Any]
 
 
-def resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None) -> tuple[str, str | None]:
+def resolve_template(tokenizer: Any, chat_template: str | os.PathLike[str] | None) -> tuple[str, str | None]:
     """Template text and, when it came from a file, the file's stem."""
     if chat_template is None:
         text = getattr(tokenizer, "chat_template", None)
@@ -83,7 +83,7 @@ class ChatTemplate:
     def __init__(
         self,
         tokenizer: Any,
-        chat_template: str | os.PathLike | None = None,
+        chat_template: str | os.PathLike[str] | None = None,
         *,
         name: str | None = None,
         extra_stop_token_ids: Iterable[int] = (),
@@ -104,8 +104,8 @@ class ChatTemplate:
     @classmethod
     def from_pretrained(
         cls,
-        path_or_id: str | os.PathLike,
-        chat_template: str | os.PathLike | None = None,
+        path_or_id: str | os.PathLike[str],
+        chat_template: str | os.PathLike[str] | None = None,
         **template_kwargs: Any,
     ) -> ChatTemplate:
         """Load a tokenizer (a local folder, or a hub id where the hub is reachable) and wrap it.
@@ -142,10 +142,10 @@ class ChatTemplate:
         """
         turns = self.engine.turns
         stops = set(self.extra_stop_token_ids)
-        if turns.plain is not None:
-            stops.add(turns.plain.stop_id)
+        for probe in (turns.plain, turns.tool):
+            if probe is not None and probe.stop_id is not None:
+                stops.add(probe.stop_id)
         if turns.tool is not None:
-            stops.add(turns.tool.stop_id)
             stops.update(turns.tool.close.ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if isinstance(eos, int):
@@ -211,7 +211,7 @@ class ChatTemplate:
                 out[b] = self._close_for(list_of_tool_messages[b], tools) + out[b]
         return out
 
-    def _close_for(self, tool_messages: Sequence[Message], tools) -> list[int]:
+    def _close_for(self, tool_messages: Sequence[Message], tools: Sequence[Any] | None) -> list[int]:
         return list(self.engine.frame(tool_messages, tools).close.ids)
 
     @property
@@ -223,7 +223,7 @@ class ChatTemplate:
         return f"ChatTemplate(name={self.name!r}, fingerprint={self.fingerprint[:12]})"
 
 
-def _generation_config_eos(path_or_id: str | os.PathLike) -> list[int]:
+def _generation_config_eos(path_or_id: str | os.PathLike[str]) -> list[int]:
     path = Path(str(path_or_id)) / "generation_config.json"
     if not path.is_file():
         return []

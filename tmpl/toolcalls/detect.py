@@ -30,45 +30,17 @@ from ..render import Renderer
 from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id
 from .learn import learn_syntax
 from .parsers import PARSERS, get_parser
+from .probing import (
+    CONTENT_SENTINEL,
+    DETECT_TOOLS,
+    REASONING_KEYS,
+    REASONING_SENTINEL,
+    completion_ids,
+    probe_calls,
+)
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
-
-#: Tools of the detection probe: a string and an integer argument, then a string one.
-DETECT_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "tmpl_probe_lookup",
-            "description": "A tool used by tmpl to recognise the call format.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["query", "limit"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "tmpl_probe_note",
-            "description": "A second tool used by tmpl to recognise the call format.",
-            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-        },
-    },
-]
-REASONING_SENTINEL = "TmPlReAsOnInG"
-CONTENT_SENTINEL = "TmPlViSiBlEtExT"
-REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
-
-
-def probe_calls(k: int) -> list[dict[str, Any]]:
-    """The ``k`` (1 or 2) dummy calls the probe renders: what a parser must give back."""
-    calls = [
-        {"name": "tmpl_probe_lookup", "arguments": {"query": arg_sentinel(0), "limit": 7}},
-        {"name": "tmpl_probe_note", "arguments": {"text": arg_sentinel(1)}},
-    ]
-    return calls[:k]
 
 
 @dataclass(frozen=True)
@@ -98,18 +70,6 @@ class Detection:
     def is_learned(self) -> bool:
         """True when the parser was learned from the template's renders (no hand-written one reads them)."""
         return self.learned is not None
-
-
-def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assistant: dict, tools: Any) -> list[int]:
-    """The IDs the model would generate for ``assistant``: the render's tokens after the generation prompt.
-
-    The cut is at the longest common token prefix of the prompt render and the full render, so a
-    prompt that opens a block the full render does not have (``<think>`` in QwQ, an empty thought
-    channel in Gemma 4) is cut where the two differ.
-    """
-    prompt = codec.encode(renderer.text(history, tools=tools, add_generation_prompt=True))
-    full = codec.encode(renderer.text(history + [assistant], tools=tools, add_generation_prompt=False))
-    return full[_compat.ids.common_prefix_len(prompt, full) :]
 
 
 def _matches(parsed, expected: Sequence[dict[str, Any]]) -> bool:

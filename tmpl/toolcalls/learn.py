@@ -24,6 +24,7 @@ from ..errors import TmplError
 from ..render import Renderer
 from ..suffix.probe import USER_SENTINEL, call_id
 from .parsers.learned import CallSyntax, KeyPath, LearnedParser
+from .probing import CONTENT_SENTINEL, DETECT_TOOLS, completion_ids, probe_calls
 
 _DECODER = json.JSONDecoder()
 
@@ -59,7 +60,6 @@ VERIFY_CALLS: list[list[dict[str, Any]]] = [
 
 
 def _render_calls(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], tools: Any, as_text: bool) -> str:
-    from .detect import completion_ids  # detect imports this module
 
     assistant = {
         "role": "assistant",
@@ -189,7 +189,6 @@ def infer_syntax(
 
 def _turn_frame(renderer: Renderer, codec: Codec) -> tuple[str, str]:
     """(lead, turn end): what the template writes before and after a plain assistant message's content."""
-    from .detect import CONTENT_SENTINEL, completion_ids
 
     history = [{"role": "user", "content": USER_SENTINEL}]
     try:
@@ -234,7 +233,6 @@ def learn_syntax(
     renderer: Renderer, codec: Codec, think: tuple[str, str] | None = None
 ) -> tuple[LearnedParser | None, str]:
     """(verified learned parser, description) for a template, or (None, why none was learned)."""
-    from .detect import probe_calls
 
     lead, turn_end = _turn_frame(renderer, codec)
     specials = tuple(codec.decode([t]) for t in codec.special_ids)
@@ -260,7 +258,6 @@ def learn_syntax(
 
 
 def _render_calls_with_ids(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], as_text: bool) -> str:
-    from .detect import DETECT_TOOLS, completion_ids
 
     assistant = {
         "role": "assistant",
