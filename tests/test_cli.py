@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import subprocess
 import sys
@@ -73,4 +74,8 @@ def test_compatibility_doc_is_current():
     python -m tmpl matrix ../shared/tokenizers/templates/catalog.json -o docs/compatibility.md"""
     committed = (REPO / "docs" / "compatibility.md").read_text(encoding="utf-8")
     fresh = matrix.to_markdown(matrix.run_matrix(matrix.sources_from_paths([CATALOG]), progress=False))
-    assert fresh == committed
+    if fresh != committed:
+        changed = difflib.unified_diff(
+            committed.splitlines(), fresh.splitlines(), "committed", "fresh", lineterm="", n=0
+        )
+        pytest.fail("docs/compatibility.md differs from a fresh `tmpl matrix` run:\n" + "\n".join(list(changed)[:60]))
