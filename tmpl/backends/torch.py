@@ -125,7 +125,7 @@ class _StepLogprobs:
         steps = self
 
         class HoldScores(LogitsProcessor):
-            def __call__(self, input_ids, scores):
+            def __call__(self, input_ids, scores):  # noqa: ARG002 - LogitsProcessor signature
                 steps.hold(scores.float())
                 return scores
 
@@ -139,13 +139,13 @@ class _StepLogprobs:
         steps = self
 
         class TakeSampled(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
+            def __call__(self, input_ids, scores, **kwargs):  # noqa: ARG002 - StoppingCriteria signature
                 steps.take(input_ids)
                 return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         return TakeSampled()
 
-    def forward_hook(self, module: Any, args: Any, output: Any) -> None:
+    def forward_hook(self, module: Any, args: Any, output: Any) -> None:  # noqa: ARG002 - torch hook signature
         """``register_forward_hook`` target: hold the last position's logits (this thread's calls only)."""
         if threading.get_ident() != self._thread:
             return
