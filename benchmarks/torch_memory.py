@@ -18,7 +18,10 @@ Contenders, each in both logprob modes (``raw``, ``processed``):
 Peak memory: each point runs in a fresh subprocess. On CUDA, ``torch.cuda.max_memory_allocated``
 after a reset; on CPU (torch keeps no allocator statistics there) the process's RSS high-water
 mark (``VmHWM``), reset through ``/proc/self/clear_refs`` just before the batch, minus the RSS
-at that moment. The goal: the step-wise peak does not grow with the length.
+at that moment. Children run with a fixed glibc mmap threshold (``MALLOC_MMAP_THRESHOLD_``):
+every tensor of a vocabulary row or more is then its own mapping, returned when freed, so the
+high-water mark follows live tensors instead of heap fragmentation. The goal: the step-wise
+peak does not grow with the length.
 """
 
 from __future__ import annotations
@@ -154,7 +157,8 @@ def main() -> None:
     def point(approach: str, mode: str, length: int) -> dict:
         cmd = [sys.executable, __file__, "--data", str(args.data), "--batch", str(args.batch), "--device",
                args.device, "--point", f"{approach},{mode},{length}"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
             sys.exit(f"point {approach}/{mode}/{length} failed:\n{done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
