@@ -58,6 +58,77 @@ def test_torch_logprobs_equal_a_separate_forward_pass(tiny_qwen2, mode, temperat
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=ATOL), (ref - torch.tensor(res.logprobs)).abs().max()
 
 
+def _generate_keeping_every_row(model, requests, sampling, stops, pad):
+    """The approach the backend replaced: ``generate(output_logits / output_scores)`` keeps a
+    vocabulary row per step; log-softmax of the stacked rows, gathered at the sampled tokens.
+    Returns ``(ids, logprobs)`` per request, cut like the backend cuts (first stop kept, else max_tokens)."""
+    width = max(len(r.prompt_ids) for r in requests)
+    ids = torch.full((len(requests), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(requests):
+        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        mask[i, width - len(r.prompt_ids):] = 1
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=max(r.max_tokens for r in requests),
+                  pad_token_id=pad, eos_token_id=sorted(stops), return_dict_in_generate=True,
+                  output_logits=sampling.logprobs == "raw", output_scores=sampling.logprobs == "processed")
+    if sampling.greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    torch.manual_seed(sampling.seed)
+    with torch.no_grad():
+        gen = model.generate(**kwargs)
+    rows = torch.stack(list(gen.logits if sampling.logprobs == "raw" else gen.scores), dim=1).float()
+    new = gen.sequences[:, width:]
+    lps = torch.log_softmax(rows, -1).gather(-1, new[:, : rows.shape[1], None]).squeeze(-1)
+    out = []
+    for i, r in enumerate(requests):
+        toks = new[i, : r.max_tokens].tolist()
+        end = next((t + 1 for t, tok in enumerate(toks) if tok in stops), len(toks))
+        out.append((toks[:end], lps[i, :end].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 50, 0.9)])
+def test_torch_step_logprobs_equal_keeping_every_row(tiny_qwen2, mode, temperature, top_k, top_p):
+    """Same seed -> same token IDs and the same logprobs (1e-5) as generate(output_logits/output_scores)."""
+    model, tok = tiny_qwen2
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, logprobs=mode, seed=11)
+    requests = [GenerationRequest(f"r{i}", p, 10 + 4 * i, stops, sampling) for i, p in enumerate(_prompts(tok))]
+    backend = Torch(model)
+    got = backend.generate_batch(requests)
+    expected = _generate_keeping_every_row(model, requests, sampling, stops, backend.pad_token_id)
+    for res, (ids, lps) in zip(got, expected):
+        assert res.token_ids == ids
+        assert res.logprobs == pytest.approx(lps, abs=1e-5)
+
+
+def test_torch_raw_logprobs_come_before_the_generation_config_processors(tiny_qwen2):
+    """Tokens suppressed by the model's generation_config shape what is sampled (and the
+    processed logprobs) but not the raw ones: raw is the model's own log-softmax."""
+    model, tok = tiny_qwen2
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    backend = Torch(model)
+    suppressed = range(1000, 100_000)  # two thirds of the vocabulary: log(3) nats off every processed logprob
+    model.generation_config.suppress_tokens = list(suppressed)
+    try:
+        for mode in ("raw", "processed"):
+            sampling = Sampling(temperature=1.0, logprobs=mode, seed=3)
+            requests = [GenerationRequest(f"r{i}", p, 12, stops, sampling) for i, p in enumerate(_prompts(tok))]
+            got = backend.generate_batch(requests)
+            expected = _generate_keeping_every_row(model, requests, sampling, stops, backend.pad_token_id)
+            for req, res, (ids, lps) in zip(requests, got, expected):
+                assert res.token_ids == ids and res.logprobs == pytest.approx(lps, abs=1e-5)
+                assert not set(res.token_ids) & set(suppressed)
+                forward = _forward_logprobs(model, req.prompt_ids, res.token_ids)
+                raw_matches = torch.allclose(torch.tensor(res.logprobs), forward, atol=ATOL)
+                assert raw_matches == (mode == "raw")
+    finally:
+        model.generation_config.suppress_tokens = None
+
+
 def test_torch_pads_with_any_token_when_the_config_names_none(tiny_qwen2):
     model, tok = tiny_qwen2
     configured = Torch(model)

@@ -9,15 +9,26 @@ Requests are grouped by sampling settings and stop tokens (one ``generate`` call
 Each result is cut at its first stop token (kept) or at its own ``max_tokens``. Logprobs
 are those of the sampled tokens: ``raw`` (log-softmax of the logits) or ``processed``
 (log-softmax of the scores after temperature, top-k and top-p). Works on CPU and GPU.
+
+The logprob of each sampled token is taken at the step it is sampled (see
+:class:`_StepLogprobs`): ``generate`` never keeps a vocabulary row per generated token
+(``output_logits`` / ``output_scores`` would hold ``batch x steps x vocab`` floats, 79 GB
+for 256 x 512 x 151,665), so the extra memory is a few ``batch x vocab`` rows whatever
+the generated length.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Backend, BackendError, GenerationRequest, GenerationResult
+from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling
+
+#: the model generation_config's sampling warpers that Sampling does not name: switched off,
+#: so that what is sampled from is exactly Sampling's temperature, top-k and top-p
+_UNNAMED_WARPERS_OFF = dict(min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -52,13 +63,130 @@ def _pad_token(explicit: int | None, tokenizer: Any, config: Any) -> int:
     return 0
 
 
+class _StepLogprobs:
+    """The sampled token's logprob, taken step by step while ``generate`` runs.
+
+    Each step, :meth:`hold` receives the distribution the token is drawn from (or the raw
+    logits) as one ``batch x vocab`` float row and keeps it with its log-normalizer; once
+    ``generate`` has appended the sampled tokens, :meth:`take` gathers one logprob per row
+    and lets go of the row. What is kept between steps is ``batch`` floats per step.
+
+    It plugs into ``generate`` three ways (all public transformers / torch hooks):
+
+    - ``processed``: :meth:`processor`, a logits processor placed after the temperature,
+      top-k and top-p warpers (which are passed as processors too, so the order is ours);
+    - ``raw``: :meth:`forward_hook` on the model, which sees the logits exactly as
+      ``generate`` does (``outputs.logits[:, -1]`` in float32) before any processor,
+      including processors from the model's generation_config (repetition penalty...);
+    - both: :meth:`criterion`, a stopping criterion, called once per step right after the
+      sampled token is appended to ``input_ids``; it never stops anything.
+
+    >>> import torch
+    >>> steps = _StepLogprobs()
+    >>> steps.hold(torch.tensor([[0.0, 0.0], [0.0, 2.0]]))
+    >>> steps.take(torch.tensor([[7, 1], [7, 0]]))
+    >>> [round(x, 4) for x in steps.matrix(1)[:, 0].tolist()]
+    [-0.6931, -2.1269]
+    """
+
+    def __init__(self) -> None:
+        self._row: Any = None
+        self._log_norm: Any = None
+        self._steps: list[Any] = []
+        self._thread = threading.get_ident()
+
+    def hold(self, row: Any) -> None:
+        """Keep this step's float32 ``batch x vocab`` row and its logsumexp until :meth:`take`."""
+        import torch
+
+        self._row = row
+        self._log_norm = torch.logsumexp(row, dim=-1)
+
+    def take(self, input_ids: Any) -> None:
+        """Gather the logprob of the token just appended (``input_ids[:, -1]``) from the held row."""
+        if self._row is None:
+            raise BackendError("Torch backend: a step was sampled without its logits being seen")
+        tokens = input_ids[:, -1:].to(self._row.device)
+        self._steps.append(self._row.gather(-1, tokens).squeeze(-1) - self._log_norm)
+        self._row = self._log_norm = None
+
+    def matrix(self, n_steps: int) -> Any:
+        """``(batch, n_steps)`` logprobs of the first ``n_steps`` sampled tokens."""
+        import torch
+
+        if len(self._steps) < n_steps:
+            raise BackendError(f"Torch backend: {len(self._steps)} logprob steps seen for {n_steps} generated tokens")
+        return torch.stack(self._steps[:n_steps], dim=1)
+
+    def processor(self) -> Any:
+        """A transformers ``LogitsProcessor`` that holds the scores it is given, unchanged."""
+        from transformers import LogitsProcessor
+
+        steps = self
+
+        class HoldScores(LogitsProcessor):
+            def __call__(self, input_ids, scores):  # noqa: ARG002 - LogitsProcessor signature
+                steps.hold(scores.float())
+                return scores
+
+        return HoldScores()
+
+    def criterion(self) -> Any:
+        """A transformers ``StoppingCriteria`` that takes each step's logprob and stops nothing."""
+        import torch
+        from transformers import StoppingCriteria
+
+        steps = self
+
+        class TakeSampled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):  # noqa: ARG002 - StoppingCriteria signature
+                steps.take(input_ids)
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        return TakeSampled()
+
+    def forward_hook(self, module: Any, args: Any, output: Any) -> None:  # noqa: ARG002 - torch hook signature
+        """``register_forward_hook`` target: hold the last position's logits (this thread's calls only)."""
+        if threading.get_ident() != self._thread:
+            return
+        logits = getattr(output, "logits", None)
+        if logits is None:
+            raise BackendError(f"Torch backend: {type(module).__name__} returned no .logits for raw logprobs")
+        import torch
+
+        self.hold(logits[:, -1].to(torch.float32, copy=True))
+
+
+def _warpers(sampling: Sampling) -> list[Any]:
+    """Sampling's temperature, top-k and top-p as transformers warpers, in ``generate``'s order."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers: list[Any] = []
+    if sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k:
+        warpers.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+    return warpers
+
+
 class Torch(Backend):
-    """Generate with a transformers causal LM (``model.generate``)."""
+    """Generate with a transformers causal LM (``model.generate``).
+
+    ``max_batch_size`` defaults to 256: sampled-token logprobs are taken step by step, so a
+    batch no longer holds a vocabulary row per generated token (at 256 x 512 tokens and a
+    151k vocabulary that alone was 79 GB); what a batch needs beyond the weights is the KV
+    cache (prompt + generated tokens, model-dependent) and a few ``batch x vocab`` float rows
+    for the current step (~155 MB each at 256 x 151k). A batch that still does not fit is
+    halved and retried (see ``_generate_halving``), so a large default costs nothing when
+    the device is small.
+    """
 
     batching = True
 
     def __init__(
-        self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 64, tokenizer: Any = None
+        self, model: Any, *, pad_token_id: int | None = None, max_batch_size: int = 256, tokenizer: Any = None
     ) -> None:
         """Pad token: ``pad_token_id``, else the tokenizer's pad or eos, else the config's pad or
         eos, else 0. Left padding sits under a zero attention mask, so any ID is correct there."""
@@ -102,6 +230,7 @@ class Torch(Backend):
 
     def _generate(self, group: list[GenerationRequest], sampling, stops: tuple[int, ...]) -> list[GenerationResult]:
         import torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         device = next(self.model.parameters()).device
         width = max(len(r.prompt_ids) for r in group)
@@ -111,6 +240,7 @@ class Torch(Backend):
             n = len(req.prompt_ids)
             input_ids[i, width - n :] = torch.tensor(list(req.prompt_ids), dtype=torch.long)
             attention[i, width - n :] = 1
+        steps = _StepLogprobs()
         kwargs: dict[str, Any] = dict(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
@@ -118,23 +248,28 @@ class Torch(Backend):
             pad_token_id=self.pad_token_id,
             eos_token_id=list(stops) or None,
             return_dict_in_generate=True,
-            output_scores=sampling.logprobs == "processed",
-            output_logits=sampling.logprobs == "raw",
+            stopping_criteria=StoppingCriteriaList([steps.criterion()]),
         )
+        processors: list[Any] = []
         if sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k or None)
+        else:  # Sampling's warpers as our processors (neutral in the config): nothing runs after ours
+            kwargs.update(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, **_UNNAMED_WARPERS_OFF)
+            processors += _warpers(sampling)
+        if sampling.logprobs == "processed":
+            processors.append(steps.processor())
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        with torch.no_grad():
-            gen = self.model.generate(**kwargs)
-        steps = gen.logits if sampling.logprobs == "raw" else gen.scores
+        hook = self.model.register_forward_hook(steps.forward_hook) if sampling.logprobs == "raw" else None
+        try:
+            with torch.no_grad():
+                gen = self.model.generate(**kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
         new = gen.sequences[:, width:]
-        # (batch, steps) logprobs of the sampled tokens, in one pass
-        stacked = torch.stack([s.float() for s in steps], dim=1)
-        chosen = torch.log_softmax(stacked, dim=-1).gather(-1, new[:, : stacked.shape[1]].unsqueeze(-1)).squeeze(-1)
+        chosen = steps.matrix(new.shape[1])
         stop_set = set(stops)
         results = []
         for i, req in enumerate(group):
