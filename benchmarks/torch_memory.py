@@ -90,9 +90,18 @@ def _every_row(model, requests, sampling, pad: int):
     torch.manual_seed(sampling.seed)
     with torch.no_grad():
         gen = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=requests[0].max_tokens,
-            pad_token_id=pad, eos_token_id=None, return_dict_in_generate=True, output_logits=raw,
-            output_scores=not raw, do_sample=True, temperature=sampling.temperature, top_p=None, top_k=None,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=requests[0].max_tokens,
+            pad_token_id=pad,
+            eos_token_id=None,
+            return_dict_in_generate=True,
+            output_logits=raw,
+            output_scores=not raw,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=None,
+            top_k=None,
         )
     steps = torch.stack([s.float() for s in (gen.logits if raw else gen.scores)], dim=1)
     new = gen.sequences[:, width:]
@@ -109,22 +118,36 @@ def measure_point(data: Path, approach: str, mode: str, length: int, batch: int,
     tok = AutoTokenizer.from_pretrained(str(data / "qwen2.5-instruct"))
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
     )
     model = Qwen2ForCausalLM(config).eval().to(device)
     questions = ["What time is it in Paris?", "Weather in Rome and Oslo, please.", "Hello!", "Summarise this."]
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": questions[i % len(questions)] * (1 + i % 3)}],
-                                add_generation_prompt=True, tokenize=True, return_dict=False)
+        tok.apply_chat_template(
+            [{"role": "user", "content": questions[i % len(questions)] * (1 + i % 3)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         for i in range(batch)
     ]
     sampling = Sampling(temperature=1.0, logprobs=mode, seed=0)
     requests = [GenerationRequest(f"r{i}", p, length, frozenset(), sampling) for i, p in enumerate(prompts)]
     backend = Torch(model, max_batch_size=batch)
-    run = (lambda: backend.generate_batch(requests)) if approach == "step-wise" else (
-        lambda: _every_row(model, requests, sampling, backend.pad_token_id))
+    run = (
+        (lambda: backend.generate_batch(requests))
+        if approach == "step-wise"
+        else (lambda: _every_row(model, requests, sampling, backend.pad_token_id))
+    )
     backend.generate_batch([GenerationRequest("warm", prompts[0], 2, frozenset(), sampling)])  # lazy init outside
     started = time.perf_counter()
     with PeakMemory(device) as peak:
@@ -136,7 +159,9 @@ def measure_point(data: Path, approach: str, mode: str, length: int, batch: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers")))
+    parser.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers"))
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--modes", nargs="+", default=["raw", "processed"], choices=["raw", "processed"])
@@ -155,8 +180,18 @@ def main() -> None:
         return
 
     def point(approach: str, mode: str, length: int) -> dict:
-        cmd = [sys.executable, __file__, "--data", str(args.data), "--batch", str(args.batch), "--device",
-               args.device, "--point", f"{approach},{mode},{length}"]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--data",
+            str(args.data),
+            "--batch",
+            str(args.batch),
+            "--device",
+            args.device,
+            "--point",
+            f"{approach},{mode},{length}",
+        ]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
@@ -166,14 +201,18 @@ def main() -> None:
     meter = "CUDA max_memory_allocated" if args.device == "cuda" else "RSS high-water (VmHWM) above RSS at start"
     print(f"Torch backend, one batch of {args.batch}, tiny Qwen2 + 151,665-token vocabulary, device {args.device}")
     print(f"peak = {meter}, each point in a fresh process")
-    print(f"{'mode':<10} {'tokens':>7} {'step-wise MiB':>14} {'every row MiB':>14} {'ratio':>7} "
-          f"{'step-wise s':>12} {'every row s':>12}")
+    print(
+        f"{'mode':<10} {'tokens':>7} {'step-wise MiB':>14} {'every row MiB':>14} {'ratio':>7} "
+        f"{'step-wise s':>12} {'every row s':>12}"
+    )
     for mode in args.modes:
         for length in args.lengths:
             new, old = point("step-wise", mode, length), point("every row", mode, length)
-            print(f"{mode:<10} {length:>7} {new['peak'] / MiB:>14.1f} {old['peak'] / MiB:>14.1f} "
-                  f"{old['peak'] / max(new['peak'], 1):>6.1f}x {new['seconds']:>12.2f} {old['seconds']:>12.2f}",
-                  flush=True)
+            print(
+                f"{mode:<10} {length:>7} {new['peak'] / MiB:>14.1f} {old['peak'] / MiB:>14.1f} "
+                f"{old['peak'] / max(new['peak'], 1):>6.1f}x {new['seconds']:>12.2f} {old['seconds']:>12.2f}",
+                flush=True,
+            )
     print("ratio = every-row peak / step-wise peak (higher is better); goal: step-wise flat in the length")
 
 

@@ -28,7 +28,11 @@ ATOL = 1e-4
 
 
 def _prompts(tok):
-    return [tok.encode("Hello there, how are you?"), tok.encode("Short"), tok.encode("A third prompt with more words in it, ok")]
+    return [
+        tok.encode("Hello there, how are you?"),
+        tok.encode("Short"),
+        tok.encode("A third prompt with more words in it, ok"),
+    ]
 
 
 def _forward_logprobs(model, prompt, completion, temperature=None):
@@ -55,7 +59,9 @@ def test_torch_logprobs_equal_a_separate_forward_pass(tiny_qwen2, mode, temperat
         if res.finish_reason == "length":
             assert len(res.token_ids) == req.max_tokens
         ref = _forward_logprobs(model, req.prompt_ids, res.token_ids, temperature if mode == "processed" else None)
-        assert torch.allclose(torch.tensor(res.logprobs), ref, atol=ATOL), (ref - torch.tensor(res.logprobs)).abs().max()
+        assert torch.allclose(torch.tensor(res.logprobs), ref, atol=ATOL), (
+            (ref - torch.tensor(res.logprobs)).abs().max()
+        )
 
 
 def _generate_keeping_every_row(model, requests, sampling, stops, pad):
@@ -66,15 +72,24 @@ def _generate_keeping_every_row(model, requests, sampling, stops, pad):
     ids = torch.full((len(requests), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(requests):
-        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-        mask[i, width - len(r.prompt_ids):] = 1
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=max(r.max_tokens for r in requests),
-                  pad_token_id=pad, eos_token_id=sorted(stops), return_dict_in_generate=True,
-                  output_logits=sampling.logprobs == "raw", output_scores=sampling.logprobs == "processed")
+        ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+        mask[i, width - len(r.prompt_ids) :] = 1
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max(r.max_tokens for r in requests),
+        pad_token_id=pad,
+        eos_token_id=sorted(stops),
+        return_dict_in_generate=True,
+        output_logits=sampling.logprobs == "raw",
+        output_scores=sampling.logprobs == "processed",
+    )
     if sampling.greedy:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+        kwargs.update(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None
+        )
     torch.manual_seed(sampling.seed)
     with torch.no_grad():
         gen = model.generate(**kwargs)
@@ -154,8 +169,10 @@ def test_torch_out_of_memory_halves_the_batch_and_retries(tiny_qwen2, monkeypatc
     model, tok = tiny_qwen2
     backend = Torch(model, max_batch_size=8)
     stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
-    reqs = [GenerationRequest(f"r{i}", tok.encode(f"prompt number {i}"), 4, stops, Sampling(temperature=0))
-            for i in range(6)]
+    reqs = [
+        GenerationRequest(f"r{i}", tok.encode(f"prompt number {i}"), 4, stops, Sampling(temperature=0))
+        for i in range(6)
+    ]
     expected = backend.generate_batch(reqs)
     real, sizes = backend._generate, []
 
@@ -200,17 +217,20 @@ def test_torch_batching_does_not_change_greedy_outputs(tiny_qwen2):
 
 def test_scripted_backend_cuts_like_an_engine():
     backend = Scripted(lambda req: [5, 6, 7, 8, 9])
-    [a, b, c] = backend.generate_batch([
-        GenerationRequest("a", [1], 10, frozenset({7})),
-        GenerationRequest("b", [1], 3, frozenset()),
-        GenerationRequest("c", [1], 10, frozenset({9})),
-    ])
+    [a, b, c] = backend.generate_batch(
+        [
+            GenerationRequest("a", [1], 10, frozenset({7})),
+            GenerationRequest("b", [1], 3, frozenset()),
+            GenerationRequest("c", [1], 10, frozenset({9})),
+        ]
+    )
     assert (a.token_ids, a.finish_reason) == ([5, 6, 7], "stop")
     assert (b.token_ids, b.finish_reason) == ([5, 6, 7], "length")
     assert (c.token_ids, c.finish_reason, len(c.logprobs)) == ([5, 6, 7, 8, 9], "stop", 5)
 
 
 # -- vLLM offline engine: the adapter against a stand-in with the same interface ---------------
+
 
 def test_vllm_adapter_uses_token_prompts_and_sampled_logprobs(tiny_qwen2, monkeypatch):
     model, tok = tiny_qwen2
@@ -219,8 +239,10 @@ def test_vllm_adapter_uses_token_prompts_and_sampled_logprobs(tiny_qwen2, monkey
     llm = FakeLLM(Torch(model))
     backend = VLLM(llm)
     stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>"), 198})
-    reqs = [GenerationRequest(f"r{i}", p, 6, stops, Sampling(temperature=0.5, top_k=20, seed=3))
-            for i, p in enumerate(_prompts(tok))]
+    reqs = [
+        GenerationRequest(f"r{i}", p, 6, stops, Sampling(temperature=0.5, top_k=20, seed=3))
+        for i, p in enumerate(_prompts(tok))
+    ]
     results = backend.generate_batch(reqs)
     [(prompts, params, use_tqdm)] = llm.calls
     assert [p["prompt_token_ids"] for p in prompts] == [list(r.prompt_ids) for r in reqs]
@@ -240,6 +262,7 @@ def test_vllm_missing_gives_a_clear_error(monkeypatch):
 
 
 # -- vLLM servers: the client against a local server speaking the same JSON -------------------
+
 
 def _run(coro):
     return asyncio.run(coro)
@@ -267,8 +290,9 @@ def test_server_client_spreads_load_and_survives_a_dropping_server(tiny_qwen2):
         client = VLLMServer([bad.url, good.url], timeout=10, retries=2, backoff=0.01)
 
         async def many():
-            return await asyncio.gather(*(client.agenerate(GenerationRequest(f"q{i}", [1, 2], 5, frozenset()))
-                                          for i in range(12)))
+            return await asyncio.gather(
+                *(client.agenerate(GenerationRequest(f"q{i}", [1, 2], 5, frozenset())) for i in range(12))
+            )
 
         results = _run(many())
     assert all(r.token_ids == [11, 12, 13] and r.error is None for r in results)
@@ -300,11 +324,30 @@ def test_server_client_cancel_aborts_on_the_server():
 
 # vLLM's tokens endpoint answers in two shapes: 0.30 (chat-style logprob entries whose token is the
 # string "token_id:N") and 0.33 (entries with token_id). Recorded-form answers for both:
-TOKENS_030 = {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": [
-    {"token": "token_id:151657", "logprob": -0.01, "bytes": None, "top_logprobs": []},
-    {"token": "token_id:151645", "logprob": -0.25, "bytes": None, "top_logprobs": []}]}}]}
-TOKENS_033 = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [151657, 151645], "logprobs": {
-    "content": [{"token_id": 151657, "logprob": -0.01}, {"token_id": 151645, "logprob": -0.25}]}}]}
+TOKENS_030 = {
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "logprobs": {
+                "content": [
+                    {"token": "token_id:151657", "logprob": -0.01, "bytes": None, "top_logprobs": []},
+                    {"token": "token_id:151645", "logprob": -0.25, "bytes": None, "top_logprobs": []},
+                ]
+            },
+        }
+    ]
+}
+TOKENS_033 = {
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "token_ids": [151657, 151645],
+            "logprobs": {"content": [{"token_id": 151657, "logprob": -0.01}, {"token_id": 151645, "logprob": -0.25}]},
+        }
+    ]
+}
 
 
 @pytest.mark.parametrize("body", [TOKENS_030, TOKENS_033], ids=["vllm-0.30", "vllm-0.33"])

@@ -49,8 +49,14 @@ ARGS = [{"city": "Paris"}, {"city": "Tokyo", "timezone": "Asia/Tokyo"}, {"query"
 
 
 def _ids(tpl, messages, gen: bool) -> list[int]:
-    out = tpl.tokenizer.apply_chat_template(messages, tools=SCHEMAS, chat_template=tpl.template, tokenize=True,
-                                            add_generation_prompt=gen, **tpl.template_kwargs)
+    out = tpl.tokenizer.apply_chat_template(
+        messages,
+        tools=SCHEMAS,
+        chat_template=tpl.template,
+        tokenize=True,
+        add_generation_prompt=gen,
+        **tpl.template_kwargs,
+    )
     return list(out["input_ids"])
 
 
@@ -76,8 +82,11 @@ class ScriptedConversation:
             msg["reasoning_content"] = f"Turn {turn}: think about the tools."
         if k:
             msg["tool_calls"] = [
-                {"id": f"t{turn}c{i}abcde"[:9], "type": "function",
-                 "function": {"name": FUNCS[i % 3].__name__, "arguments": ARGS[i % 3]}}
+                {
+                    "id": f"t{turn}c{i}abcde"[:9],
+                    "type": "function",
+                    "function": {"name": FUNCS[i % 3].__name__, "arguments": ARGS[i % 3]},
+                }
                 for i in range(k)
             ]
         return msg
@@ -93,8 +102,14 @@ class ScriptedConversation:
         self.history.append(assistant)
         for i, call in enumerate(assistant.get("tool_calls", [])):
             fn = FUNCS[i % 3]
-            self.history.append({"role": "tool", "tool_call_id": call["id"], "name": fn.__name__,
-                                 "content": fn(**call["function"]["arguments"])})
+            self.history.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call["id"],
+                    "name": fn.__name__,
+                    "content": fn(**call["function"]["arguments"]),
+                }
+            )
         self.completion_lengths.append(end + 1 - len(prompt))
         return alone[len(prompt) : end + 1]
 
@@ -122,8 +137,9 @@ def test_scripted_multi_turn_equals_full_renders_at_every_turn(twin, family, tok
         assert list(request.prompt_ids) == _ids(tpl, script.history, True), f"turn {turn}: input drifted"
         return script.completion(int(turn))
 
-    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS, max_turns=5, max_length=8192,
-                           max_completion_length=4096, measure_drift=True)
+    rollout = tmpl.Rollout(
+        tpl, Scripted(policy), tools=FUNCS, max_turns=5, max_length=8192, max_completion_length=4096, measure_drift=True
+    )
     results = rollout.run([[{"role": "user", "content": u}] for u in users])
     for script, res in zip(scripts, results):
         assert res.status.name == "DONE", res.reason
@@ -148,8 +164,16 @@ def test_scripted_multi_turn_equals_full_renders_at_every_turn(twin, family, tok
 def test_torch_end_to_end_logprobs_match_a_forward_pass(tiny_qwen2):
     model, tok = tiny_qwen2
     tpl = tmpl.ChatTemplate(tok, name="qwen2.5")
-    rollout = tmpl.Rollout(tpl, Torch(model), tools=FUNCS, max_turns=2, max_length=512, max_completion_length=48,
-                           max_tokens_per_turn=24, sampling=Sampling(temperature=1.0, n=2, seed=11))
+    rollout = tmpl.Rollout(
+        tpl,
+        Torch(model),
+        tools=FUNCS,
+        max_turns=2,
+        max_length=512,
+        max_completion_length=48,
+        max_tokens_per_turn=24,
+        sampling=Sampling(temperature=1.0, n=2, seed=11),
+    )
     convs = [[{"role": "user", "content": "Weather in Paris?"}], [{"role": "user", "content": "Hi"}]]
     results = rollout.run(convs)
     assert [(r.index, r.sample) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -171,6 +195,7 @@ def test_torch_end_to_end_logprobs_match_a_forward_pass(tiny_qwen2):
 
 
 # -- faults -----------------------------------------------------------------------------------
+
 
 def _tpl(tokenizer_of):
     return tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct"), name="qwen2.5")
@@ -220,12 +245,15 @@ def test_dropping_server_is_retried_and_dead_servers_abort(tokenizer_of):
 
 def test_budgets_and_turn_limits(tokenizer_of):
     tpl = _tpl(tokenizer_of)
-    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    call = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    )
     always_call = Scripted(lambda r: call)
     [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=3).run([[{"role": "user", "content": "q"}]])
     assert r.status.name == "TRUNCATED" and "max_turns=3" in r.reason and r.turns == 3
-    [r] = tmpl.Rollout(tpl, always_call, tools=FUNCS, max_turns=8, max_length=10_000,
-                       max_completion_length=len(call) + 10).run([[{"role": "user", "content": "q"}]])
+    [r] = tmpl.Rollout(
+        tpl, always_call, tools=FUNCS, max_turns=8, max_length=10_000, max_completion_length=len(call) + 10
+    ).run([[{"role": "user", "content": "q"}]])
     assert r.status.name == "TRUNCATED" and r.trajectory.tokens_cut > 0  # the tool suffix overflowed
     assert len(r.completion_ids) == len(call) + 10 == len(r.mask) == len(r.logprobs)
 
@@ -234,8 +262,16 @@ def test_drift_is_measured_on_the_seed_completion(tokenizer_of):
     from .test_suffix_engine import SEED_COMPLETION
 
     tpl = _tpl(tokenizer_of)
-    tools = [{"type": "function", "function": {"name": "multiply_tool", "description": "a*b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "multiply_tool",
+                "description": "a*b",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+            },
+        }
+    ]
 
     def multiply_tool(a: int, b: int) -> int:
         """Multiply.
@@ -251,8 +287,12 @@ def test_drift_is_measured_on_the_seed_completion(tokenizer_of):
     rollout = tmpl.Rollout(tpl, policy, tools=[multiply_tool], measure_drift=True)
     [r] = rollout.run([[{"role": "user", "content": "3 times 4?"}]])
     assert r.status.name == "DONE" and r.completion_ids.tolist()[:47] == SEED_COMPLETION
-    assert r.messages[2] == {"role": "tool", "tool_call_id": r.messages[1]["tool_calls"][0]["id"],
-                             "name": "multiply_tool", "content": "12"}
+    assert r.messages[2] == {
+        "role": "tool",
+        "tool_call_id": r.messages[1]["tool_calls"][0]["id"],
+        "name": "multiply_tool",
+        "content": "12",
+    }
     assert r.drift is True and rollout.metrics.drift_rate == 1.0
     assert r.drift_detail.cause.value in rollout.metrics.drift_causes
     del tools
@@ -308,7 +348,9 @@ def test_samples_do_not_wait_for_each_other(tokenizer_of):
 def test_a_retried_sample_starts_clean(tokenizer_of):
     """slime-retool's stale-state bug: a retried sample must not keep the failed attempt's tokens."""
     tpl = _tpl(tokenizer_of)
-    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    call = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    )
     final = tpl.codec.encode("Sunny.<|im_end|>")
 
     def policy(req):
@@ -322,7 +364,7 @@ def test_a_retried_sample_starts_clean(tokenizer_of):
     assert r.status.name == "DONE" and r.attempts == 2 and r.metrics["attempts"] == 2
     # exactly one first turn, its tool result, and the final answer: nothing stale from attempt 1
     assert r.completion_ids.tolist()[: len(call)] == call
-    assert r.completion_ids.tolist()[-len(final):] == final
+    assert r.completion_ids.tolist()[-len(final) :] == final
     assert int(r.mask.sum()) == len(call) + len(final) and r.turns == 2
     assert len(r.spans) == 3 and len(r.messages) == 4
     no_retry = tmpl.Rollout(tpl, Scripted(policy), tools=FUNCS).run([[{"role": "user", "content": "weather?"}]])[0]
@@ -331,7 +373,9 @@ def test_a_retried_sample_starts_clean(tokenizer_of):
 
 def test_one_crashing_sample_does_not_take_the_batch_down(tokenizer_of):
     tpl = _tpl(tokenizer_of)
-    call = tpl.codec.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    call = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    )
     final = tpl.codec.encode("Sunny.<|im_end|>")
 
     def policy(req):
@@ -366,6 +410,7 @@ def test_first_turn_of_every_sample_goes_in_one_batch(tokenizer_of):
             return super().generate_batch(requests)
 
     results = tmpl.Rollout(tpl, Recording(lambda r: end), sampling=Sampling(n=2)).run(
-        [[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+        [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    )
     assert all(r.status.name == "DONE" for r in results)
     assert batches == [sorted(f"{i}-{s}-0" for i in range(3) for s in range(2))]
