@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,10 @@ from ..errors import TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import parse_completion, parser_for
 from ..trajectory.types import Span, Status
+
+if TYPE_CHECKING:
+    from ..toolcalls import Toolbox
+    from ..trajectory import Trajectory
 from .codes import EndCode
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
 from .metrics import RolloutMetrics, SampleTimes
@@ -51,7 +55,7 @@ class RolloutResult:
 
     index: int  # which conversation
     sample: int  # which of its n samples
-    trajectory: Any = field(repr=False)
+    trajectory: Trajectory = field(repr=False)
     messages: list[dict[str, Any]]
     turns: int
     tool_calls: int
@@ -365,12 +369,18 @@ class Rollout:
         with run.clock("drift"):
             return self._drift(run.history, run.traj)
 
-    def _drift(self, history: list[dict[str, Any]], traj) -> tuple[bool | None, DriftDetail | None]:
+    def _drift(self, history: list[dict[str, Any]], traj: Trajectory) -> tuple[bool | None, DriftDetail | None]:
         """Would decoding and re-rendering this sample have changed its token IDs? Where and why?"""
         ours = traj.prompt_ids.tolist() + traj.completion_ids.tolist()
         return rerender_drift(self.tpl, history, ours, self.tool_schemas)
 
-    def _verify(self, history, assistant, tool_messages, suffix: list[int]) -> bool:
+    def _verify(
+        self,
+        history: list[dict[str, Any]],
+        assistant: dict[str, Any],
+        tool_messages: list[dict[str, Any]],
+        suffix: list[int],
+    ) -> bool:
         self._suffix_count += 1
         if self._suffix_count % self.verify_every:
             return True
@@ -384,7 +394,7 @@ class Rollout:
         n = len(suffix)
         return full[len(full) - n :] == suffix and n < len(full) and full[len(full) - n - 1] in self.tpl.stop_token_ids
 
-    def _bar(self, total: int):
+    def _bar(self, total: int) -> Any:
         show = self.progress if self.progress is not None else sys.stderr.isatty()
         if not show:
             return None
@@ -452,7 +462,7 @@ class _SampleRun:
         return False
 
 
-def _toolbox(tools: Any):
+def _toolbox(tools: Any) -> Toolbox | None:
     if tools is None:
         return None
     from ..toolcalls import Toolbox

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..backends.base import Backend, GenerationRequest, GenerationResult
@@ -33,7 +34,7 @@ class Scheduler:
         self.busy = 0  # samples doing something other than waiting for a generation
         self.engine_time = 0.0
         self.batches = 0
-        self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._pending: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]] = []
         self._running = False
         self._sem = asyncio.Semaphore(max_concurrency)
         self._inflight = 0
@@ -50,7 +51,7 @@ class Scheduler:
         self._maybe_flush()
 
     @contextmanager
-    def working(self):
+    def working(self) -> Iterator[None]:
         """Mark the current sample busy (tools, parsing) for the duration of the block."""
         self.busy += 1
         try:
@@ -71,7 +72,7 @@ class Scheduler:
                     finally:
                         self._leave()
             loop = asyncio.get_running_loop()
-            future: asyncio.Future = loop.create_future()
+            future: asyncio.Future[GenerationResult] = loop.create_future()
             self._pending.append((request, future))
             # decide on the next pass of the loop: samples that are ready in this pass (all of them, on
             # the first turn, before they have even registered) join the same batch
@@ -106,7 +107,7 @@ class Scheduler:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             asyncio.get_running_loop().create_task(self._run(batch))
 
-    async def _run(self, batch: list[tuple[GenerationRequest, asyncio.Future]]) -> None:
+    async def _run(self, batch: list[tuple[GenerationRequest, asyncio.Future[GenerationResult]]]) -> None:
         requests = [r for r, _ in batch]
         self._enter()
         try:

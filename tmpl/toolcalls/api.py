@@ -37,7 +37,8 @@ def parser_for(tpl: ChatTemplate, name: str | None = None) -> ToolParser:
             f"(see tmpl.toolcalls.PARSERS)",
         )
     if found.learned is not None:
-        return found.learned
+        learned: ToolParser = found.learned
+        return learned
     return get_parser(found.parser, tpl.codec, found.think)
 
 

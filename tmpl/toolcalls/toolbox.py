@@ -29,7 +29,7 @@ import inspect
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +154,7 @@ class Toolbox:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
-        self._hung: set[concurrent.futures.Future] = set()
+        self._hung: set[concurrent.futures.Future[Any]] = set()
 
     # -- tools ------------------------------------------------------------------------
     @property
@@ -172,7 +172,7 @@ class Toolbox:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.schemas)
 
     @property
@@ -250,9 +250,11 @@ class Toolbox:
             return item
         if not isinstance(item, Mapping):
             raise ToolboxError(f"samples[{b}][{j}] must be a ToolCall, CallProblem or dict, not {type(item).__name__}")
-        fn = item.get("function") if isinstance(item.get("function"), Mapping) else item
+        function = item.get("function")
+        fn: Mapping[str, Any] = function if isinstance(function, Mapping) else item
         name = fn.get("name")
-        cid = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else new_call_id()
+        given = item.get("id")
+        cid: str = given if isinstance(given, str) and given else new_call_id()
         raw = json.dumps(dict(item), default=str)
         if not isinstance(name, str) or not name:
             return CallProblem("missing_name", "the call has no tool name", raw=raw, id=cid)
@@ -305,9 +307,9 @@ class Toolbox:
     async def _execute(self, tool: _Tool, call: ToolCall, args: dict[str, Any]) -> CallOutcome:
         loop = asyncio.get_running_loop()
         began = time.perf_counter()
-        thread_future: concurrent.futures.Future | None = None
+        thread_future: concurrent.futures.Future[Any] | None = None
         if tool.is_async:
-            task: asyncio.Future = asyncio.ensure_future(tool.fn(**args))
+            task: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**args))
         else:
             thread_future = _in_daemon_thread(functools.partial(tool.fn, **args))
             task = asyncio.wrap_future(thread_future, loop=loop)
@@ -345,9 +347,9 @@ class Toolbox:
         return CallOutcome(call.id, call.name, None, _content(value), time.perf_counter() - began, value)
 
 
-def _in_daemon_thread(fn: Any) -> concurrent.futures.Future:
+def _in_daemon_thread(fn: Any) -> concurrent.futures.Future[Any]:
     """Run ``fn()`` on a new daemon thread; its outcome lands in the returned future."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     def target() -> None:
         if not future.set_running_or_notify_cancel():
