@@ -114,23 +114,7 @@ class RolloutMetrics:
     def as_dict(self, prefix: str = "rollout/") -> dict[str, float]:
         """Flat numbers for a logger (wandb, tensorboard)."""
         out: dict[str, float] = {}
-        for k in (
-            "samples",
-            "done",
-            "truncated",
-            "aborted",
-            "turns_mean",
-            "turns_max",
-            "tool_calls",
-            "tool_failures",
-            "tokens_generated",
-            "tokens_appended",
-            "batches",
-            "wall_time",
-            "engine_time",
-            "drift_measured",
-            "drift_samples",
-        ):
+        for k in (*_COUNTS, "wall_time", "engine_time", "drift_measured", "drift_samples"):
             out[prefix + k] = float(getattr(self, k))
         out[prefix + "drift_rate"] = self.drift_rate
         for k, v in self.outside.items():
@@ -158,19 +142,7 @@ class RolloutMetrics:
         from .drift import DriftCause
 
         out: dict[str, float] = {}
-        for k in (
-            "samples",
-            "done",
-            "truncated",
-            "aborted",
-            "turns_mean",
-            "turns_max",
-            "tool_calls",
-            "tool_failures",
-            "tokens_generated",
-            "tokens_appended",
-            "batches",
-        ):
+        for k in _COUNTS:
             out[prefix + k] = float(getattr(self, k))
         out[prefix + "drift/measured"] = float(self.drift_measured)
         out[prefix + "drift/rate"] = self.drift_rate
@@ -204,3 +176,19 @@ class RolloutMetrics:
                 else ""
             )
         )
+
+
+#: The counts both flat views report, as floats.
+_COUNTS = (
+    "samples",
+    "done",
+    "truncated",
+    "aborted",
+    "turns_mean",
+    "turns_max",
+    "tool_calls",
+    "tool_failures",
+    "tokens_generated",
+    "tokens_appended",
+    "batches",
+)
