@@ -59,14 +59,16 @@ VERIFY_CALLS: list[list[dict[str, Any]]] = [
 ]
 
 
-def _render_calls(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], tools: Any, as_text: bool) -> str:
-
+def _render_calls(
+    renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], tools: Any, as_text: bool, id_seed: int = 9
+) -> str:
+    """The completion text of an assistant turn making ``calls`` (call ids from ``id_seed``)."""
     assistant = {
         "role": "assistant",
         "content": "",
         "tool_calls": [
             {
-                "id": call_id(9, i),
+                "id": call_id(id_seed, i),
                 "type": "function",
                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]},
             }
@@ -241,7 +243,7 @@ def learn_syntax(
         calls = probe_calls(k)
         ids = [call_id(7, i) for i in range(k)]
         try:
-            text = _render_calls_with_ids(renderer, codec, calls, as_text)
+            text = _render_calls(renderer, codec, calls, DETECT_TOOLS, as_text, id_seed=7)
         except TmplError as exc:
             reasons.append(f"{k} probe call(s) do not render ({exc})")
             continue
@@ -255,21 +257,3 @@ def learn_syntax(
             return parser, why
         reasons.append(f"learned {why}, but {failed}")
     return None, "; ".join(dict.fromkeys(reasons))
-
-
-def _render_calls_with_ids(renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], as_text: bool) -> str:
-
-    assistant = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": call_id(7, i),
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]},
-            }
-            for i, c in enumerate(calls)
-        ],
-    }
-    history = [{"role": "user", "content": USER_SENTINEL}]
-    return codec.decode(completion_ids(renderer, codec, history, assistant, DETECT_TOOLS))
