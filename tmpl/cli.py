@@ -1,6 +1,8 @@
-"""Command line: ``tmpl check`` (one template), ``tmpl matrix`` (many), ``tmpl replay`` (drift).
+"""Command line: ``tmpl check`` (one template), ``tmpl matrix`` (many), ``tmpl replay`` (drift),
+``tmpl fix`` (a training-safe rewrite of a template, proven).
 
     tmpl check MODEL_OR_DIR [--template FILE] [--json]
+    tmpl fix PATH_OR_NAME [-o FIXED.jinja] [--tokenizer DIR]
     tmpl matrix [SOURCE ...] [--format md|html|json] [-o FILE] [--tokenizer DIR]
     tmpl replay FILE.jsonl [--model MODEL_OR_DIR [--template FILE] [--tools TOOLS.json]]
 
@@ -9,7 +11,11 @@ each sample's messages with that template (and the tool schemas of ``--tools``, 
 rendered them) and explains the difference afresh; without, it prints the causes stored at export.
 
 With no SOURCE, ``tmpl matrix`` reports on the training-safe templates tmpl ships, offline.
-Exit status: 0 on success, 2 on usage or input errors (with a one-line message).
+``tmpl fix`` takes a tokenizer folder, a hub id, or a ``.jinja`` file (rendered with ``--tokenizer``);
+it prints the changes line by line and the proof, and writes the fixed template with ``-o``.
+
+Exit status: 0 on success, 1 when ``tmpl fix`` refuses (the reason is printed), 2 on usage or
+input errors (with a one-line message).
 """
 
 from __future__ import annotations
@@ -28,6 +34,35 @@ def _check(args: argparse.Namespace) -> int:
     tpl = ChatTemplate.from_pretrained(args.model, chat_template=args.template)
     report = check(tpl)
     print(report.to_json(indent=1) if args.json else report.to_markdown(), end="" if not args.json else "\n")
+    return 0
+
+
+def _fix(args: argparse.Namespace) -> int:
+    from .chat_template import ChatTemplate
+    from .errors import TemplateFixError
+    from .report import make_training_safe
+
+    source = Path(args.source)
+    if source.suffix == ".jinja":
+        if not args.tokenizer:
+            print("tmpl fix: a .jinja file needs --tokenizer DIR to render with", file=sys.stderr)
+            return 2
+        from transformers import AutoTokenizer
+
+        tpl = ChatTemplate(AutoTokenizer.from_pretrained(args.tokenizer), source, name=source.name)
+    else:
+        tpl = ChatTemplate.from_pretrained(args.source, chat_template=args.template)
+    try:
+        result = make_training_safe(tpl)
+    except TemplateFixError as exc:
+        print(f"tmpl fix: refused: {exc}", file=sys.stderr)
+        for line in exc.attempted:
+            print(f"  tried: {line}", file=sys.stderr)
+        return 1
+    sys.stdout.write(result.to_text())
+    if args.output:
+        Path(args.output).write_text(result.source, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
@@ -95,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--template", help="a .jinja file to use instead of the tokenizer's template")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(run=_check)
+    fix = sub.add_parser("fix", help="rewrite a template so earlier turns render as when last, and prove it")
+    fix.add_argument("source", help="a model/tokenizer folder, a hub id, or a .jinja file (with --tokenizer)")
+    fix.add_argument("-o", "--output", help="write the fixed template to this file")
+    fix.add_argument("--tokenizer", help="tokenizer folder to render a bare .jinja file with")
+    fix.add_argument("--template", help="a .jinja file to use instead of the folder's template")
+    fix.set_defaults(run=_fix)
     mat = sub.add_parser("matrix", help="report on many templates")
     mat.add_argument(
         "sources",

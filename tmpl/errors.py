@@ -395,3 +395,22 @@ class ExportError(TmplError, ValueError):
         self.where = where
         self.reason = reason
         super().__init__(f"{where}: {reason}")
+
+
+class TemplateFixError(TemplateError):
+    """:func:`tmpl.report.make_training_safe` could not prove a training-safe rewrite of a template.
+
+    ``reason`` says what could not be proven; ``attempted`` lists the rewrites tried (one line each) and
+    ``source`` is the rewritten template the proof failed on (None when no rewrite was tried).
+
+    >>> raise TemplateFixError("GLM-4.6.jinja", "the turn close is not a single token of this tokenizer")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TemplateFixError: chat template 'GLM-4.6.jinja': cannot make it training-safe: the turn close is not a single token of this tokenizer
+    """
+
+    def __init__(self, template: str, reason: str, attempted: tuple[str, ...] = ()) -> None:
+        self.attempted = attempted
+        self.source: str | None = None
+        super().__init__(template, f"cannot make it training-safe: {reason}")
+        self.reason = reason

@@ -9,14 +9,20 @@ This layer sits above :class:`~tmpl.ChatTemplate`: it takes one and probes it.
 >>> safe = tmpl.report.training_safe(tpl)                           # doctest: +SKIP
 >>> safe.name                                                       # doctest: +SKIP
 'qwen3'
+>>> fixed = tmpl.report.make_training_safe(tpl)    # any template: rewritten, proven  # doctest: +SKIP
+>>> print(fixed.to_text())                                          # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from .api import check, training_safe
+from .fix import Change, FixResult, ProofStep, make_training_safe
 from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport, Verdict, build_report
 
 __all__ = [
+    "Change",
+    "FixResult",
+    "ProofStep",
     "SAFE",
     "SAFE_WITH",
     "UNSAFE",
@@ -25,5 +31,6 @@ __all__ = [
     "Verdict",
     "build_report",
     "check",
+    "make_training_safe",
     "training_safe",
 ]
