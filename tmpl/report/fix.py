@@ -111,13 +111,15 @@ class FixResult:
 # -- finding position atoms in the AST ------------------------------------------------------------
 
 
-def _is_position_ref(n: nodes.Node) -> bool:
+def _is_position_ref(n: nodes.Node, state: frozenset[str] = frozenset()) -> bool:
+    """Whether ``n`` reads where a message stands: ``loop.last``/``loop.index0``/..., a "last ..." name,
+    ``xs[-1]``, or an attribute of a ``namespace()`` the template fills while looping (``state``)."""
     if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name) and n.node.name == "loop":
         return n.attr in LOOP_ATTRS
     if isinstance(n, nodes.Name):
         return "last" in n.name.lower()
     if isinstance(n, nodes.Getattr):
-        return "last" in n.attr.lower()
+        return "last" in n.attr.lower() or (isinstance(n.node, nodes.Name) and n.node.name in state)
     if isinstance(n, nodes.Getitem):
         arg = n.arg
         return (isinstance(arg, nodes.Const) and arg.value == -1) or (
@@ -126,8 +128,8 @@ def _is_position_ref(n: nodes.Node) -> bool:
     return False
 
 
-def _mentions_position(n: nodes.Node) -> bool:
-    return _is_position_ref(n) or any(_mentions_position(c) for c in n.iter_child_nodes())
+def _mentions_position(n: nodes.Node, state: frozenset[str]) -> bool:
+    return _is_position_ref(n, state) or any(_mentions_position(c, state) for c in n.iter_child_nodes())
 
 
 def _only_loop_refs(n: nodes.Node) -> bool:
@@ -135,13 +137,31 @@ def _only_loop_refs(n: nodes.Node) -> bool:
     return all(isinstance(x, nodes.Getattr) and isinstance(x.node, nodes.Name) and x.node.name == "loop" for x in refs)
 
 
-def _atoms(test: nodes.Node) -> list[nodes.Node]:
-    """The maximal sub-expressions of ``test`` that read a message's position."""
-    if isinstance(test, (nodes.Compare, nodes.Test)) and _mentions_position(test):
+def _atoms(test: nodes.Node, state: frozenset[str], top: bool = True) -> list[nodes.Node]:
+    """The maximal sub-expressions of ``test`` that read a message's position.
+
+    ``add_generation_prompt`` counts as one in a test that reads a position too (gpt-oss writes
+    ``<|return|>`` only for ``loop.last and not add_generation_prompt``).
+    """
+    if isinstance(test, (nodes.Compare, nodes.Test)) and _mentions_position(test, state):
         return [test]
-    if _is_position_ref(test):
+    if _is_position_ref(test, state):
         return [test]
-    return [a for c in test.iter_child_nodes() for a in _atoms(c)]
+    found = [a for c in test.iter_child_nodes() for a in _atoms(c, state, False)]
+    if top and found:
+        found += [n for n in test.find_all(nodes.Name) if n.name == "add_generation_prompt" and n not in found]
+    return found
+
+
+def _namespaces(tree: nodes.Template) -> frozenset[str]:
+    """Names bound to ``namespace(...)``: state the template carries from message to message."""
+    out = set()
+    for a in tree.find_all(nodes.Assign):
+        call = a.node
+        if isinstance(call, nodes.Call) and isinstance(call.node, nodes.Name) and call.node.name == "namespace":
+            if isinstance(a.target, nodes.Name):
+                out.add(a.target.name)
+    return frozenset(out)
 
 
 @dataclass
@@ -158,6 +178,7 @@ class _Cond:
 def _conditions(env: jinja2.Environment, source: str) -> list[_Cond]:
     """Every if/elif test with position atoms, matched to its condition text by (keyword, line, order)."""
     tree = env.parse(source)
+    state = _namespaces(tree)
     found: list[tuple[str, nodes.If, str]] = []
     nested: dict[int, bool] = {}  # the test's ``loop`` is an inner loop's (tool calls, tools), not the messages'
 
@@ -201,7 +222,7 @@ def _conditions(env: jinja2.Environment, source: str) -> list[_Cond]:
         key = (keyword, node.lineno)
         k = seen.get(key, 0)
         seen[key] = k + 1
-        atoms = [a for a in _atoms(node.test) if not (nested[id(node)] and _only_loop_refs(a))]
+        atoms = [a for a in _atoms(node.test, state) if not (nested[id(node)] and _only_loop_refs(a))]
         if not atoms:
             continue
         candidates = spans.get(key, [])
@@ -239,7 +260,7 @@ class _Recorder:
         return value
 
 
-def _instrumented(env: jinja2.Environment, source: str, conds: Sequence[_Cond]) -> tuple[str, list[nodes.Node]]:
+def _instrumented(source: str, conds: Sequence[_Cond]) -> tuple[str, list[nodes.Node]]:
     """``source`` with each test and each of its atoms wrapped in a recording call.
 
     Atom ``i`` records under ``i``; the test holding it records under ``-1 - (index of the test)``.
@@ -309,7 +330,8 @@ def _growth_chains(max_calls: int) -> Iterator[tuple[Chain, dict[int, int]]]:
             | ({"reasoning_content": f"{REASONING} reply"} if case["reasoning"] else {})
         )
         follow = {"role": "user", "content": "TmPlFoLlOwUp?"}
-        for conversation in (history + [a] + list(case["results"]), history + [reply, follow]):
+        final = {"role": "assistant", "content": "TmPlFiNaL answer."}
+        for conversation in (history + [a] + list(case["results"]) + [final], history + [reply, follow]):
             chain: Chain = []
             home: dict[int, int] = {}
             so_far: list[dict[str, Any]] = []
@@ -364,11 +386,12 @@ def _watch(
                     continue
                 for aid, atom in enumerate(atoms):
                     want, got = ref.get((aid, item)), later.get((aid, item))
-                    if not want or not got or got == want:
-                        continue  # not reached in one of the renders (an outer branch decides), or unmoved
+                    if not want or got == want:
+                        continue
                     test = test_of[id(atom)]
-                    if [bool(v) for v in ref.get((test, item), [])] == [bool(v) for v in later.get((test, item), [])]:
-                        continue  # the branch taken is the same: this atom does not matter here
+                    before, after = ref.get((test, item)), later.get((test, item))
+                    if not before or not after or before == after:
+                        continue  # the test is not reached in one render (an outer branch decides), or unmoved
                     f = findings.setdefault(aid, _Finding())
                     f.last_values.update(want)
                     f.moved += 1
@@ -395,7 +418,7 @@ def _rewrite_positions(
     unresolved: list[str] = []
     for _ in range(4):
         conds = _conditions(env, source)
-        text, atoms = _instrumented(env, source, conds)
+        text, atoms = _instrumented(source, conds)
         if not atoms:
             break
         findings = _watch(tpl, text, atoms, conds, max_calls)
@@ -422,7 +445,7 @@ def _rewrite_positions(
                 unresolved.append(f"the {c.keyword} test on line {c.node.lineno} could not be located in the source")
                 continue
 
-            def pin(n: nodes.Node) -> str | None:
+            def pin(n: nodes.Node, by_id: dict[int, int] = by_id, pins: dict[int, Any] = pins) -> str | None:
                 aid = by_id.get(id(n))
                 return js.literal(pins[aid]) if aid is not None and aid in pins else None
 
@@ -477,17 +500,13 @@ class _Breaks:
         self.base = {**dict(getattr(tpl.tokenizer, "special_tokens_map", {})), **tpl.template_kwargs}
         self.chains = [chain for chain, _ in _growth_chains(max_calls)]
         theirs = self.compile(original)
-        self.want = [[self._tail(theirs, m, g) for m, g in chain] for chain in self.chains]
+        self.want = [[self._render(theirs, m, g) for m, g in chain] for chain in self.chains]
 
     def _render(self, compiled: Any, messages: list[dict[str, Any]], gen: bool) -> str | None:
         try:
             return str(compiled.render(messages=messages, tools=PROBE_TOOLSET, add_generation_prompt=gen, **self.base))
         except Exception:  # noqa: BLE001 - a refused shape is no evidence
             return None
-
-    def _tail(self, compiled: Any, messages: list[dict[str, Any]], gen: bool) -> str | None:
-        text = self._render(compiled, messages, gen)
-        return None if text is None else _last_unit_tail(text, messages)
 
     def __call__(self, source: str) -> int:
         mine = self.compile(source)
@@ -496,9 +515,7 @@ class _Breaks:
             texts = [self._render(mine, m, g) for m, g in chain]
             for a, b in zip(texts, texts[1:]):
                 bad += a is not None and b is not None and not b.startswith(a)
-            for (messages, _), text, want in zip(chain, texts, wants):
-                if want is not None:
-                    bad += text is None or _last_unit_tail(text, messages) != want
+            bad += sum(d is not None for d in _newest_differs(chain, texts, wants))
         return bad
 
 
@@ -659,39 +676,75 @@ def _anchors(message: dict[str, Any]) -> list[str]:
     return out
 
 
-def _last_unit_tail(text: str, messages: Sequence[dict[str, Any]]) -> str:
+def _last_unit_tail(text: str, messages: Sequence[dict[str, Any]]) -> str | None:
     """The render of the last unit of ``messages`` (and the generation prompt): ``text`` after the last
-    verbatim string of the messages before that unit (all of ``text`` when there are none)."""
+    verbatim string of the messages before that unit that the render shows (all of ``text`` when
+    there are none; None when none of them is found, e.g. a template that escapes them)."""
     units = _units(messages)
     earlier = [a for m in messages[: len(messages) - len(units[-1])] for a in _anchors(m)] if units else []
     if not earlier:
         return text
-    at = text.rfind(earlier[-1])
-    return text[at + len(earlier[-1]) :] if at >= 0 else text
+    for anchor in reversed(earlier):
+        at = text.rfind(anchor)
+        if at >= 0:
+            return text[at + len(anchor) :]
+    return None
+
+
+def _newest_differs(chain: Chain, mine: Sequence[str | None], theirs: Sequence[str | None]) -> list[str | None]:
+    """For each render of a growing conversation: how the newest unit (and the generation prompt) renders
+    differently from the original's (None: identical, or nothing to compare).
+
+    After the last verbatim string before the newest unit, the fixed render must read: the previous
+    render's text from there (the previous message as it rendered when it was last), then a text
+    that ends the original's render too (the newest unit, identically).
+    """
+    out: list[str | None] = []
+    for j, (messages, _) in enumerate(chain):
+        a, b = theirs[j], mine[j]
+        if a is None:
+            out.append(None)
+            continue
+        if b is None:
+            out.append("the fixed template raises")
+            continue
+        if j == 0:
+            out.append(None if a == b else f"renders {b[:160]!r}, the original {a[:160]!r}")
+            continue
+        want, got = _last_unit_tail(a, messages), _last_unit_tail(b, messages)
+        prev = mine[j - 1]
+        before = _last_unit_tail(prev, messages) if prev is not None else None
+        if want is None or got is None or before is None:
+            out.append(None)
+            continue
+        newest = got[len(before) :] if got.startswith(before) else got
+        out.append(None if want.endswith(newest) else f"renders {newest[:160]!r}, the original {want[:160]!r}")
+    return out
 
 
 def _same_last_turn(original: ChatTemplate, fixed: ChatTemplate, max_calls: int) -> ProofStep:
     """Each newest message (and the generation prompt) renders as in the original, on the growing
     probe conversations (full renders through transformers, compared as text)."""
-    compared = 0
-    for chain, _ in _growth_chains(max_calls):
+
+    def texts(tpl: ChatTemplate, chain: Chain) -> list[str | None]:
+        out: list[str | None] = []
         for messages, gen in chain:
             try:
-                want = original.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
+                out.append(tpl.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen))
             except TmplError:
-                continue
-            try:
-                got = fixed.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen)
-            except TmplError as exc:
-                return ProofStep("last turn as the original", False, f"the fixed template raises: {exc}")
-            a, b = _last_unit_tail(want, messages), _last_unit_tail(got, messages)
-            if a != b:
+                out.append(None)
+        return out
+
+    compared = 0
+    for chain, _ in _growth_chains(max_calls):
+        theirs = texts(original, chain)
+        diffs = _newest_differs(chain, texts(fixed, chain), theirs)
+        for (messages, _), diff in zip(chain, diffs):
+            if diff is not None:
                 return ProofStep(
-                    "last turn as the original",
-                    False,
-                    f"the newest {messages[-1]['role']} message renders {b[:160]!r}, the original {a[:160]!r}",
+                    "last turn as the original", False, f"the newest {messages[-1]['role']} message {diff}"
                 )
-            compared += 1
+        compared += sum(1 for t in theirs if t is not None)
     if not compared:
         return ProofStep("last turn as the original", False, "the original renders none of the probe conversations")
     return ProofStep(
