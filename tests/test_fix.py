@@ -125,8 +125,12 @@ def test_unsafe_template_is_fixed_or_refused_with_a_reason(key):
         broken = [c for n, c in failed.stability.items() if n in ("tool_append", "assistant_kept") and not c.ok]
         assert broken and broken[0].counterexample, err.reason
         assert _prefix_breaks(tpl, template, broken[0].counterexample), err.reason
-        bpe = "BPE merge" in err.reason
-        OUTCOMES[key] = "refused: " + ("BPE merge at the end of the prompt" if bpe else broken[0].reason)
+        if "BPE merge" in err.reason:
+            OUTCOMES[key] = "refused: BPE merge across the end of the prompt"
+        elif "prefills" in err.reason:
+            OUTCOMES[key] = "refused: the generation prompt prefills text the assistant turn leaves out"
+        else:
+            OUTCOMES[key] = f"refused: {broken[0].reason}"
         return
     result = outcome
     OUTCOMES[key] = f"fixed ({len(result.changes)} changes)"

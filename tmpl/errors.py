@@ -414,3 +414,8 @@ class TemplateFixError(TemplateError):
         self.source: str | None = None
         super().__init__(template, f"cannot make it training-safe: {reason}")
         self.reason = reason
+
+
+class TemplateEditError(TemplateError):
+    """A template's source cannot be edited where the fixer needs to (an expression tmpl cannot print,
+    a lexer token not found). :func:`tmpl.report.make_training_safe` turns it into a refusal."""

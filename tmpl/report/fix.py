@@ -36,6 +36,7 @@ line 48: `loop.last` -> `true` (...)
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ import jinja2
 from jinja2 import nodes
 
 from ..chat_template import ChatTemplate
-from ..errors import TemplateFixError, TmplError
+from ..errors import TemplateEditError, TemplateFixError, TmplError
 from . import jinja_source as js
 from .api import check
 from .report import SAFE, UNSUPPORTED, TemplateReport, build_report
@@ -280,7 +281,10 @@ def _instrumented(source: str, conds: Sequence[_Cond]) -> tuple[str, list[nodes.
                 return f"{MARK}({ids[id(n)]}, {js.expr_source(n)}, {item})"
             return None
 
-        test = js.expr_source(c.node.test, wrap)
+        try:
+            test = js.expr_source(c.node.test, wrap)
+        except TemplateEditError:
+            continue  # an expression tmpl cannot print: this test is left as it is (and unwatched)
         edits.append((c.span.start, c.span.end, f"{MARK}({-1 - t}, {test}, {c.item})"))
     return _apply(source, edits), atoms
 
@@ -451,8 +455,8 @@ def _rewrite_positions(
 
             try:
                 after = js.expr_source(c.node.test, pin)
-            except js.NotPrintable as exc:
-                unresolved.append(f"the {c.keyword} test on line {c.node.lineno}: {exc}")
+            except TemplateEditError as exc:
+                unresolved.append(f"the {c.keyword} test on line {c.node.lineno}: {exc.reason}")
                 continue
             before = source[c.span.start : c.span.end]
             reason = "; ".join(_describe(a, pins[by_id[id(a)]]) for a in hit)
@@ -860,6 +864,13 @@ def _where(report: TemplateReport) -> str:
                     "its tokens are not (a BPE merge across the end of the prompt), which no rewrite of the "
                     "template's branches changes"
                 )
+            common = len(os.path.commonprefix([short, long]))
+            if name == "tool_append" and common < len(short):
+                return (
+                    f"{name}: the generation prompt ends with {short[common:]!r}, which the assistant turn does not "
+                    f"render once tool results follow it ({long[common : common + 40]!r}...): the prompt prefills "
+                    "text the turn's own render leaves out, which no if-test on position decides"
+                )
             return (
                 f"{name}: {c.reason}; the shorter render reads {ce['prefix_render']!r} where the longer one reads "
                 f"{ce['longer_render']!r}"
@@ -903,7 +914,7 @@ def make_training_safe(tpl: ChatTemplate) -> FixResult:
     try:
         env.parse(tpl.template)
         source, changes, unresolved = _rewrite_positions(env, tpl, tpl.template, report.max_parallel_calls)
-    except (jinja2.TemplateError, js.NotPrintable) as exc:
+    except (jinja2.TemplateError, TemplateEditError) as exc:
         raise _refuse(tpl, f"cannot edit the template's source: {exc}") from exc
     notes: list[str] = list(unresolved)
     kwarg = None

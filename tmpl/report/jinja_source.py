@@ -23,9 +23,9 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
+from ..errors import TemplateEditError
 
-class NotPrintable(Exception):
-    """An expression node :func:`expr_source` has no printer for."""
+SOURCE = "<jinja source>"
 
 
 def environment() -> jinja2.Environment:
@@ -57,7 +57,7 @@ def tokens(env: jinja2.Environment, source: str) -> list[Token]:
     for line, kind, value in env.lex(source):
         at = source.find(value, cursor) if value else cursor
         if at < 0:
-            raise NotPrintable(f"lexer token {value!r} on line {line} not found in the source")
+            raise TemplateEditError(SOURCE, f"lexer token {value!r} on line {line} not found in the source")
         out.append(Token(line, kind, value, at, at + len(value)))
         cursor = at + len(value)
     return out
@@ -179,7 +179,7 @@ def literal(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return repr(value)
-    raise NotPrintable(f"no literal for {type(value).__name__}")
+    raise TemplateEditError(SOURCE, f"no literal for {type(value).__name__}")
 
 
 def _args(node: nodes.Call | nodes.Filter | nodes.Test, show: Callable[[nodes.Node], str]) -> list[str]:
@@ -239,7 +239,7 @@ def expr_source(node: nodes.Node, replace: Callable[[nodes.Node], str | None] | 
             return f"({show(n.node)} is {n.name}" + (f"({', '.join(args)})" if args else "") + ")"
         if isinstance(n, nodes.Filter):
             if n.node is None:
-                raise NotPrintable("a filter block")
+                raise TemplateEditError(SOURCE, "a filter block")
             args = _args(n, show)
             return f"({show(n.node)}|{n.name}" + (f"({', '.join(args)})" if args else "") + ")"
         if isinstance(n, nodes.Call):
@@ -251,7 +251,7 @@ def expr_source(node: nodes.Node, replace: Callable[[nodes.Node], str | None] | 
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         if isinstance(n, nodes.Dict):
             return "{" + ", ".join(f"{show(p.key)}: {show(p.value)}" for p in n.items) + "}"
-        raise NotPrintable(f"no printer for {type(n).__name__}")
+        raise TemplateEditError(SOURCE, f"no printer for {type(n).__name__}")
 
     return show(node)
 
