@@ -54,6 +54,9 @@ from .stability import PROBE_TOOLSET, REASONING, conversations, frozen_date
 #: ``loop`` attributes whose value depends on where the message stands in the conversation
 LOOP_ATTRS = frozenset({"last", "index", "index0", "revindex", "revindex0", "length", "nextitem"})
 MARK = "tmpl_fix_mark"
+#: probe conversations (of :func:`~tmpl.report.stability.conversations`) watched to decide the edits;
+#: the proof renders all of them (6) and the report its own
+WATCH_CASES = 4
 _OPAQUE = "<not a constant>"
 _UNDEFINED = "<undefined>"
 
@@ -323,10 +326,10 @@ def _units(messages: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 Chain = list[tuple[list[dict[str, Any]], bool]]
 
 
-def _growth_chains(max_calls: int) -> Iterator[tuple[Chain, dict[int, int]]]:
+def _growth_chains(max_calls: int, n: int = 6) -> Iterator[tuple[Chain, dict[int, int]]]:
     """Conversations as they grow unit by unit: the renders, and for each message (by id) the
     index of the render in which it is last."""
-    for case in conversations(max(max_calls, 1)):
+    for case in conversations(max(max_calls, 1), n=n):
         history = [_alias_reasoning(m) for m in case["history"]]
         a = _alias_reasoning(case["assistant"])
         reply = _alias_reasoning(
@@ -369,7 +372,7 @@ def _watch(
         for a in c.atoms:
             test_of[id(a)] = -1 - t
     findings: dict[int, _Finding] = {}
-    for chain, home in _growth_chains(max_calls):
+    for chain, home in _growth_chains(max_calls, n=WATCH_CASES):
         seen: list[dict[tuple[int, int], list[Any]] | None] = []
         for messages, gen in chain:
             rec = _Recorder()
@@ -502,7 +505,7 @@ class _Breaks:
 
         self.compile = _compile_jinja_template
         self.base = {**dict(getattr(tpl.tokenizer, "special_tokens_map", {})), **tpl.template_kwargs}
-        self.chains = [chain for chain, _ in _growth_chains(max_calls)]
+        self.chains = [chain for chain, _ in _growth_chains(max_calls, n=WATCH_CASES)]
         theirs = self.compile(original)
         self.want = [[self._render(theirs, m, g) for m, g in chain] for chain in self.chains]
 
