@@ -48,7 +48,7 @@ from ..chat_template import ChatTemplate
 from ..errors import TemplateEditError, TemplateFixError, TmplError
 from . import jinja_source as js
 from .api import check
-from .report import SAFE, UNSUPPORTED, TemplateReport, build_report
+from .report import SAFE, SAFE_WITH, UNSUPPORTED, TemplateReport, Verdict, build_report
 from .stability import PROBE_TOOLSET, REASONING, conversations, frozen_date
 
 #: ``loop`` attributes whose value depends on where the message stands in the conversation
@@ -586,19 +586,38 @@ def _pin_date(env: jinja2.Environment, tpl: ChatTemplate, source: str) -> tuple[
 # -- generation markers ---------------------------------------------------------------------------
 
 
+_OTHER_ROLES = frozenset({"user", "system", "tool", "ipython", "developer", "function"})
+
+
 def _selects_assistant(test: nodes.Node) -> bool:
-    for c in itertools.chain([test] if isinstance(test, nodes.Compare) else [], test.find_all(nodes.Compare)):
-        consts = [c.expr] + [o.expr for o in c.ops]
+    """Whether an if-test picks assistant messages only: it compares the role with ``'assistant'``
+    (not negated) or reads ``tool_calls``, and names no other role."""
+    exprs = list(itertools.chain([test], test.find_all(nodes.Expr)))
+    consts = {x.value for x in exprs if isinstance(x, nodes.Const) and isinstance(x.value, str)}
+    if consts & _OTHER_ROLES:
+        return False
+    negated = {
+        id(x) for n in exprs if isinstance(n, nodes.Not) for x in itertools.chain([n.node], n.node.find_all(nodes.Expr))
+    }
+    for c in exprs:
+        if not isinstance(c, nodes.Compare) or id(c) in negated:
+            continue
+        operands = [c.expr] + [o.expr for o in c.ops]
         ops = {o.op for o in c.ops}
-        if "eq" in ops and any(isinstance(x, nodes.Const) and x.value == "assistant" for x in consts):
+        if "eq" in ops and any(isinstance(x, nodes.Const) and x.value == "assistant" for x in operands):
             return True
         if "in" in ops and any(
             isinstance(x, (nodes.List, nodes.Tuple))
             and any(isinstance(i, nodes.Const) and i.value == "assistant" for i in x.items)
-            for x in consts
+            for x in operands
         ):
             return True
-    return False
+    return any(
+        (isinstance(x, nodes.Getattr) and x.attr == "tool_calls")
+        or (isinstance(x, nodes.Getitem) and isinstance(x.arg, nodes.Const) and x.arg.value == "tool_calls")
+        for x in exprs
+        if id(x) not in negated
+    )
 
 
 _OPENERS = {"if", "for", "macro", "call", "filter", "with", "block", "generation", "raw"}
@@ -611,7 +630,7 @@ def _add_generation_markers(env: jinja2.Environment, source: str) -> tuple[str, 
 
     def walk(n: nodes.Node, in_loop: bool, keyword: str = "if") -> None:
         if isinstance(n, nodes.If):
-            if in_loop and _selects_assistant(n.test) and not any(True for _ in n.test.find_all(nodes.Not)):
+            if in_loop and _selects_assistant(n.test):
                 branches.append((keyword, n.lineno))
                 for e in n.elif_:
                     walk(e, in_loop, "elif")
@@ -812,9 +831,19 @@ def _date_step(original: ChatTemplate, fixed: ChatTemplate, kwarg: str) -> Proof
 
 
 def assistant_mask_step(fixed: ChatTemplate) -> ProofStep:
-    """What ``return_assistant_tokens_mask=True`` marks on the fixed template, against the generated tokens."""
+    """What ``return_assistant_tokens_mask=True`` marks on the fixed template, against the generated
+    tokens of a plain answer and of a tool-call turn (both must be marked)."""
     history = [{"role": "user", "content": "TmPlUsEr: weather in Paris?"}]
-    reply = {"role": "assistant", "content": "TmPlMaSkEd answer."}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "TmPlCiTy"}}}
+    plain = _mask_of(fixed, history, {"role": "assistant", "content": "TmPlMaSkEd answer."})
+    calls = _mask_of(fixed, history, {"role": "assistant", "content": "", "tool_calls": [{"id": "c00000001", **call}]})
+    if not plain.ok or not calls.ok:
+        bad = plain if not plain.ok else calls
+        return ProofStep(bad.name, False, f"{bad.detail} ({'an answer' if bad is plain else 'a tool-call turn'})")
+    return ProofStep(plain.name, True, f"{plain.detail} (answers and tool-call turns)")
+
+
+def _mask_of(fixed: ChatTemplate, history: list[dict[str, Any]], reply: dict[str, Any]) -> ProofStep:
     try:
         out = fixed.tokenizer.apply_chat_template(
             history + [reply],
@@ -892,7 +921,8 @@ def _refuse(
 def make_training_safe(tpl: ChatTemplate) -> FixResult:
     """A rewrite of ``tpl``'s template that renders earlier turns as they rendered when last, proven.
 
-    Raises :class:`~tmpl.errors.TemplateFixError` (naming the template and the reason) when the
+    The result (or the refusal) is kept per template fingerprint. Raises
+    :class:`~tmpl.errors.TemplateFixError` (naming the template and the reason) when the
     result cannot be proven: the template does not render tool conversations, its turn close is
     not a stop token of this tokenizer, the position dependence is not in an ``if`` test, or a
     proof step fails.
@@ -901,10 +931,31 @@ def make_training_safe(tpl: ChatTemplate) -> FixResult:
     >>> result.verdicts_after["tool_loop"], len(result.changes)      # doctest: +SKIP
     ('SAFE', 2)
     """
+    outcome = tpl.engine.state.memo("training_safe_rewrite", lambda: _attempt(tpl))
+    if isinstance(outcome, TemplateFixError):
+        raise outcome
+    return outcome
+
+
+def _attempt(tpl: ChatTemplate) -> FixResult | TemplateFixError:
+    try:
+        return _make(tpl)
+    except TemplateFixError as exc:
+        return exc
+
+
+def _own_verdict(verdict: Verdict) -> Verdict:
+    """The template's own verdict under a ``SAFE WITH tmpl TEMPLATE`` one (which keeps it as its reason)."""
+    if verdict.level != SAFE_WITH:
+        return verdict
+    level, _, reason = verdict.reason.partition(" (")
+    return Verdict(level, reason.removesuffix(")"))
+
+
+def _make(tpl: ChatTemplate) -> FixResult:
     report = check(tpl)
     before = {use: v.label for use, v in report.verdicts.items()}
-    base = build_report(tpl, shipped=False).verdicts["tool_loop"] if report.verdicts["tool_loop"].template else None
-    tool_loop = base or report.verdicts["tool_loop"]
+    tool_loop = _own_verdict(report.verdicts["tool_loop"])
     if report.splice_detail is not None:
         raise _refuse(
             tpl,
@@ -937,8 +988,15 @@ def make_training_safe(tpl: ChatTemplate) -> FixResult:
         marked, marker_changes = _add_generation_markers(env, source)
     fixed = _fixed(tpl, marked)
     mask = assistant_mask_step(fixed) if marker_changes or js_has_generation(source) else None
-    if marker_changes and (mask is None or not mask.ok):
-        notes.append(f"no {{% generation %}} markers added: {mask.detail if mask else 'no assistant branch found'}")
+    if not js_has_generation(source) and not marker_changes:
+        notes.append(
+            "no {% generation %} markers added: no if-branch inside the messages loop selects the assistant role"
+        )
+    elif marker_changes and (mask is None or not mask.ok):
+        notes.append(
+            f"no {{% generation %}} markers added: around the assistant branch {mask.detail if mask else 'they fail'}"
+            " (the template renders some assistant messages in another branch)"
+        )
         fixed, mask = _fixed(tpl, source), None
     else:
         changes += marker_changes
