@@ -931,7 +931,7 @@ def make_training_safe(tpl: ChatTemplate) -> FixResult:
     >>> result.verdicts_after["tool_loop"], len(result.changes)      # doctest: +SKIP
     ('SAFE', 2)
     """
-    outcome = tpl.engine.state.memo("training_safe_rewrite", lambda: _attempt(tpl))
+    outcome = tpl.engine.state.memo(f"training_safe_rewrite:{tpl.name}", lambda: _attempt(tpl))  # names it
     if isinstance(outcome, TemplateFixError):
         raise outcome
     return outcome
