@@ -23,7 +23,7 @@ from tmpl.report import SAFE, SAFE_WITH, UNSAFE, check, make_training_safe
 from tmpl.report import jinja_source as js
 
 from .conftest import DATA, catalog
-from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, marker, tool_results
+from .contract import HARD_CONTENTS, HISTORIES, TOOLS, assistant_turn, check_turn, marker, tool_results
 
 ENTRIES = catalog()  # every one is reported; the fixer runs where the tool loop is UNSAFE
 FAMILIES = ("qwen2.5-instruct", "qwen3", "llama-3.2-instruct", "gemma-4-it", "mistral-nemo-instruct-2407", "gpt-oss")
@@ -168,6 +168,19 @@ def test_families_fixed_by_rewriting_their_position_tests():
     assert not isinstance(nemo, TemplateFixError), nemo
     assert any("loop.last and system_message is defined" in c.before for c in nemo.changes)
     assert nemo.verdicts_before["tool_loop"].startswith("UNSAFE") and nemo.verdicts_after["multi_user"] == SAFE
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral-nemo-instruct-2407"])  # the two families fixed from UNSAFE
+def test_fixed_families_keep_the_suffix_contract_on_hard_tool_contents(family, twin):
+    """Whitespace, unicode, JSON and 10k-character tool results: the fixed template's suffixes equal
+    transformers' full renders, and the prompt is a prefix of them (both compiled and pure twins)."""
+    result = _fix(family)
+    assert not isinstance(result, TemplateFixError), result
+    fixed = tmpl.ChatTemplate(result.template.tokenizer, result.source, name=f"{family}-fixed")  # fresh state
+    for kind, content in HARD_CONTENTS.items():
+        assistant = assistant_turn(1)
+        checked = check_turn(fixed, list(HISTORIES["multiturn"]), assistant, tool_results(assistant, [content]))
+        assert checked.prefix_stable, kind
 
 
 def test_a_splice_unsafe_template_is_refused_by_name(tokenizer_of):
