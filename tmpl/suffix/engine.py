@@ -173,14 +173,15 @@ class SuffixEngine:
                 out[b] = self.builder.per_call(frame, messages, schemas)
                 continue
             layout, fns = plan
-            run_texts = layout.texts(messages, fns)
-            pending.append((b, layout, len(run_texts)))
-            texts.extend(run_texts)
+            run_plans = layout.plans(messages, fns)
+            pending.append((b, layout, run_plans))
+            texts.extend(p[0] for p in run_plans)
         if texts:
             encoded = self.codec.encode_many(texts)
             pos = 0
-            for b, layout, n in pending:
-                out[b] = layout.assemble(encoded[pos : pos + n])
+            for b, layout, run_plans in pending:
+                n = len(run_plans)
+                out[b] = layout.assemble(run_plans, encoded[pos : pos + n])
                 pos += n
         return out  # type: ignore[return-value]
 
