@@ -132,6 +132,75 @@ def _edges() -> list[tuple[str, str | None]]:
     return out
 
 
+def _search(
+    codec: Codec,
+    positions: Sequence[int],
+    cached_of: Callable[[int], list[int]],
+    cases: Callable[[str], list[tuple[str, int]]],
+    cut_text: Callable[[str, int], str],
+    split_at: Callable[[str, int], tuple[str, int]],
+    head: bool,
+) -> tuple[Cut, ...]:
+    """Verify ``positions`` in order; each later cut is tried only for the edges the earlier ones failed.
+
+    ``cases(char)`` are the whole texts for edge ``char`` with how many leading IDs to drop
+    (the anchor's); ``cut_text(text, pos)`` is what a call encodes when cut at ``pos``; the
+    cached IDs go before it (head) or after it (tail). A case passes when the pre-tokenizer
+    splits the text after the anchor (``split_at(text, pos)``: that text and the cut's offset
+    in it) at the cut, and the cut's IDs equal the whole text's: equal IDs alone could be a
+    coincidence of the vocabulary for one neighbour, a pre-token edge holds for all of them.
+    """
+    pre = codec.backend.pre_tokenizer
+
+    def splits(text: str, pos: int) -> bool:
+        segment, at = split_at(text, pos)
+        return any(start == at for _, (start, _) in pre.pre_tokenize_str(segment)) or at in (0, len(segment))
+
+    edges = _edges()
+    per_edge = [cases(char) for char, _ in edges]
+    full = codec.encode_batch([text for group in per_edge for text, _ in group])
+    starts = [0]
+    for group in per_edge:
+        starts.append(starts[-1] + len(group))
+    cuts = []
+    todo = list(range(len(edges)))
+    for pos in positions:
+        if not todo:
+            break
+        cached = cached_of(pos)
+        texts = [cut_text(text, pos) for e in todo for text, _ in per_edge[e]]
+        cut = codec.encode_batch(texts)
+        good_ascii, good_cats, bad_cats, failed = set(), set(), set(), []
+        i = 0
+        for e in todo:
+            ok = True
+            for k, (text, drop) in enumerate(per_edge[e]):
+                got = cached + cut[i] if head else cut[i][drop:] + cached  # a head cut drops the anchor
+                ok = ok and full[starts[e] + k][drop:] == got and splits(text, pos)
+                i += 1
+            char, cat = edges[e]
+            if not ok:
+                failed.append(e)
+                if cat is not None:
+                    bad_cats.add(cat)
+            elif cat is None:
+                good_ascii.add(char)
+            else:
+                good_cats.add(cat)
+        good_cats -= bad_cats
+        todo = failed
+        if good_ascii or good_cats:
+            cuts.append(Cut(pos, cached, frozenset(good_ascii), frozenset(good_cats)))
+    return tuple(cuts)
+
+
+def _after_anchor(text: str, anchor: str, at: int) -> tuple[str, int]:
+    """The text the pre-tokenizer sees (the anchor atom is split off first) and ``at`` in it."""
+    if anchor and text.startswith(anchor):
+        return text[len(anchor) :], at - len(anchor)
+    return text, at
+
+
 def head_cuts(codec: Codec, anchor: str, anchor_len: int, lead: str, fill: Callable[[str], str]) -> tuple[Cut, ...]:
     """Verified cuts in ``lead`` (the literal between the run's anchor and the content).
 
@@ -140,35 +209,20 @@ def head_cuts(codec: Codec, anchor: str, anchor_len: int, lead: str, fill: Calla
     """
     if not codec.regex_byte_level or not lead or not _straddle_free(codec, lead, at_end=True):
         return ()
-    cuts = []
-    edges = _edges()
-    for pos in _candidates(codec, lead, head=True):
-        cached = codec.encode(anchor + lead[:pos])[anchor_len:] if pos else []
-        texts_full, texts_cut = [], []
-        for char, _ in edges:
-            for nb in HEAD_NEIGHBOURS:
-                rest = fill(char + nb)
-                texts_full.append(anchor + lead + rest)
-                texts_cut.append(lead[pos:] + rest)
-        full = codec.encode_batch(texts_full)
-        cut = codec.encode_batch(texts_cut)
-        good_ascii, good_cats, bad_cats = set(), set(), set()
-        i = 0
-        for char, cat in edges:
-            ok = True
-            for _ in HEAD_NEIGHBOURS:
-                ok = ok and full[i][anchor_len:] == cached + cut[i]
-                i += 1
-            if cat is None:
-                if ok:
-                    good_ascii.add(char)
-            elif ok:
-                good_cats.add(cat)
-            else:
-                bad_cats.add(cat)
-        if good_ascii or good_cats - bad_cats:
-            cuts.append(Cut(pos, cached, frozenset(good_ascii), frozenset(good_cats - bad_cats)))
-    return tuple(cuts)
+    start = len(anchor) + len(lead)
+
+    def cases(char: str) -> list[tuple[str, int]]:
+        return [(anchor + lead + fill(char + nb), anchor_len) for nb in HEAD_NEIGHBOURS]
+
+    return _search(
+        codec,
+        _candidates(codec, lead, head=True),
+        lambda pos: codec.encode(anchor + lead[:pos])[anchor_len:] if pos else [],
+        cases,
+        lambda text, pos: lead[pos:] + text[start:],
+        lambda text, pos: (text[len(anchor) :], pos),
+        head=True,
+    )
 
 
 def tail_cuts(
@@ -181,34 +235,17 @@ def tail_cuts(
     """
     if not codec.regex_byte_level or not tail or not _straddle_free(codec, tail, at_end=False):
         return ()
-    cuts = []
-    edges = _edges()
     contexts = [(anchor + lead, anchor_len)] + [(lead[h.pos :], 0) for h in heads]
-    for pos in _candidates(codec, tail, head=False):
-        cached = codec.encode(tail[pos:])
-        texts_full, texts_cut = [], []
-        for char, _ in edges:
-            for nb in TAIL_NEIGHBOURS:
-                for left, _drop in contexts:
-                    texts_full.append(left + nb + char + tail)
-                    texts_cut.append(left + nb + char + tail[:pos])
-        full = codec.encode_batch(texts_full)
-        cut = codec.encode_batch(texts_cut)
-        good_ascii, good_cats, bad_cats = set(), set(), set()
-        i = 0
-        for char, cat in edges:
-            ok = True
-            for _ in TAIL_NEIGHBOURS:
-                for _left, drop in contexts:
-                    ok = ok and full[i][drop:] == cut[i][drop:] + cached
-                    i += 1
-            if cat is None:
-                if ok:
-                    good_ascii.add(char)
-            elif ok:
-                good_cats.add(cat)
-            else:
-                bad_cats.add(cat)
-        if good_ascii or good_cats - bad_cats:
-            cuts.append(Cut(pos, cached, frozenset(good_ascii), frozenset(good_cats - bad_cats)))
-    return tuple(cuts)
+
+    def cases(char: str) -> list[tuple[str, int]]:
+        return [(left + nb + char + tail, drop) for nb in TAIL_NEIGHBOURS for left, drop in contexts]
+
+    return _search(
+        codec,
+        _candidates(codec, tail, head=False),
+        lambda pos: codec.encode(tail[pos:]),
+        cases,
+        lambda text, pos: text[: len(text) - len(tail) + pos],
+        lambda text, pos: _after_anchor(text, anchor, len(text) - len(tail) + pos),
+        head=False,
+    )
