@@ -17,7 +17,9 @@ Every figure is measured in this run, on this machine, and printed with its rati
 - renderers: ``bridge_to_next_turn`` of its hand-written Qwen3 renderer (needs ``renderers``);
 - fixed cost: ``encode("")`` (the binding's per-call floor) and tmpl's time beyond its own
   encode calls for a 10-character result (validation, frame lookup, splicing).
-Each figure is the best of 5 repeats of a batch of calls (microseconds per call).
+floor, tmpl, pure and no cuts are timed in turns (see ``interleaved``), best turn kept;
+TRL and renderers are the best of 5 batches (they are 10-100x slower, so load hardly moves
+their ratios). Microseconds per call.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,7 +40,7 @@ from tmpl import _compat  # noqa: E402
 from tmpl.suffix import clear_caches  # noqa: E402
 
 SHORT = '{"city": "Paris", "temperature_c": 21.5, "conditions": "partly cloudy", "humidity": 0.4, "wind": 12}'
-LONG = "\n".join([SHORT[:-2] + "1}"] * 19 + [SHORT])
+LONG = "\n".join([SHORT[:-3] + "1}"] * 19 + [SHORT])  # 20 JSON lines
 SIZES = {"tiny (10 chars)": "21.5 C sun", "short (100 chars)": SHORT, "long (2,000 chars)": LONG}
 assert [len(c) for c in SIZES.values()] == [10, 100, 2000]
 
@@ -113,6 +116,33 @@ def renderers_method(tokenizer, family: str):
     )
 
 
+def interleaved(variants: dict, calls: int, rounds: int = 15) -> dict[str, float]:
+    """Best microseconds per call of each variant, timed in turns (``calls // 5`` calls per turn,
+    ``rounds`` turns each): on a loaded machine every variant sees the same load, so the ratios
+    hold even when the absolute figures drift. A variant is (fn, context factory or None)."""
+    per_turn = max(calls // 5, 10)
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(rounds):
+        for label, (fn, context) in variants.items():
+            with context() if context else nullcontext():
+                start = time.perf_counter()
+                for _ in range(per_turn):
+                    fn()
+                best[label] = min(best[label], (time.perf_counter() - start) / per_turn * 1e6)
+    return best
+
+
+class _PureTwin:
+    """Runs tmpl on the pure-Python twin of the compiled core."""
+
+    def __enter__(self) -> None:
+        self.saved = _compat.ids
+        _compat.ids = _compat.load("pure")["ids"]
+
+    def __exit__(self, *exc) -> None:
+        _compat.ids = self.saved
+
+
 class _NoCuts:
     """Switches off the boundary cuts of every run of a template's cached frames (the old path)."""
 
@@ -143,10 +173,15 @@ def fixed_cost(tpl, backend, calls: int) -> None:
     frame = tpl.engine.frame(msgs, None)
     layout, fns = tpl.engine.plan(frame, msgs)
     texts = layout.texts(msgs, fns)
-    n = calls * 3
-    empty = per_call_us(lambda: backend.encode("", add_special_tokens=False).ids, n)
-    own = per_call_us(lambda: [backend.encode(t, add_special_tokens=False).ids for t in texts], n)
-    total = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
+    best = interleaved(
+        {
+            "empty": (lambda: backend.encode("", add_special_tokens=False).ids, None),
+            "own": (lambda: [backend.encode(t, add_special_tokens=False).ids for t in texts], None),
+            "total": (lambda: tpl.suffix_ids(msgs, completion_ids=stop), None),
+        },
+        calls * 3,
+    )
+    empty, own, total = best["empty"], best["own"], best["total"]
     print(
         f"fixed cost, 1 x tiny: encode('') {empty:.1f} us; tmpl's own encode of {texts!r} {own:.1f} us; "
         f"suffix_ids {total:.1f} us, so {total - own:.1f} us outside the tokenizer"
@@ -179,19 +214,19 @@ def bench_family(data: Path, family: str, calls: int, baseline: bool) -> None:
                 print(f"{k} x {label:20s} (tmpl: {type(exc).__name__}: {str(exc)[:100]})")
                 continue
             n = max(calls * 100 // max(len(content) * k, 100), 20)
-            floor = per_call_us(lambda: [backend.encode(c, add_special_tokens=False).ids for c in contents], n)
-            t_native = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
-            saved = _compat.ids
-            _compat.ids = _compat.load("pure")["ids"]
-            try:
-                t_pure = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
-            finally:
-                _compat.ids = saved
-            t_old = float("nan")
+            call = lambda: tpl.suffix_ids(msgs, completion_ids=stop)  # noqa: E731
+            variants = {
+                "floor": (lambda: [backend.encode(c, add_special_tokens=False).ids for c in contents], None),
+                "tmpl": (call, None),
+                "pure": (call, _PureTwin),
+            }
             if baseline:
                 with _NoCuts(tpl):
-                    assert tpl.suffix_ids(msgs, completion_ids=stop) == expected
-                    t_old = per_call_us(lambda: tpl.suffix_ids(msgs, completion_ids=stop), n)
+                    assert call() == expected
+                variants["no cuts"] = (call, lambda: _NoCuts(tpl))
+            best = interleaved(variants, n)
+            floor, t_native, t_pure = best["floor"], best["tmpl"], best["pure"]
+            t_old = best.get("no cuts", float("nan"))
             slow = max(n // 20, 20)
             t_trl = per_call_us(_labelled(lambda: trl_fn(msgs), "TRL"), slow) if trl_fn else float("nan")
             t_rend = per_call_us(_labelled(lambda: rend_fn(msgs), "renderers"), slow) if rend_fn else float("nan")

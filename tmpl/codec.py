@@ -78,7 +78,15 @@ class Codec:
         :mod:`tmpl.suffix.cuts`).
         """
         if self._regex_byte_level is None:
-            self._regex_byte_level = _is_regex_byte_level(json.loads(self.backend.to_str()), self.backend)
+            backend = self.backend
+            pipeline = {  # the parts that matter, without serialising the vocabulary
+                "model": {"type": type(backend.model).__name__},
+                "normalizer": None if backend.normalizer is None else json.loads(backend.normalizer.__getstate__()),
+                "pre_tokenizer": (
+                    None if backend.pre_tokenizer is None else json.loads(backend.pre_tokenizer.__getstate__())
+                ),
+            }
+            self._regex_byte_level = _is_regex_byte_level(pipeline, backend)
         return self._regex_byte_level
 
     def encode(self, text: str) -> list[int]:
@@ -125,7 +133,8 @@ class Codec:
 
 
 def _is_regex_byte_level(pipeline: dict[str, Any], backend: Any) -> bool:
-    """See :attr:`Codec.regex_byte_level`; ``pipeline`` is the parsed ``tokenizer.json``."""
+    """See :attr:`Codec.regex_byte_level`; ``pipeline`` holds the model type, normalizer and
+    pre-tokenizer as ``tokenizer.json`` writes them."""
     model, norm, pre = pipeline.get("model") or {}, pipeline.get("normalizer"), pipeline.get("pre_tokenizer")
     if model.get("type") != "BPE" or pre is None:
         return False

@@ -12,33 +12,30 @@ regex split (Qwen, Llama 3, Mistral Tekken, DeepSeek V3, gpt-oss, Phi-4: see
 :attr:`tmpl.codec.Codec.regex_byte_level`) BPE runs inside each pre-token, and whether a
 pre-token spans the cut is decided by the characters next to it: the frame text (fixed)
 and the first (or last) character of the content, with a few more characters of
-look-around for contractions (``'re``) and digit groups. So each cut is verified once,
-per character: every printable ASCII character (and tab, newline, return) and
-representatives of each non-ASCII letter, number, punctuation and symbol category,
-each with a set of neighbours (contractions, digit runs, case changes, whitespace,
-punctuation, non-ASCII), against the encoding of the whole run. At call time a cut is
-taken only when the content's edge character passed; any other content (whitespace,
-combining marks, controls, an untested category) encodes the whole run as before.
+look-around for contractions (``'re``) and digit groups. So each cut is verified per
+edge character, the first time a content with that edge character meets it (then
+remembered): an ASCII character for itself, a non-ASCII one for its Unicode category
+(the category's representatives below and the character itself), each with a set of
+neighbours (contractions, digit runs, case changes, whitespace, punctuation, non-ASCII).
+A check passes when the pre-tokenizer splits the whole run at the cut and the cut's IDs
+equal the whole run's. A cut is taken only for edges that passed; any other content
+(combining marks, separators, controls, a failed edge) encodes the whole run as before.
+Verifying on first use keeps building a frame as cheap as before the cuts existed.
 
 Cuts are not tried at all on other pipelines (SentencePiece-style BPE merges across
 spaces), under a normalizer other than NFC, when an added token strips whitespace or is
 matched after normalization, or when an added token could straddle the cut.
 
->>> from tmpl.suffix.cuts import edge_ok  # doctest: +SKIP
->>> edge_ok(cut, "{")  # doctest: +SKIP
+>>> run.head_cuts[0].allows("{")  # doctest: +SKIP
 True
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from unicodedata import category
 
 from ..codec import Codec
-
-#: Characters tested one by one at each cut.
-ASCII_EDGES: tuple[str, ...] = tuple(chr(i) for i in range(32, 127)) + ("\t", "\n", "\r")
 
 #: Non-ASCII characters stand for their Unicode category (combining marks, separators
 #: and controls are never cut next to: they are not listed).
@@ -75,27 +72,49 @@ TAIL_NEIGHBOURS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
 class Cut:
-    """One verified cut of a run.
+    """One cut of a run, with its verdicts per edge character.
 
     ``pos`` is where the frame text is cut (characters into the literal before the content
     for a head cut, into the literal after it for a tail cut); ``ids`` are the cached IDs of
-    the frame text on the far side; ``ascii`` and ``categories`` are the edge characters
-    (first of the content for a head cut, last for a tail cut) it was verified for.
+    the frame text on the far side. ``verdicts`` maps an edge key (an ASCII character, or a
+    Unicode category) to whether the cut was verified for it; :meth:`learn` fills it.
     """
 
-    pos: int
-    ids: list[int]
-    ascii: frozenset[str]
-    categories: frozenset[str]
+    __slots__ = ("pos", "ids", "verdicts", "_check")
+
+    def __init__(self, pos: int, ids: list[int], check: Callable[[str], bool]) -> None:
+        self.pos = pos
+        self.ids = ids
+        self.verdicts: dict[str, bool] = {}
+        self._check = check
+
+    def learn(self, char: str) -> bool:
+        """Verify the cut for edge ``char`` (and its category's representatives); remembered."""
+        key = edge_key(char)
+        verdict = self.verdicts.get(key)
+        if verdict is None:
+            if char < "\x80":
+                verdict = self._check(char)
+            elif key in CATEGORY_EDGES:
+                verdict = all(self._check(c) for c in dict.fromkeys(CATEGORY_EDGES[key] + char))
+            else:
+                verdict = False  # combining marks, separators, controls: never cut next to
+            self.verdicts[key] = verdict
+        return verdict
+
+    def allows(self, char: str) -> bool:
+        """Whether a content whose edge character is ``char`` may be cut here."""
+        verdict = self.verdicts.get(char if char < "\x80" else category(char))
+        return self.learn(char) if verdict is None else verdict
+
+    def __repr__(self) -> str:
+        return f"Cut(pos={self.pos}, ids={self.ids}, verdicts={len(self.verdicts)})"
 
 
-def edge_ok(cut: Cut, char: str) -> bool:
-    """Whether ``cut`` was verified for a content whose edge character is ``char``."""
-    if char < "\x80":
-        return char in cut.ascii
-    return unicodedata.category(char) in cut.categories
+def edge_key(char: str) -> str:
+    """The key a cut's verdict is kept under: the character if ASCII, else its Unicode category."""
+    return char if char < "\x80" else category(char)
 
 
 def _straddle_free(codec: Codec, frame_text: str, at_end: bool) -> bool:
@@ -124,24 +143,16 @@ def _candidates(codec: Codec, text: str, head: bool) -> list[int]:
     return out
 
 
-def _edges() -> list[tuple[str, str | None]]:
-    """(character, category or None for ASCII) of every edge character tried."""
-    out: list[tuple[str, str | None]] = [(c, None) for c in ASCII_EDGES]
-    for cat, chars in CATEGORY_EDGES.items():
-        out += [(c, cat) for c in chars]
-    return out
-
-
-def _search(
+def _checker(
     codec: Codec,
-    positions: Sequence[int],
-    cached_of: Callable[[int], list[int]],
+    pos: int,
+    cached: list[int],
     cases: Callable[[str], list[tuple[str, int]]],
     cut_text: Callable[[str, int], str],
     split_at: Callable[[str, int], tuple[str, int]],
     head: bool,
-) -> tuple[Cut, ...]:
-    """Verify ``positions`` in order; each later cut is tried only for the edges the earlier ones failed.
+) -> Callable[[str], bool]:
+    """The check of one cut for one edge character.
 
     ``cases(char)`` are the whole texts for edge ``char`` with how many leading IDs to drop
     (the anchor's); ``cut_text(text, pos)`` is what a call encodes when cut at ``pos``; the
@@ -152,46 +163,21 @@ def _search(
     """
     pre = codec.backend.pre_tokenizer
 
-    def splits(text: str, pos: int) -> bool:
+    def splits(text: str) -> bool:
         segment, at = split_at(text, pos)
-        return any(start == at for _, (start, _) in pre.pre_tokenize_str(segment)) or at in (0, len(segment))
+        return at in (0, len(segment)) or any(start == at for _, (start, _) in pre.pre_tokenize_str(segment))
 
-    edges = _edges()
-    per_edge = [cases(char) for char, _ in edges]
-    full = codec.encode_batch([text for group in per_edge for text, _ in group])
-    starts = [0]
-    for group in per_edge:
-        starts.append(starts[-1] + len(group))
-    cuts = []
-    todo = list(range(len(edges)))
-    for pos in positions:
-        if not todo:
-            break
-        cached = cached_of(pos)
-        texts = [cut_text(text, pos) for e in todo for text, _ in per_edge[e]]
-        cut = codec.encode_batch(texts)
-        good_ascii, good_cats, bad_cats, failed = set(), set(), set(), []
-        i = 0
-        for e in todo:
-            ok = True
-            for k, (text, drop) in enumerate(per_edge[e]):
-                got = cached + cut[i] if head else cut[i][drop:] + cached  # a head cut drops the anchor
-                ok = ok and full[starts[e] + k][drop:] == got and splits(text, pos)
-                i += 1
-            char, cat = edges[e]
-            if not ok:
-                failed.append(e)
-                if cat is not None:
-                    bad_cats.add(cat)
-            elif cat is None:
-                good_ascii.add(char)
-            else:
-                good_cats.add(cat)
-        good_cats -= bad_cats
-        todo = failed
-        if good_ascii or good_cats:
-            cuts.append(Cut(pos, cached, frozenset(good_ascii), frozenset(good_cats)))
-    return tuple(cuts)
+    def check(char: str) -> bool:
+        group = cases(char)
+        full = codec.encode_batch([text for text, _ in group])
+        cut = codec.encode_batch([cut_text(text, pos) for text, _ in group])
+        for (text, drop), whole, part in zip(group, full, cut):
+            got = cached + part if head else part[drop:] + cached  # a head cut's text has no anchor
+            if whole[drop:] != got or not splits(text):
+                return False
+        return True
+
+    return check
 
 
 def _after_anchor(text: str, anchor: str, at: int) -> tuple[str, int]:
@@ -202,10 +188,10 @@ def _after_anchor(text: str, anchor: str, at: int) -> tuple[str, int]:
 
 
 def head_cuts(codec: Codec, anchor: str, anchor_len: int, lead: str, fill: Callable[[str], str]) -> tuple[Cut, ...]:
-    """Verified cuts in ``lead`` (the literal between the run's anchor and the content).
+    """Cuts in ``lead`` (the literal between the run's anchor and the content), best first.
 
     ``fill(x)`` is the rest of the run with ``x`` as the content (literal text and other
-    slots filled with probe values after it). Best cut first.
+    slots filled with probe values after it).
     """
     if not codec.regex_byte_level or not lead or not _straddle_free(codec, lead, at_end=True):
         return ()
@@ -214,24 +200,29 @@ def head_cuts(codec: Codec, anchor: str, anchor_len: int, lead: str, fill: Calla
     def cases(char: str) -> list[tuple[str, int]]:
         return [(anchor + lead + fill(char + nb), anchor_len) for nb in HEAD_NEIGHBOURS]
 
-    return _search(
-        codec,
-        _candidates(codec, lead, head=True),
-        lambda pos: codec.encode(anchor + lead[:pos])[anchor_len:] if pos else [],
-        cases,
-        lambda text, pos: lead[pos:] + text[start:],
-        lambda text, pos: (text[len(anchor) :], pos),
-        head=True,
-    )
+    cuts = []
+    for pos in _candidates(codec, lead, head=True):
+        cached = codec.encode(anchor + lead[:pos])[anchor_len:]
+        check = _checker(
+            codec,
+            pos,
+            cached,
+            cases,
+            lambda text, pos: lead[pos:] + text[start:],
+            lambda text, pos: (text[len(anchor) :], pos),
+            head=True,
+        )
+        cuts.append(Cut(pos, cached, check))
+    return tuple(cuts)
 
 
 def tail_cuts(
     codec: Codec, anchor: str, anchor_len: int, lead: str, tail: str, heads: Sequence[Cut]
 ) -> tuple[Cut, ...]:
-    """Verified cuts in ``tail`` (the literal after a run's only slot, a content, up to the next atom).
+    """Cuts in ``tail`` (the literal after a run's only slot, a content, up to the next atom), best first.
 
-    Verified with the content after the whole lead and after what is left of the lead at
-    each head cut in ``heads`` (both cuts may be taken in one call). Best cut first.
+    Checked with the content after the whole lead and after what is left of the lead at
+    each head cut in ``heads`` (both cuts may be taken in one call).
     """
     if not codec.regex_byte_level or not tail or not _straddle_free(codec, tail, at_end=False):
         return ()
@@ -240,12 +231,17 @@ def tail_cuts(
     def cases(char: str) -> list[tuple[str, int]]:
         return [(left + nb + char + tail, drop) for nb in TAIL_NEIGHBOURS for left, drop in contexts]
 
-    return _search(
-        codec,
-        _candidates(codec, tail, head=False),
-        lambda pos: codec.encode(tail[pos:]),
-        cases,
-        lambda text, pos: text[: len(text) - len(tail) + pos],
-        lambda text, pos: _after_anchor(text, anchor, len(text) - len(tail) + pos),
-        head=False,
-    )
+    cuts = []
+    for pos in _candidates(codec, tail, head=False):
+        cached = codec.encode(tail[pos:])
+        check = _checker(
+            codec,
+            pos,
+            cached,
+            cases,
+            lambda text, pos: text[: len(text) - len(tail) + pos],
+            lambda text, pos: _after_anchor(text, anchor, len(text) - len(tail) + pos),
+            head=False,
+        )
+        cuts.append(Cut(pos, cached, check))
+    return tuple(cuts)

@@ -139,7 +139,7 @@ class SuffixEngine:
             self.per_call_count += 1
             return self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
         layout, fns = plan
-        return frame.fill(self.codec, layout, messages, fns)
+        return layout.fill(self.codec, messages, fns)
 
     def _with_history(self, frame: Frame, messages, schemas, history) -> list[int]:
         if history is None:

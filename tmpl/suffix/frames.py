@@ -20,7 +20,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from unicodedata import category
 
 from .. import _compat
 from ..codec import Codec
@@ -153,19 +152,19 @@ class DynamicRun:
         if first is None or not (self.head_cuts or self.tail_cuts):
             return self.text(messages, fns), _NO_IDS, self.anchor_len, _NO_IDS
         x = fns[first.message](messages[first.message]["content"])
+        after = self.single[1] if self.single is not None else self._after_first(messages, fns)
         if not x:
-            return self.head + self._after_first(messages, fns), _NO_IDS, self.anchor_len, _NO_IDS
-        after = self._after_first(messages, fns)
+            return self.head + after, _NO_IDS, self.anchor_len, _NO_IDS
         post = _NO_IDS
         char = x[-1]
         for cut in self.tail_cuts:
-            if (char in cut.ascii) if char < "\x80" else (category(char) in cut.categories):
+            if cut.allows(char):
                 after = after[: cut.pos]
                 post = cut.ids
                 break
         char = x[0]
         for cut in self.head_cuts:
-            if (char in cut.ascii) if char < "\x80" else (category(char) in cut.categories):
+            if cut.allows(char):
                 return self.lead[cut.pos :] + x + after, cut.ids, 0, post
         return self.head + x + after, _NO_IDS, self.anchor_len, post
 
