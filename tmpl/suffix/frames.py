@@ -15,10 +15,10 @@ goes through the per-call path: one real render, still exact.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from .. import _compat
@@ -39,13 +39,15 @@ from .probe import (
     find_close,
 )
 
-#: Transforms a template may apply to a tool content, tried in this order.
+#: Transforms a template may apply to a tool content, tried in this order. Contents are str
+#: here, for which ``json.dumps(s, ensure_ascii=...)`` is exactly the encoder's string
+#: function (the C one), called directly: no encoder object per call.
 TRANSFORMS: dict[str, Callable[[str], str]] = {
     "identity": lambda s: s,
-    "tojson": lambda s: json.dumps(s, ensure_ascii=False),
+    "tojson": encode_basestring,
     "trim": lambda s: s.strip(),
-    "tojson_ascii": json.dumps,
-    "trim_tojson": lambda s: json.dumps(s.strip(), ensure_ascii=False),
+    "tojson_ascii": encode_basestring_ascii,
+    "trim_tojson": lambda s: encode_basestring(s.strip()),
 }
 
 #: Verification contents per content class.
