@@ -257,7 +257,9 @@ def main() -> None:
     data = Path(args.data)
     if not data.is_dir():
         sys.exit(f"tokenizer data not found at {data}; pass --data or set TMPL_TEST_DATA")
-    print("Per-call suffix time, microseconds (best turn of calls timed in turns, see interleaved); ratios from the same run.")
+    print(
+        "Per-call suffix time, microseconds (best turn of calls timed in turns, see interleaved); ratios from the same run."
+    )
     print("floor = `tokenizers.Tokenizer.encode(content, add_special_tokens=False)` of the tool contents alone.")
     for family in args.families:
         clear_caches()
