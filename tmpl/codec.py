@@ -15,6 +15,7 @@ matched after normalization.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import weakref
 from dataclasses import dataclass
@@ -63,6 +64,30 @@ class Codec:
         self.close_ids: frozenset[int] = frozenset(tid for tid in self.atom_ids if self.added[tid].content.strip())
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self._hash: str | None = None
+        self._regex_byte_level: bool | None = None
+        #: what layers above learn once per tokenizer pipeline (e.g. the suffix engine's verified cuts)
+        self.memo: dict[str, Any] = {}
+
+    @property
+    def regex_byte_level(self) -> bool:
+        """Whether BPE runs inside regex-split pre-tokens, so IDs never merge across a pre-token edge.
+
+        True for byte-level BPE behind ``Split`` pre-tokenizers (or ``ByteLevel(use_regex=True)``),
+        with no normalizer but NFC, and added tokens that strip nothing and match the raw text.
+        The suffix engine cuts frame text off a content only under this pipeline (see
+        :mod:`tmpl.suffix.cuts`).
+        """
+        if self._regex_byte_level is None:
+            backend = self.backend
+            pipeline = {  # the parts that matter, without serialising the vocabulary
+                "model": {"type": type(backend.model).__name__},
+                "normalizer": None if backend.normalizer is None else json.loads(backend.normalizer.__getstate__()),
+                "pre_tokenizer": (
+                    None if backend.pre_tokenizer is None else json.loads(backend.pre_tokenizer.__getstate__())
+                ),
+            }
+            self._regex_byte_level = _is_regex_byte_level(pipeline, backend)
+        return self._regex_byte_level
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of ``text`` with no BOS/EOS added."""
@@ -105,6 +130,31 @@ class Codec:
         if self._hash is None:
             self._hash = hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
         return self._hash
+
+
+def _is_regex_byte_level(pipeline: dict[str, Any], backend: Any) -> bool:
+    """See :attr:`Codec.regex_byte_level`; ``pipeline`` holds the model type, normalizer and
+    pre-tokenizer as ``tokenizer.json`` writes them."""
+    model, norm, pre = pipeline.get("model") or {}, pipeline.get("normalizer"), pipeline.get("pre_tokenizer")
+    if model.get("type") != "BPE" or pre is None:
+        return False
+    norms = [] if norm is None else norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+    if any(n.get("type") != "NFC" for n in norms):
+        return False
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if not steps or steps[-1].get("type") != "ByteLevel":
+        return False
+    splits = steps[:-1]
+    if any(s.get("type") != "Split" or s.get("behavior") != "Isolated" or s.get("invert") for s in splits):
+        return False
+    if not splits and not steps[-1].get("use_regex", True):
+        return False  # byte-level with no split at all: BPE over whole texts
+    if steps[-1].get("add_prefix_space"):
+        return False
+    for tok in backend.get_added_tokens_decoder().values():
+        if tok.lstrip or tok.rstrip or tok.single_word or (tok.normalized and norms):
+            return False
+    return True
 
 
 _CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()

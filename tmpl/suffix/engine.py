@@ -139,7 +139,7 @@ class SuffixEngine:
             self.per_call_count += 1
             return self.builder.per_call(frame, messages, _schemas(tools) if tools is not None else None)
         layout, fns = plan
-        return frame.fill(self.codec, layout, messages, fns)
+        return layout.fill(self.codec, messages, fns)
 
     def _with_history(self, frame: Frame, messages, schemas, history) -> list[int]:
         if history is None:
@@ -173,14 +173,15 @@ class SuffixEngine:
                 out[b] = self.builder.per_call(frame, messages, schemas)
                 continue
             layout, fns = plan
-            run_texts = layout.texts(messages, fns)
-            pending.append((b, layout, len(run_texts)))
-            texts.extend(run_texts)
+            run_plans = layout.plans(messages, fns)
+            pending.append((b, layout, run_plans))
+            texts.extend(p[0] for p in run_plans)
         if texts:
             encoded = self.codec.encode_many(texts)
             pos = 0
-            for b, layout, n in pending:
-                out[b] = layout.assemble(encoded[pos : pos + n])
+            for b, layout, run_plans in pending:
+                n = len(run_plans)
+                out[b] = layout.assemble(run_plans, encoded[pos : pos + n])
                 pos += n
         return out  # type: ignore[return-value]
 

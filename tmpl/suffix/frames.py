@@ -15,16 +15,17 @@ goes through the per-call path: one real render, still exact.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from .. import _compat
 from ..codec import Codec
 from ..errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
 from ..render import Renderer
+from .cuts import Cut, head_cuts, tail_cuts
 from .probe import (
     PROBE_TOOL_NAME,
     USER_SENTINEL,
@@ -38,13 +39,15 @@ from .probe import (
     find_close,
 )
 
-#: Transforms a template may apply to a tool content, tried in this order.
+#: Transforms a template may apply to a tool content, tried in this order. Contents are str
+#: here, for which ``json.dumps(s, ensure_ascii=...)`` is exactly the encoder's string
+#: function (the C one), called directly: no encoder object per call.
 TRANSFORMS: dict[str, Callable[[str], str]] = {
     "identity": lambda s: s,
-    "tojson": lambda s: json.dumps(s, ensure_ascii=False),
+    "tojson": encode_basestring,
     "trim": lambda s: s.strip(),
-    "tojson_ascii": json.dumps,
-    "trim_tojson": lambda s: json.dumps(s.strip(), ensure_ascii=False),
+    "tojson_ascii": encode_basestring_ascii,
+    "trim_tojson": lambda s: encode_basestring(s.strip()),
 }
 
 #: Verification contents per content class.
@@ -87,14 +90,17 @@ class Slot:
 class DynamicRun:
     """Text between two atoms that holds slots; encoded per call together with its left anchor.
 
-    ``head`` is the anchor text plus the literal text before the first slot; ``rest``
-    alternates slots and literal text. A run with one slot (the common case) is built
-    by three string concatenations.
+    ``head`` is the anchor text plus the literal text before the first slot (``lead``);
+    ``rest`` alternates slots and literal text. A run with one slot (the common case) is
+    built by three string concatenations. ``head_cuts`` and ``tail_cuts`` (see
+    :mod:`tmpl.suffix.cuts`) let a call encode the content without the frame text around it.
     """
 
     anchor: str  # text of the atom on the left (encoded with the run, its IDs then dropped)
     anchor_len: int  # number of IDs the anchor encodes to
     pieces: tuple[str | Slot, ...]
+    head_cuts: tuple[Cut, ...] = ()
+    tail_cuts: tuple[Cut, ...] = ()
 
     def __post_init__(self) -> None:
         pieces = list(self.pieces)
@@ -102,10 +108,14 @@ class DynamicRun:
         while pieces and type(pieces[0]) is str:
             head += pieces.pop(0)
         self.head = head
+        self.lead = head[len(self.anchor) :]
         self.rest = tuple(pieces)
         self.single = (
             (pieces[0], "".join(p for p in pieces[1:])) if pieces and all(type(p) is str for p in pieces[1:]) else None
         )
+        first = pieces[0] if pieces else None
+        #: the content slot right after the lead, where a head cut can apply
+        self.first: Slot | None = first if isinstance(first, Slot) and first.field == "content" else None
 
     def text(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
         if self.single is not None:
@@ -123,12 +133,83 @@ class DynamicRun:
                 parts.append(messages[piece.message]["tool_call_id"])
         return "".join(parts)
 
+    def _after_first(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
+        """The run's text after its first slot."""
+        if self.single is not None:
+            return self.single[1]
+        parts = []
+        for piece in self.rest[1:]:
+            if type(piece) is str:
+                parts.append(piece)
+            elif piece.field == "content":
+                parts.append(fns[piece.message](messages[piece.message]["content"]))
+            else:
+                parts.append(messages[piece.message]["tool_call_id"])
+        return "".join(parts)
+
+    def plan(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> RunPlan:
+        """What to encode for this run: (text, cached IDs before it, IDs to drop from its
+        encoding, cached IDs after it). Cuts are taken where the content's edges allow."""
+        first = self.first
+        if first is None or not (self.head_cuts or self.tail_cuts):
+            return self.text(messages, fns), _NO_IDS, self.anchor_len, _NO_IDS
+        x = fns[first.message](messages[first.message]["content"])
+        after = self.single[1] if self.single is not None else self._after_first(messages, fns)
+        if not x:
+            return self.head + after, _NO_IDS, self.anchor_len, _NO_IDS
+        post = _NO_IDS
+        char = x[-1]
+        for cut in self.tail_cuts:
+            if cut.allows(char):
+                after = after[: cut.pos]
+                post = cut.ids
+                break
+        char = x[0]
+        for cut in self.head_cuts:
+            if cut.allows(char):
+                return self.lead[cut.pos :] + x + after, cut.ids, 0, post
+        return self.head + x + after, _NO_IDS, self.anchor_len, post
+
+    def probe_fill(self, x: str) -> str:
+        """The run's text after the lead with ``x`` as its first content (other slots filled
+        with probe values): what cut verification encodes."""
+        assert self.first is not None
+        parts = [x]
+        for piece in self.rest[1:]:
+            if type(piece) is str:
+                parts.append(piece)
+            elif piece.field == "content":
+                parts.append(content_sentinel(piece.message))
+            else:
+                parts.append(call_id(0, piece.message))
+        return "".join(parts)
+
+    def add_cuts(self, codec: Codec) -> None:
+        """Find and verify the cuts of this run (see :mod:`tmpl.suffix.cuts`), memoised per codec."""
+        if self.first is None:
+            return
+        key = (self.anchor, self.lead, tuple(p if type(p) is str else (p.field, p.message) for p in self.rest))
+        memo = codec.memo.setdefault("suffix_cuts", {})
+        found = memo.get(key)
+        if found is None:
+            heads = head_cuts(codec, self.anchor, self.anchor_len, self.lead, self.probe_fill)
+            tails: tuple[Cut, ...] = ()
+            if self.single is not None:
+                tails = tail_cuts(codec, self.anchor, self.anchor_len, self.lead, self.single[1], heads)
+            found = memo[key] = (heads, tails)
+        self.head_cuts, self.tail_cuts = found
+
+
+#: (text to encode, cached IDs before it, leading IDs of its encoding to drop, cached IDs after it)
+RunPlan = tuple[str, list[int], int, list[int]]
+_NO_IDS: list[int] = []
+
 
 class Layout:
     """A suffix as static ID segments around dynamic runs: ``seg0 run0 seg1 run1 ... segN``.
 
     ``chunks`` keeps the atom-by-atom cut for inspection; ``segments`` merges the static
-    chunks between runs, so filling is one join of ``2 * runs + 1`` lists.
+    chunks between runs, so filling is one join of the segments and each run's pieces.
     """
 
     __slots__ = ("chunks", "segments", "runs")
@@ -146,16 +227,36 @@ class Layout:
         self.segments = segments
         self.runs = tuple(runs)
 
-    def texts(self, messages: Sequence[Mapping[str, Any]], fns) -> list[str]:
-        return [run.text(messages, fns) for run in self.runs]
+    def plans(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> list[RunPlan]:
+        return [run.plan(messages, fns) for run in self.runs]
 
-    def assemble(self, encoded: Sequence[list[int]]) -> list[int]:
+    def texts(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> list[str]:
+        """The text each run encodes per call (after any cuts)."""
+        return [plan[0] for plan in self.plans(messages, fns)]
+
+    def assemble(self, plans: Sequence[RunPlan], encoded: Sequence[list[int]]) -> list[int]:
         segments = self.segments
         parts = [segments[0]]
-        for j, run in enumerate(self.runs):
-            parts.append(encoded[j][run.anchor_len :])
+        for j, (_, pre, drop, post) in enumerate(plans):
+            ids = encoded[j]
+            parts.append(pre)
+            parts.append(ids[drop:] if drop else ids)
+            parts.append(post)
             parts.append(segments[j + 1])
         return _compat.ids.join_ids(parts)
+
+    def fill(
+        self, codec: Codec, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]
+    ) -> list[int]:
+        """The suffix IDs for ``messages`` (one encode per run; the common single-run case inline)."""
+        runs = self.runs
+        if len(runs) == 1:
+            text, pre, drop, post = runs[0].plan(messages, fns)
+            ids = codec.encode(text)
+            segments = self.segments
+            return _compat.ids.join_ids((segments[0], pre, ids[drop:] if drop else ids, post, segments[1]))
+        plans = self.plans(messages, fns)
+        return self.assemble(plans, codec.encode_many([p[0] for p in plans]))
 
 
 @dataclass
@@ -177,7 +278,7 @@ class Frame:
     notes: list[str] = field(default_factory=list)
 
     def fill(self, codec: Codec, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[int]:
-        return layout.assemble(codec.encode_many(layout.texts(messages, fns)))
+        return layout.fill(codec, messages, fns)
 
 
 def _find_all(text: str, needle: str, start: int) -> list[int]:
@@ -244,7 +345,9 @@ def _layout(
         if pos < len(run_text):
             pieces.append(run_text[pos:])
         anchor_len = len(codec.encode(anchor)) if anchor else 0
-        chunks.append(DynamicRun(anchor=anchor, anchor_len=anchor_len, pieces=tuple(pieces)))
+        run = DynamicRun(anchor=anchor, anchor_len=anchor_len, pieces=tuple(pieces))
+        run.add_cuts(codec)
+        chunks.append(run)
     return Layout(chunks) if placed == len(slots) else None
 
 
