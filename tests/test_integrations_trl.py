@@ -2,7 +2,10 @@
 
 The trainer runs use a random-weight tiny Qwen2 with the real Qwen2.5 tokenizer and a scripted
 completion source whose completions are real Qwen2.5 tool calls (what the chat template renders
-for an assistant turn with ``tool_calls``), so the token sequences are known exactly.
+for an assistant turn with ``tool_calls``), so the token sequences are known exactly. A second
+GRPO/RLOO pair trains the tool-calling Qwen2.5 fixture model of ``../shared/models``
+(``TMPL_TEST_MODELS``; skipped when absent) on its own completions: the tools are really called
+during training, and the loss gradient shows which tokens are in the loss.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from tmpl.errors import (
 from tmpl.integrations.trl import VLLMClientBackend, make_rollout_func
 from tmpl.rollout.codes import EndCode
 
-from .conftest import load_tokenizer
+from .conftest import REPO, load_tokenizer
 from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -780,9 +783,8 @@ def test_template_follows_the_trainer_or_the_argument(tok):
 
 # -- real tool calls during training: the tiny tool-calling Qwen2.5 fixture model ------------------
 
-FIXTURE_MODEL = Path(
-    os.environ.get("TMPL_TEST_MODELS", Path(__file__).resolve().parent.parent.parent / "shared" / "models")
-).resolve() / "qwen2.5-instruct-tools"
+MODELS = Path(os.environ.get("TMPL_TEST_MODELS", REPO.parent / "shared" / "models")).resolve()
+FIXTURE_MODEL = MODELS / "qwen2.5-instruct-tools"
 FIXTURE_QUESTIONS = ["What time is it in Paris?", "What is the weather in Rome?"]
 
 
