@@ -255,6 +255,34 @@ def test_vllm_adapter_uses_token_prompts_and_sampled_logprobs(tiny_qwen2, monkey
         assert all(lp <= 0 for lp in res.logprobs)
 
 
+def test_vllm_adapter_without_enqueue_isolates_a_refused_request(tiny_qwen2, monkeypatch):
+    # an LLM without enqueue (older vLLM, stand-ins): one generate call; when it raises, one call per
+    # request, so only the refused request fails (the real engine's path, enqueue, is in test_vllm_real.py)
+    model, tok = tiny_qwen2
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
+    monkeypatch.setitem(sys.modules, "vllm.inputs", sys.modules["vllm"].inputs)
+
+    class Refusing(FakeLLM):
+        def generate(self, prompts, sampling_params=None, use_tqdm=True):
+            if any(len(p["prompt_token_ids"]) > 40 for p in prompts):
+                raise ValueError("prompt longer than max_model_len=40")
+            return super().generate(prompts, sampling_params, use_tqdm)
+
+    llm = Refusing(Torch(model))
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    short = _prompts(tok)[0]
+    assert len(short) <= 40
+    reqs = [
+        GenerationRequest("a", short, 4, stops, Sampling(temperature=0.0)),
+        GenerationRequest("b", short + [198] * 50, 4, stops, Sampling(temperature=0.0)),
+        GenerationRequest("c", short, 4, stops, Sampling(temperature=0.0)),
+    ]
+    a, b, c = VLLM(llm).generate_batch(reqs)
+    assert b.finish_reason == "error" and b.error == "vLLM: ValueError: prompt longer than max_model_len=40"
+    assert a.finish_reason != "error" and a.token_ids == c.token_ids and len(a.token_ids) > 0
+    assert [len(prompts) for prompts, _, _ in llm.calls] == [1, 1]  # the batch failed, then a and c alone
+
+
 def test_vllm_missing_gives_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(BackendError, match=r"pip install 'tmpl\[vllm\]'"):

@@ -2,17 +2,22 @@
 
 The trainer runs use a random-weight tiny Qwen2 with the real Qwen2.5 tokenizer and a scripted
 completion source whose completions are real Qwen2.5 tool calls (what the chat template renders
-for an assistant turn with ``tool_calls``), so the token sequences are known exactly.
+for an assistant turn with ``tool_calls``), so the token sequences are known exactly. A second
+GRPO/RLOO pair trains the tool-calling Qwen2.5 fixture model of ``../shared/models``
+(``TMPL_TEST_MODELS``; skipped when absent) on its own completions: the tools are really called
+during training, and the loss gradient shows which tokens are in the loss.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
+from transformers import AutoTokenizer  # noqa: E402 (after the skips)
 
 import tmpl
 from tmpl.backends import (
@@ -38,8 +44,9 @@ from tmpl.errors import (
     UnsupportedTrlVersionError,
 )
 from tmpl.integrations.trl import VLLMClientBackend, make_rollout_func
+from tmpl.rollout.codes import EndCode
 
-from .conftest import load_tokenizer
+from .conftest import REPO, load_tokenizer
 from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -772,3 +779,134 @@ def test_template_follows_the_trainer_or_the_argument(tok):
     other = tmpl.ChatTemplate(load_tokenizer("llama-3.2-instruct"))
     with pytest.raises(TrainerConfigError, match="built on a different tokenizer"):
         make_rollout_func(tools=TOOLS, template=other).chat_template(trainer)
+
+
+# -- real tool calls during training: the tiny tool-calling Qwen2.5 fixture model ------------------
+
+MODELS = Path(os.environ.get("TMPL_TEST_MODELS", REPO.parent / "shared" / "models")).resolve()
+FIXTURE_MODEL = MODELS / "qwen2.5-instruct-tools"
+FIXTURE_QUESTIONS = ["What time is it in Paris?", "What is the weather in Rome?"]
+
+
+def fixture_tools():
+    """get_time / get_weather with the schemas the fixture model was trained with (its fixture.json)."""
+    if not (FIXTURE_MODEL / "model.safetensors").is_file():
+        pytest.skip(f"fixture model not found at {FIXTURE_MODEL} (set TMPL_TEST_MODELS)")
+    functions = {"get_time": get_time, "get_weather": get_weather}
+    schemas = json.loads((FIXTURE_MODEL / "fixture.json").read_text())["tools"]
+    return [(functions[s["function"]["name"]], s) for s in schemas]
+
+
+class HiddenGradients:
+    """Keeps the final hidden states (the last norm's output) of every forward that builds a graph.
+
+    TRL 1.16 scores completions with a fused LM head (no logits tensor), so the gradient is read one
+    step earlier: a completion token's logprob depends on the final hidden state of the position
+    before it and nothing else does, so the token is out of the loss exactly when the loss's
+    gradient w.r.t. that hidden state is zero.
+    """
+
+    def __init__(self, model):
+        self.outputs: list = []
+        self.handle = model.model.norm.register_forward_hook(self.keep)
+
+    def keep(self, module, args, output):
+        if output.requires_grad:
+            output.retain_grad()
+            self.outputs.append(output)
+
+
+def capturing(cls):
+    """``cls`` recording, per loss computation, its inputs and the hidden states it differentiated."""
+
+    class Capturing(cls):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            start = len(self.grads.outputs)
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            [hidden] = self.grads.outputs[start:]  # one forward with a graph per loss
+            self.losses.append(({k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)}, hidden))
+            return loss
+
+    return Capturing
+
+
+def fixture_run(cls, config_cls, tmp_path, **config):
+    tok = AutoTokenizer.from_pretrained(str(FIXTURE_MODEL))
+    rollouts = []
+    func = make_rollout_func(
+        tools=fixture_tools(),
+        max_turns=3,
+        verify_every=1,
+        on_results=lambda results, metrics: rollouts.append(results),
+    )
+
+    def reward(completions, **kwargs):  # distinct rewards in each group: nonzero advantages for every sample
+        return [float(i % 2) for i in range(len(completions))]
+
+    data = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in FIXTURE_QUESTIONS])
+    args = train_args(config_cls, tmp_path, max_completion_length=96, learning_rate=1e-6, **config)
+    trainer = capturing(cls)(
+        model=str(FIXTURE_MODEL),
+        args=args,
+        reward_funcs=reward,
+        train_dataset=data,
+        processing_class=tok,
+        rollout_func=func,
+    )
+    trainer.losses = []
+    trainer.grads = HiddenGradients(trainer.model)
+    trainer.train()
+    trainer.grads.handle.remove()
+    return SimpleNamespace(trainer=trainer, tok=tok, rollouts=rollouts, losses=trainer.losses)
+
+
+def check_tool_tokens_leave_the_loss(run):
+    """In the steps where the model called tools, the gradient reaches its own tokens and never the appended ones."""
+    assert len(run.rollouts) == len(run.losses) == 2
+    called = 0
+    for results, (inputs, hidden) in zip(run.rollouts, run.losses):
+        assert all(r.code is not EndCode.VERIFY_FAILED for r in results)  # every suffix equal to a full render
+        if not any(r.tool_calls for r in results):
+            continue
+        called += 1
+        width = inputs["completion_ids"].size(1)
+        grad = hidden.grad[:, -width - 1 : -1].abs().sum(-1)  # per completion token
+        model_tokens = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        appended = inputs["completion_mask"].bool() & ~inputs["tool_mask"].bool()
+        assert appended.sum() > 10  # tool results and the next generation prompt are in the batch
+        assert bool((grad[appended] == 0).all())  # out of the loss: exactly zero gradient
+        assert bool((grad[model_tokens] > 0).all())  # every generated token is in the loss
+        assert bool((grad[~inputs["completion_mask"].bool()] == 0).all())  # padding too
+        # the appended tokens are the tool results tmpl appended (mask 0), generated ones are the model's
+        for i in range(inputs["completion_ids"].size(0)):
+            text = run.tok.decode(inputs["completion_ids"][i][appended[i]])
+            if appended[i].any():
+                assert "<tool_response>" in text and "</tool_response>" in text, text
+            assert "<tool_call>" not in text
+        # tmpl's masks are the ones TRL used: the same multiset of (ids, mask) rows as the rollout's
+        rows = sorted((r.completion_ids.tolist(), r.mask.tolist()) for r in results)
+        n = inputs["completion_mask"].sum(1).tolist()
+        batch = sorted(
+            (inputs["completion_ids"][i][: n[i]].tolist(), inputs["tool_mask"][i][: n[i]].tolist())
+            for i in range(len(n))
+        )
+        assert batch == rows
+    assert called >= 1, [[r.tool_calls for r in rs] for rs in run.rollouts]
+
+
+def test_grpo_with_the_fixture_model_masks_real_tool_results_out_of_the_loss(tmp_path):
+    from trl import GRPOTrainer
+
+    run = fixture_run(GRPOTrainer, trl.GRPOConfig, tmp_path)
+    assert isinstance(run.trainer.rollout_func.last_backend, Torch)  # the trainer's own transformers model
+    assert sum(r.tool_calls for rs in run.rollouts for r in rs) >= 2
+    check_tool_tokens_leave_the_loss(run)
+
+
+def test_rloo_with_the_fixture_model_masks_real_tool_results_out_of_the_loss(tmp_path):
+    from tmpl.integrations.trl import ToolRLOOTrainer
+
+    run = fixture_run(ToolRLOOTrainer, trl.RLOOConfig, tmp_path, beta=0.0)
+    assert isinstance(run.trainer.rollout_func.last_backend, Torch)
+    assert sum(r.tool_calls for rs in run.rollouts for r in rs) >= 2
+    check_tool_tokens_leave_the_loss(run)
