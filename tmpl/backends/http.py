@@ -15,17 +15,15 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..errors import BackendError, HTTPConnectionError
 
-class HTTPConnectionError(ConnectionError):
-    """The server could not be reached, or dropped the connection before a full response."""
+__all__ = ["HTTPClient", "HTTPConnectionError"]  # the error lives in tmpl.errors; this path still works
 
 
 def _httpx() -> Any:
     try:
         import httpx
     except ImportError as exc:  # pragma: no cover - httpx comes with vllm and transformers' tree
-        from .base import BackendError
-
         raise BackendError("tmpl.backends.VLLMServer needs httpx: pip install httpx") from exc
     return httpx
 
@@ -87,9 +85,9 @@ class HTTPClient:
         except httpx.TimeoutException as exc:
             raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
         except httpx.ConnectError as exc:
-            raise HTTPConnectionError(f"cannot connect to {urlsplit(url).netloc}: {exc}") from exc
+            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
         except httpx.TransportError as exc:
-            raise HTTPConnectionError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
         try:
             return response.status_code, response.json()
         except ValueError:
