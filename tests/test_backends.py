@@ -382,7 +382,7 @@ def test_server_client_retries_under_a_new_id_and_skips_a_dead_server():
 def test_server_client_refuses_an_answer_for_another_request():
     client = VLLMServer("http://127.0.0.1:9", api="generate")
 
-    async def answer(url, payload, timeout=None):
+    async def answer(url, payload, timeout=None, headers=None):
         return 200, {"request_id": "generate-tokens-someone-else", **TOKENS_033}
 
     client.http.post_json = answer

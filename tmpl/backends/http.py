@@ -70,8 +70,10 @@ class HTTPClient:
             self._pools[key] = pool
         return pool
 
-    async def post_json(self, url: str, payload: Any, *, timeout: float | None = None) -> tuple[int, Any]:
-        """POST ``payload`` as JSON; return ``(status, parsed JSON or text)``.
+    async def post_json(
+        self, url: str, payload: Any, *, timeout: float | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """POST ``payload`` as JSON (with extra ``headers``); return ``(status, parsed JSON or text)``.
 
         Raises :class:`HTTPConnectionError` for refused, reset or truncated connections, and
         ``asyncio.TimeoutError`` when the request takes longer than the timeout.
@@ -81,7 +83,7 @@ class HTTPClient:
             {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
         )
         try:
-            response = await self._pool(url).post(url, json=payload, **extra)
+            response = await self._pool(url).post(url, json=payload, headers=headers, **extra)
         except httpx.TimeoutException as exc:
             raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
         except httpx.ConnectError as exc:

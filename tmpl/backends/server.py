@@ -161,7 +161,7 @@ class VLLMServer(Backend):
             self._inflight[request.request_id] = entry
             server.outstanding += 1
             try:
-                status, body = await self.http.post_json(server.url + path, payload)
+                status, body = await self.http.post_json(server.url + path, payload, headers={"X-Request-Id": aid})
             except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
                 server.failures += 1
                 server.lost += 1
@@ -275,6 +275,11 @@ class VLLMServer(Backend):
                 return  # unreachable: the closed connection already aborted it
             if status != 404:
                 return
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of the requests waiting for a server right now (what :meth:`cancel` can reach)."""
+        return list(self._inflight)
 
     @property
     def stats(self) -> list[dict[str, Any]]:
