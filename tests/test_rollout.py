@@ -482,7 +482,9 @@ class Holding(Backend):
 
     async def cancel(self, request_id):
         # the request must still be held when cancel comes: that is how a server client finds it
-        self.events.append(("cancel", request_id, request_id in self.holding))
+        held = request_id in self.holding
+        await asyncio.sleep(0.05)  # a round trip to the server: the run must wait for it
+        self.events.append(("cancel", request_id, held))
 
 
 def _expect_cancelled_in_order(events, rids):

@@ -220,8 +220,14 @@ class Rollout:
                 if bar is not None:
                     bar.update(1)
 
+        tasks = [asyncio.ensure_future(one(i, s)) for i, s in jobs]
         try:
-            results = list(await asyncio.gather(*(one(i, s) for i, s in jobs)))
+            results = list(await asyncio.gather(*tasks))
+        except asyncio.CancelledError:
+            # the run was cancelled (gather cancelled every sample) and gather returned at the first
+            # one done: wait for the others to tell the backend about their requests (Backend.cancel)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             if bar is not None:
                 bar.close()
