@@ -153,13 +153,12 @@ def test_every_error_is_in_errors_py_and_in_one_family() -> None:
         assert issubclass(cls, errors.TmplError), cls
         if cls is not errors.TmplError:
             assert any(issubclass(cls, f) for f in FAMILIES), f"{cls.__name__} is in no family"
-    # no exception class defined elsewhere in tmpl, except the HTTP one issue 11 moves
+    # no exception class defined elsewhere in tmpl
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and module != "tmpl.errors":
                 bases = {ast.unparse(b) for b in node.bases}
                 assert not bases & {"Exception", "TmplError", "ValueError", "ConnectionError"} or node.name in {
-                    "HTTPConnectionError",  # tmpl/backends/http.py, being replaced by issue 11
                     "NotLiteral",  # private control flow inside the pythonic parser, never escapes
                     "LiteralError",  # private to the literal reader, turned into a CallProblem
                 }, f"{module}.{node.name} is an exception defined outside errors.py"

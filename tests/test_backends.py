@@ -347,7 +347,7 @@ def test_server_client_cancel_aborts_on_the_server():
                 await task
 
         _run(go())
-        assert server.aborted == ["slow-1"]
+        assert server.aborted[0] == "slow-1"  # then vLLM 0.32's engine name for it, generate-tokens-slow-1
 
 
 # vLLM's tokens endpoint answers in two shapes: 0.30 (chat-style logprob entries whose token is the
@@ -390,3 +390,40 @@ def test_server_client_explains_a_disabled_tokens_endpoint():
 
     text = scale_out_hint("http://h:1", {"error": "Scale-out endpoints are disabled"})
     assert "--enable-scale-out" in text and "api='completions'" in text
+
+
+def test_server_client_retries_under_a_new_id_and_skips_a_dead_server():
+    """A lost connection marks the server down (no new requests for ``down_for`` s); the retry goes
+    elsewhere under a new id, so aborting the lost try, or a late answer to it, cannot touch it."""
+    local = Scripted(lambda req: [11, 12, 13])
+    with StandinServer(local, drop_first=10**6) as bad, StandinServer(local) as good:
+        client = VLLMServer([bad.url, good.url], timeout=10, retries=2, backoff=0.0, down_for=60)
+        first = _run(client.agenerate(GenerationRequest("q0", [1, 2], 5, frozenset())))
+        later = _run(client.agenerate(GenerationRequest("q1", [1, 2], 5, frozenset())))
+    assert first.token_ids == later.token_ids == [11, 12, 13]
+    stats = {s["url"]: s for s in client.stats}
+    assert stats[bad.url]["lost"] == 1 and not stats[bad.url]["healthy"] and stats[good.url]["healthy"]
+    assert bad.requests == 1  # q1 never went to the server that was down
+    assert good.request_ids == ["q0~a1", "q1"]
+
+
+def test_server_client_refuses_an_answer_for_another_request():
+    client = VLLMServer("http://127.0.0.1:9", api="generate")
+
+    async def answer(url, payload, timeout=None, headers=None):
+        return 200, {"request_id": "generate-tokens-someone-else", **TOKENS_033}
+
+    client.http.post_json = answer
+    out = _run(client.agenerate(GenerationRequest("mine", [1], 4, frozenset())))
+    assert out.finish_reason == "error" and "'generate-tokens-someone-else', not 'mine'" in out.error
+
+
+def test_http_connection_error_is_a_backend_error_naming_the_server():
+    from tmpl.backends.http import HTTPConnectionError as OldPath
+    from tmpl.errors import BackendError, HTTPConnectionError
+
+    assert OldPath is HTTPConnectionError and issubclass(HTTPConnectionError, BackendError)
+    client = VLLMServer("http://127.0.0.1:9", timeout=5)
+    with pytest.raises(HTTPConnectionError, match=r"^http://127\.0\.0\.1:9/v1/completions: cannot connect") as info:
+        _run(client.http.post_json("http://127.0.0.1:9/v1/completions", {}))
+    assert info.value.url == "http://127.0.0.1:9/v1/completions"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
 import torch
 
 import tmpl
-from tmpl.backends import GenerationResult, Sampling, Scripted, Torch, VLLMServer
+from tmpl.backends import Backend, GenerationResult, Sampling, Scripted, Torch, VLLMServer
 
 from .vllm_standin import StandinServer
 
@@ -414,3 +415,172 @@ def test_first_turn_of_every_sample_goes_in_one_batch(tokenizer_of):
     )
     assert all(r.status.name == "DONE" for r in results)
     assert batches == [sorted(f"{i}-{s}-0" for i in range(3) for s in range(2))]
+
+
+# -- cancel: aborted samples and cancelled runs reach Backend.cancel ---------------------------
+
+
+def test_aborted_samples_cancel_their_last_request_and_only_those(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    call = tpl.codec.encode('<tool_call>\n{"name": "boom", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    weather = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    )
+    end = tpl.codec.encode("Sure.<|im_end|>")
+
+    def boom(city: str) -> str:
+        """Always fails.
+
+        Args:
+            city: The city.
+        """
+        raise RuntimeError("tool down")
+
+    def policy(req):
+        i, _, turn = req.request_id.split("-")
+        if i == "1" and turn == "1":
+            return GenerationResult(req.request_id, end, None, "stop")  # no logprobs: ABORTED
+        if i == "2":
+            return GenerationResult.failed(req.request_id, "engine error")  # ABORTED
+        if i == "3":
+            return call  # the tool fails, on_error="stop": TRUNCATED, not aborted
+        if i == "4":
+            return GenerationResult(req.request_id, [10**9], [-0.1], "stop")  # crashes the sample: ABORTED
+        return weather if turn == "0" else end
+
+    cancelled = []
+
+    class Recording(Scripted):
+        async def cancel(self, request_id):
+            cancelled.append(request_id)
+
+    rollout = tmpl.Rollout(tpl, Recording(policy), tools=tmpl.Toolbox([get_weather, boom], on_error="stop"))
+    results = rollout.run([[{"role": "user", "content": f"q{i}"}] for i in range(5)])
+    assert [r.status.name for r in results] == ["DONE", "ABORTED", "ABORTED", "TRUNCATED", "ABORTED"]
+    assert sorted(cancelled) == ["1-0-1", "2-0-0", "4-0-0"]  # each aborted sample's last request, once
+
+
+class Holding(Backend):
+    """A server-like backend: sample 0 answers at once, the others' requests hang until cancelled."""
+
+    batching = False
+
+    def __init__(self, end):
+        self.end = end
+        self.holding: set[str] = set()
+        self.events: list[tuple] = []
+
+    async def agenerate(self, req):
+        if req.request_id.startswith("0-"):
+            return GenerationResult(req.request_id, self.end, [-0.1] * len(self.end), "stop")
+        self.holding.add(req.request_id)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.holding.discard(req.request_id)
+            self.events.append(("task cancelled", req.request_id))
+            raise
+
+    async def cancel(self, request_id):
+        # the request must still be held when cancel comes: that is how a server client finds it
+        held = request_id in self.holding
+        await asyncio.sleep(0.05)  # a round trip to the server: the run must wait for it
+        self.events.append(("cancel", request_id, held))
+
+
+def _expect_cancelled_in_order(events, rids):
+    for rid in rids:
+        assert events.index(("cancel", rid, True)) < events.index(("task cancelled", rid)), events
+    assert {e[1] for e in events} == set(rids)  # nothing for the sample that had finished
+
+
+def test_cancelling_a_run_cancels_its_requests_in_flight(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    backend = Holding(tpl.codec.encode("Sure.<|im_end|>"))
+    rollout = tmpl.Rollout(tpl, backend)
+
+    async def go():
+        task = asyncio.create_task(rollout.run_async([[{"role": "user", "content": f"q{i}"}] for i in range(3)]))
+        while len(backend.holding) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    _expect_cancelled_in_order(backend.events, ["1-0-0", "2-0-0"])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.run turns SIGINT into a cancellation from 3.11")
+def test_ctrl_c_cancels_the_requests_in_flight(tokenizer_of):
+    """``Rollout.run`` under Ctrl-C: asyncio.run cancels the run, the backend hears of each request."""
+    import os
+    import signal
+    import threading
+
+    tpl = _tpl(tokenizer_of)
+    backend = Holding(tpl.codec.encode("Sure.<|im_end|>"))
+
+    def interrupt():
+        while len(backend.holding) < 2:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        tmpl.Rollout(tpl, backend).run([[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    _expect_cancelled_in_order(backend.events, ["1-0-0", "2-0-0"])
+
+
+def test_cancelling_a_run_cancels_a_running_batch_and_drops_queued_requests(tokenizer_of):
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+    cancelled, batches = [], []
+
+    class Slow(Scripted):
+        threaded = True
+
+        def generate_batch(self, requests):
+            batches.append([r.request_id for r in requests])
+            time.sleep(0.5)
+            return super().generate_batch(requests)
+
+        async def cancel(self, request_id):
+            cancelled.append(request_id)
+
+    rollout = tmpl.Rollout(tpl, Slow(lambda r: end), max_batch=2)
+
+    async def go():
+        task = asyncio.create_task(rollout.run_async([[{"role": "user", "content": f"q{i}"}] for i in range(3)]))
+        while not batches:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert batches == [["0-0-0", "1-0-0"]]  # "2-0-0" waited for the next batch and was dropped
+    assert sorted(cancelled) == ["0-0-0", "1-0-0"]
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+def test_cancelling_a_run_aborts_its_requests_on_the_server(tokenizer_of, api):
+    tpl = _tpl(tokenizer_of)
+    end = tpl.codec.encode("Sure.<|im_end|>")
+    with StandinServer(Scripted(lambda r: end), delay=2.0) as server:
+        backend = VLLMServer(server.url, api=api, timeout=30)
+        rollout = tmpl.Rollout(tpl, backend)
+
+        async def go():
+            task = asyncio.create_task(rollout.run_async([[{"role": "user", "content": f"q{i}"}] for i in range(2)]))
+            while sum(s["outstanding"] for s in backend.stats) < 2:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(go())
+    assert backend.stats[0]["aborts"] == 2 and backend.stats[0]["outstanding"] == 0
+    if api == "generate":  # told by id too (with completions the closed connection is the only notice)
+        assert {"0-0-0", "1-0-0"} <= set(server.aborted)

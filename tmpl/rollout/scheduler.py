@@ -10,6 +10,9 @@ Each sample of a rollout runs as its own coroutine and asks for one generation a
 - A non-batching backend (vLLM servers) gets each request as soon as it is made, with at
   most ``max_concurrency`` in flight.
 
+When a sample is aborted, or its task cancelled (the run was cancelled), the backend is told with
+:meth:`Backend.cancel` (a request still queued for a batch is just dropped).
+
 Engine time (the union of intervals during which the backend works) is measured here.
 """
 
@@ -26,6 +29,8 @@ from ..backends.base import Backend, GenerationRequest, GenerationResult
 class Scheduler:
     #: seconds a request may wait for the rest of its batch before the batch goes anyway
     max_wait = 0.25
+    #: seconds ``Backend.cancel`` may take before the scheduler stops waiting for it
+    cancel_timeout = 10.0
 
     def __init__(self, backend: Backend, *, max_batch: int = 256, max_concurrency: int = 256) -> None:
         self.backend = backend
@@ -39,6 +44,8 @@ class Scheduler:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._inflight = 0
         self._since = 0.0
+        self.cancelled: list[str] = []  # request ids the backend was told to cancel
+        self.cancel_failures = 0  # cancels that raised or timed out
 
     # -- sample bookkeeping -------------------------------------------------------------
     def start_sample(self) -> None:
@@ -68,19 +75,53 @@ class Scheduler:
                 async with self._sem:
                     self._enter()
                     try:
-                        return await self.backend.agenerate(request)
+                        # its own task: when this sample is cancelled, Backend.cancel reaches the request
+                        # while the backend still holds it, and only then is the request's task cancelled
+                        task = asyncio.ensure_future(self.backend.agenerate(request))
+                        try:
+                            return await asyncio.shield(task)
+                        except asyncio.CancelledError:
+                            await self._cancel_inflight(request.request_id, task)
+                            raise
                     finally:
                         self._leave()
             loop = asyncio.get_running_loop()
             future: asyncio.Future[GenerationResult] = loop.create_future()
-            self._pending.append((request, future))
+            entry = (request, future)
+            self._pending.append(entry)
             # decide on the next pass of the loop: samples that are ready in this pass (all of them, on
             # the first turn, before they have even registered) join the same batch
             loop.call_soon(self._maybe_flush)
             loop.call_later(self.max_wait, self._force)  # never wait forever on a miscount
-            return await future
+            try:
+                return await future
+            except asyncio.CancelledError:
+                if entry in self._pending:  # not sent yet: the backend never sees it
+                    self._pending.remove(entry)
+                else:
+                    await self._cancel_inflight(request.request_id, None)
+                raise
         finally:
             self.busy += 1
+
+    async def cancel(self, request_id: str) -> None:
+        """Tell the backend to drop ``request_id`` (a sample was aborted); never raises.
+
+        ``cancelled`` lists every request id the backend was told to drop, in order.
+        """
+        self.cancelled.append(request_id)
+        try:
+            await asyncio.wait_for(self.backend.cancel(request_id), self.cancel_timeout)
+        except Exception:  # noqa: BLE001 - best effort: a failing cancel must not fail the sample twice
+            self.cancel_failures += 1
+
+    async def _cancel_inflight(self, request_id: str, task: asyncio.Future[GenerationResult] | None) -> None:
+        """The sample waiting for ``request_id`` was cancelled: cancel the request, then its task."""
+        await self.cancel(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     def _enter(self) -> None:
         if self._inflight == 0:
