@@ -9,8 +9,9 @@
     result.metrics.as_dict()                  # calls, failures by kind, timeouts, latency
 
 All calls of a batch run at once on an event loop (at most ``max_concurrency`` at a time),
-async tools as tasks and sync tools each on its own daemon thread, every call under its
-timeout. Nothing is dropped: a malformed call, an unknown tool, arguments that do not fit, an
+async tools as tasks and sync tools on reused daemon worker threads (:mod:`.workers`: one
+worker drains a batch of fast calls; more start while every worker is stuck in a call), every
+call under its timeout. Nothing is dropped: a malformed call, an unknown tool, arguments that do not fit, an
 exception or a timeout each give a tool message that says so plainly (``on_error="message"``,
 the default); with ``on_error="stop"`` the sample is also flagged to stop.
 
@@ -38,6 +39,7 @@ from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
 from .schema import tool_name, tool_schema
 from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
+from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
 
@@ -155,6 +157,7 @@ class Toolbox:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._hung: set[concurrent.futures.Future[Any]] = set()
+        self._workers = WorkerPool()  # sync calls: reused daemon threads, grown when all are stuck
 
     # -- tools ------------------------------------------------------------------------
     @property
@@ -205,6 +208,7 @@ class Toolbox:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
+        self._workers.close()
 
     def __enter__(self) -> Toolbox:
         return self
@@ -310,10 +314,11 @@ class Toolbox:
         thread_future: concurrent.futures.Future[Any] | None = None
         if tool.is_async:
             task: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**args))
+            done, _ = await asyncio.wait({task}, timeout=tool.timeout)
         else:
-            thread_future = _in_daemon_thread(functools.partial(tool.fn, **args))
+            thread_future = self._workers.submit(functools.partial(tool.fn, **args))
             task = asyncio.wrap_future(thread_future, loop=loop)
-        done, _ = await asyncio.wait({task}, timeout=tool.timeout)
+            done = await self._wait_sync(task, tool.timeout)
         if not done:
             task.cancel()
             if thread_future is not None and not thread_future.done():
@@ -344,20 +349,19 @@ class Toolbox:
             return CallOutcome(
                 call.id, call.name, "exception", f"Error: {call.name} raised {text}", time.perf_counter() - began
             )
-        return CallOutcome(call.id, call.name, None, _content(value), time.perf_counter() - began, value)
+        ran_for = getattr(thread_future, "ran_for", None)
+        latency = ran_for if ran_for is not None else time.perf_counter() - began
+        return CallOutcome(call.id, call.name, None, _content(value), latency, value)
 
+    async def _wait_sync(self, task: asyncio.Future[Any], timeout: float) -> bool:
+        """Wait for a sync call on the worker pool, asking for more workers while every worker is stuck."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            done, _ = await asyncio.wait({task}, timeout=min(left, self._workers.stuck_after))
+            if done:
+                return True
+            self._workers.unstick()
 
-def _in_daemon_thread(fn: Any) -> concurrent.futures.Future[Any]:
-    """Run ``fn()`` on a new daemon thread; its outcome lands in the returned future."""
-    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
-            future.set_exception(exc)
-
-    threading.Thread(target=target, name="tmpl-tool", daemon=True).start()
-    return future
