@@ -176,7 +176,9 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     toolbox = tmpl.Toolbox(TOOLS, timeout=10)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if config["mode"] == "naive":
+        cpu = _cpu()
         elapsed, n = run_naive(tpl, toolbox, conversations, script), sum(len(s) for s in script)
+        cpu = _cpu() - cpu
         out = {"outside": elapsed, "engine": 0.0, "wall": elapsed, "sample_turns": n, "phases": {}}
     else:
 
@@ -195,7 +197,9 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             progress=False,
         )
         rollout.run(conversations[: min(64, samples)])  # warm the parser, frames and caches
+        cpu = _cpu()
         results = rollout.run(conversations)
+        cpu = _cpu() - cpu
         m = rollout.metrics
         assert m is not None
         n = sum(r.turns for r in results)
@@ -211,10 +215,17 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             "tool_failures": m.tool_failures,
             "drift_measured": m.drift_measured,
         }
+    out["cpu"] = cpu
     out["rss_before_mib"] = rss_before / 1024
     out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     toolbox.close()
     return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, every thread (tokenizer threads, tool workers) included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_naive(tpl: Any, toolbox: Any, conversations: list[list[dict[str, Any]]], script: list[list[list[int]]]) -> float:
@@ -276,33 +287,34 @@ def main() -> None:
     naive_n = min(args.naive_samples, args.samples)
     naive = spawn({**base, "mode": "naive", "samples": naive_n, "drift": 0})
     naive_ms = naive["outside"] * 1e3 / naive["sample_turns"]
+    naive_cpu = naive["cpu"] * 1e3 / naive["sample_turns"]
     print(
         f"{args.family}, scripted engine, up to {args.turns} turns, tool results ~50-2000 chars (some errors); "
-        "ms per sample-turn outside the engine; each row a fresh process"
+        "per sample-turn: wall ms outside the engine (and CPU ms, all threads); each row a fresh process"
     )
     print(
-        f"  naive (decode + re-render), {naive_n} samples, {naive['sample_turns']} sample-turns: {naive_ms:.3f} ms"
-        f"   peak RSS {naive['rss_peak_mib']:.0f} MiB (after setup {naive['rss_before_mib']:.0f})"
+        f"  naive (decode + re-render), {naive_n} samples, {naive['sample_turns']} sample-turns: "
+        f"{naive_ms:.3f} ms (cpu {naive_cpu:.3f})   peak RSS {naive['rss_peak_mib']:.0f} MiB "
+        f"(after setup {naive['rss_before_mib']:.0f})"
     )
     for value in args.drift.split(","):
         drift = float(value)
         r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift})
         n = r["sample_turns"]
-        ms = r["outside"] * 1e3 / n
+        ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
         phases = {k: v * 1e3 / n for k, v in r["phases"].items()}
         other = ms - sum(phases.values())
         print(
             f"  tmpl drift={drift:<5g} {args.samples} samples, {n} sample-turns, {r['tool_calls']} calls "
-            f"({r['tool_failures']} failed), {r['drift_measured']} drift-measured: {ms:.3f} ms"
-            f"   naive / tmpl = {naive_ms / ms:.1f}x   peak RSS {r['rss_peak_mib']:.0f} MiB "
-            f"(after setup {r['rss_before_mib']:.0f})"
+            f"({r['tool_failures']} failed), {r['drift_measured']} drift-measured: {ms:.3f} ms (cpu {cpu:.3f})"
+            f"   naive / tmpl = {naive_ms / ms:.1f}x (cpu {naive_cpu / cpu:.1f}x)   peak RSS "
+            f"{r['rss_peak_mib']:.0f} MiB (after setup {r['rss_before_mib']:.0f})"
         )
         print(
             "      by phase: "
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
             + f"  scheduling/other {other:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
         )
-
 
 if __name__ == "__main__":
     main()
