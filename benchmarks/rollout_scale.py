@@ -109,7 +109,9 @@ def lookup_order(order_id: int) -> dict[str, Any]:
     return {
         "order_id": order_id,
         "status": rng.choice(["shipped", "pending", "delivered", "cancelled"]),
-        "items": [{"sku": f"SKU-{rng.randrange(10**6):06d}", "qty": rng.randint(1, 4)} for _ in range(rng.randint(1, 8))],
+        "items": [
+            {"sku": f"SKU-{rng.randrange(10**6):06d}", "qty": rng.randint(1, 4)} for _ in range(rng.randint(1, 8))
+        ],
         "address": {"city": rng.choice(CITIES), "zip": f"{rng.randrange(10**5):05d}"},
     }
 
@@ -228,7 +230,9 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_naive(tpl: Any, toolbox: Any, conversations: list[list[dict[str, Any]]], script: list[list[list[int]]]) -> float:
+def run_naive(
+    tpl: Any, toolbox: Any, conversations: list[list[dict[str, Any]]], script: list[list[list[int]]]
+) -> float:
     """Decode, parse, run tools and re-render + re-tokenize every conversation, every turn."""
     from tmpl.toolcalls import parse_completion
 
@@ -315,6 +319,7 @@ def main() -> None:
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
             + f"  scheduling/other {other:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
         )
+
 
 if __name__ == "__main__":
     main()

@@ -284,6 +284,24 @@ class Toolbox:
         return ToolCall(id=cid, name=name, arguments=args.value, raw=raw, repairs=args.repairs)
 
     # -- execution --------------------------------------------------------------------
+    def start_batch(self, samples: Sequence[Any]) -> list[asyncio.Future[list[CallOutcome]]]:
+        """Start every call of every sample on the running loop; one future per sample, done when
+        all of that sample's calls are answered (a sample never waits for another's calls).
+
+        ``samples`` as in :meth:`run_batch`. For a rollout that hands each sample on as soon as
+        its own calls are done; :meth:`run_batch_async` waits for all of them.
+        """
+        plan = self._plan(samples)
+        loop = asyncio.get_running_loop()
+        batch = _Batch(self, loop)
+        out: list[asyncio.Future[list[CallOutcome]]] = []
+        for sample in plan:
+            calls = [batch.start(item) for item in sample]
+            done: asyncio.Future[list[CallOutcome]] = loop.create_future()
+            _when_all(calls, done)
+            out.append(done)
+        return out
+
     async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
         start = time.perf_counter()
         batch = _Batch(self, asyncio.get_running_loop())
@@ -469,6 +487,28 @@ class _Batch:
             return
         self.box._workers.unstick()
         self.loop.call_later(self.box._workers.stuck_after, self._tick)
+
+
+def _when_all(calls: list[asyncio.Future[CallOutcome]], done: asyncio.Future[list[CallOutcome]]) -> None:
+    """Complete ``done`` with the outcomes of ``calls`` (in order) once every one of them is done."""
+    left = len(calls)
+    if not left:
+        done.set_result([])
+        return
+
+    def one(_: asyncio.Future[CallOutcome]) -> None:
+        nonlocal left
+        left -= 1
+        if left or done.done():
+            return
+        failed = next((f.exception() for f in calls if f.exception() is not None), None)
+        if failed is not None:
+            done.set_exception(failed)
+        else:
+            done.set_result([f.result() for f in calls])
+
+    for f in calls:
+        f.add_done_callback(one)
 
 
 def _keywords(sig: inspect.Signature | None) -> tuple[frozenset[str], frozenset[str]] | None:
