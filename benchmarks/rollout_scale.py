@@ -12,9 +12,10 @@ call). Samples stop at different turns (most use every turn).
 Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``) is its own:
 
 - ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/8, every sample);
-  time outside the engine = wall - engine time, broken down by the rollout's phases
-  (``RolloutMetrics.outside``: parse, tools, suffix, bookkeeping, drift) and the rest
-  (scheduling: the event loop, batching requests, starting samples);
+  time outside the engine = wall - engine time, broken down by the rollout's phases that run on
+  the event loop's thread (``RolloutMetrics.outside``: tokenize, parse, suffix, bookkeeping,
+  drift) and the rest: running the tools (sync tools on worker threads, overlapping other
+  samples' phases, so not timed apart) and scheduling (the event loop, batching, starting samples);
 - ``naive``: the loop trainers write without tmpl, on the first ``--naive-samples`` samples
   (its cost per sample-turn does not depend on how many samples run, it grows with turns):
   every turn decode the completions, parse, run the same tools, append the messages and
@@ -190,7 +191,7 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
 
         rollout = tmpl.Rollout(
             tpl,
-            Scripted(policy),
+            Scripted(policy, record=False),  # keep no request: peak RSS is the rollout's
             tools=toolbox,
             max_turns=turns,
             max_length=32768,
@@ -306,8 +307,10 @@ def main() -> None:
         r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift})
         n = r["sample_turns"]
         ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
-        phases = {k: v * 1e3 / n for k, v in r["phases"].items()}
-        other = ms - sum(phases.values())
+        # phases run on the event loop's thread one at a time: their sums do not overlap; tools
+        # wait on worker threads while other samples run, so they are measured as the rest
+        phases = {k: v * 1e3 / n for k, v in r["phases"].items() if k != "tools"}
+        rest = ms - sum(phases.values())
         print(
             f"  tmpl drift={drift:<5g} {args.samples} samples, {n} sample-turns, {r['tool_calls']} calls "
             f"({r['tool_failures']} failed), {r['drift_measured']} drift-measured: {ms:.3f} ms (cpu {cpu:.3f})"
@@ -317,7 +320,7 @@ def main() -> None:
         print(
             "      by phase: "
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
-            + f"  scheduling/other {other:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
+            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
         )
 
 

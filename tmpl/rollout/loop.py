@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..toolcalls import Toolbox
     from ..trajectory import Trajectory
 from .codes import EndCode
+from .collector import fewer_collections
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
 from .metrics import RolloutMetrics, SampleTimes
 from .scheduler import Scheduler
@@ -191,6 +192,10 @@ class Rollout:
 
     async def run_async(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
         """The asynchronous form of :meth:`run`."""
+        with fewer_collections():  # the collector was a third of the loop's own time (collector.py)
+            return await self._run_all(conversations)
+
+    async def _run_all(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
         start = time.perf_counter()
         for i, conv in enumerate(conversations):
             validate_messages(conv, where=f"conversations[{i}]")
