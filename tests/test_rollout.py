@@ -584,3 +584,79 @@ def test_cancelling_a_run_aborts_its_requests_on_the_server(tokenizer_of, api):
     assert backend.stats[0]["aborts"] == 2 and backend.stats[0]["outstanding"] == 0
     if api == "generate":  # told by id too (with completions the closed connection is the only notice)
         assert {"0-0-0", "1-0-0"} <= set(server.aborted)
+
+
+# -- tool rounds batched across samples ---------------------------------------------------------
+
+
+class CountingToolbox(tmpl.Toolbox):
+    """A real Toolbox that records how many samples each of its batches held."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_sizes: list[int] = []
+
+    def start_batch(self, samples):
+        self.batch_sizes.append(len(samples))
+        return super().start_batch(samples)
+
+
+def _weather_policy(tpl, calls_until):
+    call = tpl.codec.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    )
+    final = tpl.codec.encode("Sunny.<|im_end|>")
+
+    def policy(req):
+        i, _, turn = req.request_id.split("-")[:3]
+        return call if int(turn) < calls_until[int(i)] else final
+
+    return policy
+
+
+def test_tool_rounds_of_one_pass_are_one_batch_and_stay_exact(tokenizer_of):
+    """Samples back from one generation batch run their tools and suffixes as one batch; every
+    sample still equals the template's full render of its messages."""
+    tpl = _tpl(tokenizer_of)
+    calls_until = [2, 2, 1, 2, 0, 2]  # tool turns per sample: they finish at different turns
+    box = CountingToolbox(FUNCS)
+    rollout = tmpl.Rollout(tpl, Scripted(_weather_policy(tpl, calls_until)), tools=box, max_turns=4)
+    results = rollout.run([[{"role": "user", "content": f"Weather, question {i}?"}] for i in range(6)])
+    assert [r.status.name for r in results] == ["DONE"] * 6
+    assert [r.tool_calls for r in results] == calls_until
+    # turn 0: the five samples that called, from one generation batch, in one tool batch; turn 1:
+    # the four still calling (in one batch unless the scheduler's max_wait split their generations)
+    assert box.batch_sizes[0] == 5 and sum(box.batch_sizes) == 9 and len(box.batch_sizes) <= 3, box.batch_sizes
+    for r in results:
+        sequence = r.prompt_ids.tolist() + r.completion_ids.tolist()
+        assert _ids(tpl, r.messages, False)[: len(sequence)] == sequence  # the render goes on with "\n"
+    assert rollout.metrics.outside["tools"] > 0 and rollout.metrics.outside["suffix"] > 0
+
+
+def test_a_suffix_error_stays_with_its_sample(tokenizer_of, monkeypatch):
+    """When one sample's suffix cannot be built, the batch is redone sample by sample: only that
+    sample ends (SUFFIX_FAILED), the others go on exactly."""
+    tpl = _tpl(tokenizer_of)
+    real = tpl.suffix_ids
+
+    def suffix_ids(tool_messages, **kwargs):
+        if kwargs["history"][0]["content"].endswith("3?"):
+            raise tmpl.errors.TemplateError(tpl.name, "a template that cannot render this tool result")
+        return real(tool_messages, **kwargs)
+
+    def suffix_ids_batch(list_of_tool_messages, *, completion_ids, tools=None, histories=None):
+        return [
+            suffix_ids(m, completion_ids=c, tools=tools, history=h)
+            for m, c, h in zip(list_of_tool_messages, completion_ids, histories)
+        ]
+
+    monkeypatch.setattr(tpl, "suffix_ids", suffix_ids)
+    monkeypatch.setattr(tpl, "suffix_ids_batch", suffix_ids_batch)
+    rollout = tmpl.Rollout(tpl, Scripted(_weather_policy(tpl, [1] * 5)), tools=FUNCS, max_turns=3)
+    results = rollout.run([[{"role": "user", "content": f"Weather, question {i}?"}] for i in range(5)])
+    assert [r.status.name for r in results] == ["DONE", "DONE", "DONE", "ABORTED", "DONE"]
+    assert results[3].code.value == "suffix_failed" and "cannot render" in results[3].reason
+    assert results[3].messages[-1]["role"] == "tool"  # the tool ran and its message is kept
+    for r in results[:3] + results[4:]:
+        sequence = r.prompt_ids.tolist() + r.completion_ids.tolist()
+        assert _ids(tpl, r.messages, False)[: len(sequence)] == sequence

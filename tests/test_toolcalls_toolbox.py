@@ -272,3 +272,46 @@ def test_dict_calls_are_accepted():
     assert contents[1].startswith("Error: the tool call to 'get_weather' could not be read")
     assert contents[2].startswith("Error: the tool call could not be read (the call has no tool name)")
     assert result.metrics.failures["malformed_call"] == 2
+
+
+_SEEN = threading.local()
+_THREADS = [0]
+
+
+def count_thread(n: int) -> int:
+    """Count the worker threads that ran calls (a new thread has fresh thread-local storage).
+
+    Args:
+        n: Any number.
+    """
+    if not getattr(_SEEN, "counted", False):
+        _SEEN.counted = True
+        _THREADS[0] += 1
+    return n
+
+
+def test_fast_sync_calls_reuse_worker_threads():
+    """300 instant calls are served by reused workers, not a thread each; results stay in order."""
+    box = tmpl.Toolbox([count_thread], timeout=10.0)
+    _THREADS[0] = 0
+    result = box.run_batch([[call("count_thread", {"n": b}, f"c{b}")] for b in range(300)])
+    assert [m[0]["content"] for m in result.messages] == [str(b) for b in range(300)]
+    assert result.metrics.ok == 300
+    assert _THREADS[0] <= 32, f"{_THREADS[0]} threads for 300 instant calls"  # a thread per call: 300
+    box.close()
+
+
+def clock() -> float:
+    """The time the call ran (perf_counter seconds)."""
+    return time.perf_counter()
+
+
+def test_a_stuck_worker_gets_company_and_bad_arguments_skip_the_pool():
+    """A call that blocks its worker does not hold up the calls queued behind it."""
+    box = tmpl.Toolbox([doze, clock, get_weather], timeout=10.0)
+    start = time.perf_counter()
+    result = box.run_batch([[call("doze", {"seconds": 1.0})], [call("clock")], [call("get_weather", {"town": "x"})]])
+    assert time.perf_counter() - start < 5.0
+    assert result.outcomes[1][0].output - start < 0.5  # it ran beside the dozing call, not after it
+    assert result.outcomes[2][0].error == "bad_arguments" and result.outcomes[2][0].latency is None
+    assert result.outcomes[0][0].output == 1.0

@@ -22,16 +22,22 @@ class Scripted(Backend):
     batching = True
     threaded = False  # replaying is instant: a worker thread would only add GIL hand-offs
 
-    def __init__(self, policy: Callable[[GenerationRequest], Any], *, logprob: float = -0.25) -> None:
+    def __init__(
+        self, policy: Callable[[GenerationRequest], Any], *, logprob: float = -0.25, record: bool = True
+    ) -> None:
         self.policy = policy
         self.logprob = logprob
-        self.requests: list[GenerationRequest] = []  # every request seen, for inspection
+        #: every request seen, for inspection (``record=False`` keeps none: long benchmark runs,
+        #: where every prompt of every turn would otherwise stay in memory)
+        self.requests: list[GenerationRequest] = []
+        self.record = record
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return [self._one(r) for r in requests]
 
     def _one(self, req: GenerationRequest) -> GenerationResult:
-        self.requests.append(req)
+        if self.record:
+            self.requests.append(req)
         out = self.policy(req)
         if isinstance(out, GenerationResult):
             return out

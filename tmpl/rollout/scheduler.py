@@ -55,7 +55,7 @@ class Scheduler:
     def end_sample(self) -> None:
         self.active -= 1
         self.busy -= 1
-        self._maybe_flush()
+        self._flush_soon()
 
     @contextmanager
     def working(self) -> Iterator[None]:
@@ -65,7 +65,13 @@ class Scheduler:
             yield
         finally:
             self.busy -= 1
-            self._maybe_flush()
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        # on the next pass, like a new request: samples that a batched tool round (or a batch of
+        # generations) wakes together all ask before the batch goes, instead of the first alone
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._maybe_flush)
 
     # -- generation -----------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:

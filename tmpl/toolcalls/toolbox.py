@@ -9,8 +9,9 @@
     result.metrics.as_dict()                  # calls, failures by kind, timeouts, latency
 
 All calls of a batch run at once on an event loop (at most ``max_concurrency`` at a time),
-async tools as tasks and sync tools each on its own daemon thread, every call under its
-timeout. Nothing is dropped: a malformed call, an unknown tool, arguments that do not fit, an
+async tools as tasks and sync tools on reused daemon worker threads (:mod:`.workers`: one
+worker drains a batch of fast calls; more start while every worker is stuck in a call), every
+call under its timeout. Nothing is dropped: a malformed call, an unknown tool, arguments that do not fit, an
 exception or a timeout each give a tool message that says so plainly (``on_error="message"``,
 the default); with ``on_error="stop"`` the sample is also flagged to stop.
 
@@ -23,6 +24,7 @@ counts such threads. An async tool is cancelled at its timeout.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import inspect
@@ -38,6 +40,7 @@ from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
 from .schema import tool_name, tool_schema
 from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
+from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
 
@@ -50,6 +53,19 @@ class _Tool:
     is_async: bool
     signature: inspect.Signature | None
     timeout: float
+    #: (names keyword arguments may take, names that must be given) when the signature is that
+    #: simple (no positional-only, *args or **kwargs): arguments are checked without ``bind``
+    keywords: tuple[frozenset[str], frozenset[str]] | None = None
+
+    def check(self, args: Mapping[str, Any]) -> None:
+        """Raise TypeError when ``args`` do not fit the signature (as ``signature.bind`` would)."""
+        if self.keywords is not None:
+            allowed, required = self.keywords
+            names = args.keys()
+            if names <= allowed and required <= names:
+                return
+        if self.signature is not None:
+            self.signature.bind(**args)
 
 
 @dataclass(frozen=True)
@@ -149,12 +165,15 @@ class Toolbox:
             is_async = inspect.iscoroutinefunction(fn) or (
                 callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
             )
-            self._tools[name] = _Tool(name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)))
+            self._tools[name] = _Tool(
+                name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)), _keywords(sig)
+            )
         if timeouts:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._hung: set[concurrent.futures.Future[Any]] = set()
+        self._workers = WorkerPool()  # sync calls: reused daemon threads, grown when all are stuck
 
     # -- tools ------------------------------------------------------------------------
     @property
@@ -205,6 +224,7 @@ class Toolbox:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
+        self._workers.close()
 
     def __enter__(self) -> Toolbox:
         return self
@@ -264,11 +284,29 @@ class Toolbox:
         return ToolCall(id=cid, name=name, arguments=args.value, raw=raw, repairs=args.repairs)
 
     # -- execution --------------------------------------------------------------------
+    def start_batch(self, samples: Sequence[Any]) -> list[asyncio.Future[list[CallOutcome]]]:
+        """Start every call of every sample on the running loop; one future per sample, done when
+        all of that sample's calls are answered (a sample never waits for another's calls).
+
+        ``samples`` as in :meth:`run_batch`. For a rollout that hands each sample on as soon as
+        its own calls are done; :meth:`run_batch_async` waits for all of them.
+        """
+        plan = self._plan(samples)
+        loop = asyncio.get_running_loop()
+        batch = _Batch(self, loop)
+        out: list[asyncio.Future[list[CallOutcome]]] = []
+        for sample in plan:
+            calls = [batch.start(item) for item in sample]
+            done: asyncio.Future[list[CallOutcome]] = loop.create_future()
+            _when_all(calls, done)
+            out.append(done)
+        return out
+
     async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
         start = time.perf_counter()
-        sem = asyncio.Semaphore(self.max_concurrency)
-        tasks = [[asyncio.ensure_future(self._one(item, sem)) for item in sample] for sample in plan]
-        outcomes = [[await t for t in sample] for sample in tasks]
+        batch = _Batch(self, asyncio.get_running_loop())
+        futures = [[batch.start(item) for item in sample] for sample in plan]
+        outcomes = [[await f for f in sample] for sample in futures]
         stop = [self.on_error == "stop" and any(not o.ok for o in sample) for sample in outcomes]
         metrics = ToolMetrics.from_outcomes(
             outcomes, wall_time=time.perf_counter() - start, stopped=sum(stop), hung_threads=self.hung_threads
@@ -276,7 +314,8 @@ class Toolbox:
         messages = [[o.message() for o in sample] for sample in outcomes]
         return BatchResult(messages=messages, stop=stop, outcomes=outcomes, metrics=metrics)
 
-    async def _one(self, item: ToolCall | CallProblem, sem: asyncio.Semaphore) -> CallOutcome:
+    def _check(self, item: ToolCall | CallProblem) -> CallOutcome | tuple[_Tool, ToolCall, dict[str, Any]]:
+        """The call's failure outcome when it cannot run, else the tool and the coerced arguments."""
         if isinstance(item, CallProblem):
             what = f" to '{item.name}'" if item.name else ""
             return CallOutcome(
@@ -296,68 +335,202 @@ class Toolbox:
         args, _ = coerce_arguments(item.arguments, params if isinstance(params, Mapping) else None)
         if tool.signature is not None:
             try:
-                tool.signature.bind(**args)
+                tool.check(args)
             except TypeError as exc:
                 return CallOutcome(
                     item.id, item.name, "bad_arguments", f"Error: wrong arguments for {item.name}: {exc}", None
                 )
-        async with sem:
-            return await self._execute(tool, item, args)
+        return tool, item, args
 
-    async def _execute(self, tool: _Tool, call: ToolCall, args: dict[str, Any]) -> CallOutcome:
-        loop = asyncio.get_running_loop()
+    async def _execute_async(self, tool: _Tool, call: ToolCall, args: dict[str, Any]) -> CallOutcome:
+        """Run an async tool as a task under its timeout (cancelled at the timeout)."""
         began = time.perf_counter()
-        thread_future: concurrent.futures.Future[Any] | None = None
-        if tool.is_async:
-            task: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**args))
-        else:
-            thread_future = _in_daemon_thread(functools.partial(tool.fn, **args))
-            task = asyncio.wrap_future(thread_future, loop=loop)
+        task: asyncio.Future[Any] = asyncio.ensure_future(tool.fn(**args))
         done, _ = await asyncio.wait({task}, timeout=tool.timeout)
         if not done:
             task.cancel()
-            if thread_future is not None and not thread_future.done():
-                self._hung.add(thread_future)
-            return CallOutcome(
-                call.id, call.name, "timeout", f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout
-            )
+            return _timed_out(call, tool)
         try:
             value = task.result()
-            if inspect.isawaitable(value):  # a sync callable that returned a coroutine
-                left = max(tool.timeout - (time.perf_counter() - began), 0.001)
-                inner = asyncio.ensure_future(value)
-                done, _ = await asyncio.wait({inner}, timeout=left)
-                if not done:
-                    inner.cancel()
-                    return CallOutcome(
-                        call.id,
-                        call.name,
-                        "timeout",
-                        f"Error: {call.name} timed out after {tool.timeout:g} s",
-                        tool.timeout,
-                    )
-                value = inner.result()
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - the tool raised (SystemExit, its own CancelledError too): a message
-            text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-            return CallOutcome(
-                call.id, call.name, "exception", f"Error: {call.name} raised {text}", time.perf_counter() - began
-            )
-        return CallOutcome(call.id, call.name, None, _content(value), time.perf_counter() - began, value)
+            return _raised(call, exc, time.perf_counter() - began)
+        return await self._returned(tool, call, value, began, time.perf_counter() - began)
+
+    async def _returned(
+        self, tool: _Tool, call: ToolCall, value: Any, began: float, latency: float | None
+    ) -> CallOutcome:
+        """The outcome of a call that returned ``value`` (awaited first, within the timeout, if awaitable)."""
+        if inspect.isawaitable(value):  # a sync callable that returned a coroutine
+            left = max(tool.timeout - (time.perf_counter() - began), 0.001)
+            inner = asyncio.ensure_future(value)
+            done, _ = await asyncio.wait({inner}, timeout=left)
+            if not done:
+                inner.cancel()
+                return _timed_out(call, tool)
+            try:
+                value = inner.result()
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - as above: the awaited value raised, a message
+                return _raised(call, exc, time.perf_counter() - began)
+            latency = time.perf_counter() - began
+        return CallOutcome(call.id, call.name, None, _content(value), latency, value)
 
 
-def _in_daemon_thread(fn: Any) -> concurrent.futures.Future[Any]:
-    """Run ``fn()`` on a new daemon thread; its outcome lands in the returned future."""
-    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+class _Batch:
+    """The calls of one :meth:`Toolbox.run_batch`: started at most ``max_concurrency`` at a time.
 
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
+    Sync calls go to the Toolbox's :class:`WorkerPool` with a timer at their timeout; their
+    results come back to the event loop through one callback each (no task, no waiter per call).
+    Async calls run as tasks. While sync calls are in flight a ticker asks the pool to add
+    workers when every worker is stuck (see :mod:`.workers`).
+    """
+
+    def __init__(self, box: Toolbox, loop: asyncio.AbstractEventLoop) -> None:
+        self.box, self.loop = box, loop
+        self.free = box.max_concurrency
+        self.waiting: collections.deque[Any] = collections.deque()  # launches waiting for a free slot
+        self.sync_in_flight = 0
+        self.ticking = False
+
+    def start(self, item: ToolCall | CallProblem) -> asyncio.Future[CallOutcome]:
+        out: asyncio.Future[CallOutcome] = self.loop.create_future()
+        checked = self.box._check(item)
+        if isinstance(checked, CallOutcome):
+            out.set_result(checked)
+            return out
+        tool, call, args = checked
+        launch = functools.partial(self._launch_sync if not tool.is_async else self._launch_async, tool, call, args, out)
+        if self.free > 0:
+            self.free -= 1
+            launch()
+        else:
+            self.waiting.append(launch)
+        return out
+
+    def _finish(self, out: asyncio.Future[CallOutcome], outcome: CallOutcome | BaseException) -> None:
+        if not out.done():
+            if isinstance(outcome, BaseException):
+                out.set_exception(outcome)
+            else:
+                out.set_result(outcome)
+        if self.waiting:
+            self.waiting.popleft()()
+        else:
+            self.free += 1
+
+    # -- async tools ------------------------------------------------------------------
+    def _launch_async(self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]) -> None:
+        task = asyncio.ensure_future(self.box._execute_async(tool, call, args), loop=self.loop)
+
+        def done(t: asyncio.Future[CallOutcome]) -> None:
+            self._finish(out, t.exception() or t.result())
+
+        task.add_done_callback(done)
+
+    # -- sync tools -------------------------------------------------------------------
+    def _launch_sync(self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]) -> None:
+        box, loop = self.box, self.loop
+        began = time.perf_counter()
+        future = box._workers.submit(functools.partial(tool.fn, **args))
+        self.sync_in_flight += 1
+        settled = False
+
+        def settle(outcome: CallOutcome | BaseException) -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                self.sync_in_flight -= 1
+                self._finish(out, outcome)
+
+        def on_timeout() -> None:
+            if settled:
+                return
+            if not future.cancel() and not future.done():  # running: its thread hangs on
+                box._hung.add(future)
+            settle(_timed_out(call, tool))
+
+        timer = loop.call_later(tool.timeout, on_timeout)
+
+        def on_result() -> None:
+            if settled or future.cancelled():
+                return
+            timer.cancel()
+            latency = getattr(future, "ran_for", None)
+            exc = future.exception()
+            if exc is not None:
+                settle(exc if isinstance(exc, KeyboardInterrupt) else _raised(call, exc, latency))
+                return
+            value = future.result()
+            if not inspect.isawaitable(value):
+                settle(CallOutcome(call.id, call.name, None, _content(value), latency, value))
+                return
+            task = asyncio.ensure_future(box._returned(tool, call, value, began, latency), loop=loop)
+            task.add_done_callback(lambda t: settle(t.exception() or t.result()))
+
+        def from_worker(_: concurrent.futures.Future[Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(on_result)
+            except RuntimeError:  # the loop is gone (the call hung past its batch): nothing waits for it
+                pass
+
+        future.add_done_callback(from_worker)
+        if not self.ticking:
+            self.ticking = True
+            loop.call_later(box._workers.stuck_after, self._tick)
+
+    def _tick(self) -> None:
+        if not self.sync_in_flight:
+            self.ticking = False
             return
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
-            future.set_exception(exc)
+        self.box._workers.unstick()
+        self.loop.call_later(self.box._workers.stuck_after, self._tick)
 
-    threading.Thread(target=target, name="tmpl-tool", daemon=True).start()
-    return future
+
+def _when_all(calls: list[asyncio.Future[CallOutcome]], done: asyncio.Future[list[CallOutcome]]) -> None:
+    """Complete ``done`` with the outcomes of ``calls`` (in order) once every one of them is done."""
+    left = len(calls)
+    if not left:
+        done.set_result([])
+        return
+
+    def one(_: asyncio.Future[CallOutcome]) -> None:
+        nonlocal left
+        left -= 1
+        if left or done.done():
+            return
+        failed = next((f.exception() for f in calls if f.exception() is not None), None)
+        if failed is not None:
+            done.set_exception(failed)
+        else:
+            done.set_result([f.result() for f in calls])
+
+    for f in calls:
+        f.add_done_callback(one)
+
+
+def _keywords(sig: inspect.Signature | None) -> tuple[frozenset[str], frozenset[str]] | None:
+    """Names a call may pass by keyword and the ones it must, when only those rules apply."""
+    if sig is None:
+        return None
+    allowed, required = set(), set()
+    for p in sig.parameters.values():
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            return None
+        allowed.add(p.name)
+        if p.default is p.empty:
+            required.add(p.name)
+    return frozenset(allowed), frozenset(required)
+
+
+def _timed_out(call: ToolCall, tool: _Tool) -> CallOutcome:
+    return CallOutcome(
+        call.id, call.name, "timeout", f"Error: {call.name} timed out after {tool.timeout:g} s", tool.timeout
+    )
+
+
+def _raised(call: ToolCall, exc: BaseException, latency: float | None) -> CallOutcome:
+    text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    return CallOutcome(call.id, call.name, "exception", f"Error: {call.name} raised {text}", latency)

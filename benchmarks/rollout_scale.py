@@ -1,0 +1,328 @@
+"""Rollout at scale: time outside the engine by phase, and peak memory, against the naive loop.
+
+    python benchmarks/rollout_scale.py [--samples 4096] [--turns 8] [--naive-samples 512]
+                                       [--drift 0,0.125,1] [--data ../shared/tokenizers]
+
+The engine is ``tmpl.backends.Scripted`` replaying completions encoded before the clock starts,
+so nearly all of a run is time outside the engine. The conversations call realistic tools:
+four sync tools returning JSON records of varied shape and length (about 50 to 2000
+characters), some failing (a raised exception, wrong arguments, an unknown tool, a malformed
+call). Samples stop at different turns (most use every turn).
+
+Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``) is its own:
+
+- ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/8, every sample);
+  time outside the engine = wall - engine time, broken down by the rollout's phases that run on
+  the event loop's thread (``RolloutMetrics.outside``: tokenize, parse, suffix, bookkeeping,
+  drift) and the rest: running the tools (sync tools on worker threads, overlapping other
+  samples' phases, so not timed apart) and scheduling (the event loop, batching, starting samples);
+- ``naive``: the loop trainers write without tmpl, on the first ``--naive-samples`` samples
+  (its cost per sample-turn does not depend on how many samples run, it grows with turns):
+  every turn decode the completions, parse, run the same tools, append the messages and
+  re-render + re-tokenize every conversation with ``apply_chat_template`` (batched).
+
+Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PHASES = ("parse", "tools", "suffix", "bookkeeping", "drift")
+WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+    "quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
+CITIES = ("Paris", "Lyon", "Tokyo", "Nairobi", "São Paulo", "Reykjavík", "Montréal", "Zürich", "Seoul", "Lima")
+
+
+# -- tools: sync, instant, realistic JSON results ------------------------------------------
+def _rng(*key: Any) -> random.Random:
+    return random.Random(json.dumps(key, ensure_ascii=False))
+
+
+def search_products(query: str, limit: int = 5) -> list[dict[str, Any]]:
+    """Search the product catalogue.
+
+    Args:
+        query: Words to look for.
+        limit: How many products to return at most.
+    """
+    rng = _rng("search", query, limit)
+    return [
+        {
+            "sku": f"SKU-{rng.randrange(10**6):06d}",
+            "title": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))).title(),
+            "price": round(rng.uniform(1, 500), 2),
+            "in_stock": rng.random() < 0.8,
+            "tags": rng.sample(WORDS, rng.randint(0, 4)),
+            "rating": {"mean": round(rng.uniform(1, 5), 1), "count": rng.randint(0, 5000)},
+        }
+        for _ in range(rng.randint(0, limit))
+    ]
+
+
+def get_weather(city: str, unit: str = "celsius") -> dict[str, Any]:
+    """Current weather in a city.
+
+    Args:
+        city: The city name.
+        unit: celsius or fahrenheit.
+    """
+    rng = _rng("weather", city, unit)
+    return {"city": city, "temperature": round(rng.uniform(-10, 35), 1), "unit": unit, "humidity": rng.random()}
+
+
+def read_file(path: str) -> str:
+    """Read a text file of the workspace.
+
+    Args:
+        path: The file path.
+    """
+    if path.endswith(".missing"):
+        raise FileNotFoundError(f"no such file: {path}")
+    rng = _rng("file", path)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(rng.randint(1, 40))]
+    return "\n".join(lines)
+
+
+def lookup_order(order_id: int) -> dict[str, Any]:
+    """Look an order up.
+
+    Args:
+        order_id: The order number.
+    """
+    if order_id % 11 == 0:
+        raise KeyError(f"order {order_id} not found")
+    rng = _rng("order", order_id)
+    return {
+        "order_id": order_id,
+        "status": rng.choice(["shipped", "pending", "delivered", "cancelled"]),
+        "items": [
+            {"sku": f"SKU-{rng.randrange(10**6):06d}", "qty": rng.randint(1, 4)} for _ in range(rng.randint(1, 8))
+        ],
+        "address": {"city": rng.choice(CITIES), "zip": f"{rng.randrange(10**5):05d}"},
+    }
+
+
+TOOLS = [search_products, get_weather, read_file, lookup_order]
+
+
+def _call(rng: random.Random) -> str:
+    """The text of one tool call the scripted model writes (sometimes a broken one)."""
+    roll = rng.random()
+    if roll < 0.02:
+        return '<tool_call>\n{"name": "search_products", "arguments": {"query": "red shoes"\n</tool_call>'  # bad JSON
+    if roll < 0.03:
+        return '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>'  # unknown tool
+    if roll < 0.04:
+        return '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'  # wrong argument
+    kind = rng.randrange(4)
+    if kind == 0:
+        args: dict[str, Any] = {"query": " ".join(rng.sample(WORDS, rng.randint(1, 3))), "limit": rng.randint(1, 12)}
+        name = "search_products"
+    elif kind == 1:
+        args, name = {"city": rng.choice(CITIES)}, "get_weather"
+    elif kind == 2:
+        ext = ".missing" if rng.random() < 0.1 else ".txt"
+        args, name = {"path": f"notes/{rng.choice(WORDS)}-{rng.randrange(1000)}{ext}"}, "read_file"
+    else:
+        args, name = {"order_id": rng.randrange(1, 10**5)}, "lookup_order"
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def completion_text(index: int, turn: int, last_turn: int) -> str:
+    """What the scripted model writes for conversation ``index`` at ``turn`` (it stops at ``last_turn``)."""
+    rng = _rng("completion", index, turn)
+    if turn >= last_turn:
+        return f"Here is what I found: {' '.join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))}.<|im_end|>"
+    lead = f"Let me check {rng.choice(WORDS)}.\n" if rng.random() < 0.3 else ""
+    calls = "\n".join(_call(rng) for _ in range(1 if rng.random() < 0.8 else 2))
+    return lead + calls + "<|im_end|>"
+
+
+def last_turn(index: int, turns: int) -> int:
+    """The turn at which a conversation answers without tools (most use every turn)."""
+    rng = _rng("length", index)
+    return turns - 1 if rng.random() < 0.7 else rng.randint(1, turns - 1)
+
+
+def conversation(index: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are a shopping and logistics assistant. Use the tools."},
+        {"role": "user", "content": f"Request {index}: find {_rng('q', index).choice(WORDS)} and check my orders."},
+    ]
+
+
+# -- one configuration, in its own process ---------------------------------------------------
+def child(config: dict[str, Any]) -> dict[str, Any]:
+    import tmpl
+    from tmpl.backends import Scripted
+
+    tpl = tmpl.ChatTemplate.from_pretrained(Path(config["data"]) / config["family"])
+    samples, turns = config["samples"], config["turns"]
+    conversations = [conversation(i) for i in range(samples)]
+    ends = [last_turn(i, turns) for i in range(samples)]
+    script = [[tpl.codec.encode(completion_text(i, t, ends[i])) for t in range(ends[i] + 1)] for i in range(samples)]
+    toolbox = tmpl.Toolbox(TOOLS, timeout=10)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if config["mode"] == "naive":
+        cpu = _cpu()
+        elapsed, n = run_naive(tpl, toolbox, conversations, script), sum(len(s) for s in script)
+        cpu = _cpu() - cpu
+        out = {"outside": elapsed, "engine": 0.0, "wall": elapsed, "sample_turns": n, "phases": {}}
+    else:
+
+        def policy(req: Any) -> list[int]:
+            i, _, t = req.request_id.split("-")[:3]
+            return script[int(i)][int(t)]
+
+        rollout = tmpl.Rollout(
+            tpl,
+            Scripted(policy, record=False),  # keep no request: peak RSS is the rollout's
+            tools=toolbox,
+            max_turns=turns,
+            max_length=32768,
+            max_completion_length=None,
+            measure_drift=config["drift"],
+            progress=False,
+        )
+        rollout.run(conversations[: min(64, samples)])  # warm the parser, frames and caches
+        cpu = _cpu()
+        results = rollout.run(conversations)
+        cpu = _cpu() - cpu
+        m = rollout.metrics
+        assert m is not None
+        n = sum(r.turns for r in results)
+        assert n == sum(len(s) for s in script), "the scripted rollout did not run every turn"
+        assert m.aborted == 0, m.abort_reasons
+        out = {
+            "outside": m.wall_time - m.engine_time,
+            "engine": m.engine_time,
+            "wall": m.wall_time,
+            "sample_turns": n,
+            "phases": {k: m.outside.get(k, 0.0) for k in ("tokenize", *PHASES)},
+            "tool_calls": m.tool_calls,
+            "tool_failures": m.tool_failures,
+            "drift_measured": m.drift_measured,
+        }
+    out["cpu"] = cpu
+    out["rss_before_mib"] = rss_before / 1024
+    out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    toolbox.close()
+    return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, every thread (tokenizer threads, tool workers) included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_naive(
+    tpl: Any, toolbox: Any, conversations: list[list[dict[str, Any]]], script: list[list[list[int]]]
+) -> float:
+    """Decode, parse, run tools and re-render + re-tokenize every conversation, every turn."""
+    from tmpl.toolcalls import parse_completion
+
+    tok, schemas = tpl.tokenizer, toolbox.schemas
+    histories = [list(c) for c in conversations]
+    active = list(range(len(conversations)))
+    start = time.perf_counter()
+    turn = 0
+    while active:
+        prompts = tok.apply_chat_template(
+            [histories[i] for i in active], tools=schemas, add_generation_prompt=True, tokenize=True
+        )
+        assert len(prompts["input_ids"]) == len(active)
+        completions = [script[i][turn] for i in active]  # the engine's answer
+        texts = tok.batch_decode(completions)  # what a text loop keeps
+        assert len(texts) == len(active)
+        parsed = [parse_completion(tpl, c, tools=toolbox) for c in completions]
+        batch = toolbox.run_batch(parsed)
+        still = []
+        for i, p, msgs in zip(active, parsed, batch.messages):
+            histories[i].append(p.to_message())
+            if p.has_calls:
+                histories[i].extend(msgs)
+                still.append(i)
+        active, turn = still, turn + 1
+    return time.perf_counter() - start
+
+
+# -- the parent: one subprocess per configuration, one table ---------------------------------
+def spawn(config: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(config)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        sys.exit(f"configuration {config} failed:\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers"))
+    parser.add_argument("--family", default="qwen2.5-instruct", help="a family whose template writes <tool_call> JSON")
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--naive-samples", type=int, default=512, help="the naive loop runs on this many samples")
+    parser.add_argument("--drift", default="0,0.125,1", help="measure_drift values to run, comma-separated")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if not (Path(args.data) / args.family).is_dir():
+        sys.exit(f"tokenizer data not found at {Path(args.data) / args.family}; pass --data or set TMPL_TEST_DATA")
+    base = {"data": str(args.data), "family": args.family, "turns": args.turns}
+    naive_n = min(args.naive_samples, args.samples)
+    naive = spawn({**base, "mode": "naive", "samples": naive_n, "drift": 0})
+    naive_ms = naive["outside"] * 1e3 / naive["sample_turns"]
+    naive_cpu = naive["cpu"] * 1e3 / naive["sample_turns"]
+    print(
+        f"{args.family}, scripted engine, up to {args.turns} turns, tool results ~50-2000 chars (some errors); "
+        "per sample-turn: wall ms outside the engine (and CPU ms, all threads); each row a fresh process"
+    )
+    print(
+        f"  naive (decode + re-render), {naive_n} samples, {naive['sample_turns']} sample-turns: "
+        f"{naive_ms:.3f} ms (cpu {naive_cpu:.3f})   peak RSS {naive['rss_peak_mib']:.0f} MiB "
+        f"(after setup {naive['rss_before_mib']:.0f})"
+    )
+    for value in args.drift.split(","):
+        drift = float(value)
+        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift})
+        n = r["sample_turns"]
+        ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
+        # phases run on the event loop's thread one at a time: their sums do not overlap; tools
+        # wait on worker threads while other samples run, so they are measured as the rest
+        phases = {k: v * 1e3 / n for k, v in r["phases"].items() if k != "tools"}
+        rest = ms - sum(phases.values())
+        print(
+            f"  tmpl drift={drift:<5g} {args.samples} samples, {n} sample-turns, {r['tool_calls']} calls "
+            f"({r['tool_failures']} failed), {r['drift_measured']} drift-measured: {ms:.3f} ms (cpu {cpu:.3f})"
+            f"   naive / tmpl = {naive_ms / ms:.1f}x (cpu {naive_cpu / cpu:.1f}x)   peak RSS "
+            f"{r['rss_peak_mib']:.0f} MiB (after setup {r['rss_before_mib']:.0f})"
+        )
+        print(
+            "      by phase: "
+            + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
+            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Tool rounds of many samples in batches: calls started together, suffixes built together.
+
+Samples of a rollout reach their tool rounds together: a batch of generations comes back at
+once and every sample of it parses its completion in the same pass of the event loop. Each
+sample hands its parsed completion to :meth:`ToolRounds.run`; one pass later the calls of all
+of them start as one Toolbox batch (:meth:`Toolbox.start_batch`). A sample goes on as soon as
+its own calls are answered (a slow tool holds back only its sample); the samples whose calls
+are answered in the same pass get their suffixes from one :meth:`ChatTemplate.suffix_ids_batch`
+(one tokenizer call for all their tool results). What each sample gets is exactly what its own
+``run_batch_async([parsed])`` and ``suffix_ids`` would give; when a batched suffix fails, each
+is built alone, so one sample's error stays its own.
+
+>>> rounds = ToolRounds(tpl, toolbox, schemas)                            # doctest: +SKIP
+>>> done = await rounds.run(parsed, completion_ids, history_before)       # doctest: +SKIP
+>>> done.messages, done.suffix, done.error                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..chat_template import ChatTemplate
+    from ..toolcalls import Toolbox
+    from ..toolcalls.metrics import CallOutcome
+
+
+@dataclass
+class RoundResult:
+    """One sample's tool round: its tool messages, counts, the suffix IDs (or the error building it).
+
+    ``tool_seconds`` is this sample's wait for its calls divided by the samples whose calls
+    started with its own, ``suffix_seconds`` the suffix batch's time divided by its samples: so
+    the phase times summed over samples are the rollout's time in those phases, not that time
+    counted once per waiting sample.
+    """
+
+    messages: list[dict[str, Any]]
+    calls: int
+    failed: int
+    failures: dict[str, int]
+    stop: bool
+    suffix: list[int] | None = None
+    error: Exception | None = None
+    tool_seconds: float = 0.0
+    suffix_seconds: float = 0.0
+
+
+class _Job:
+    """One sample's tool round while it runs."""
+
+    __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited")
+
+    def __init__(self, parsed: Any, completion: list[int], before: list[dict[str, Any]], future: Any) -> None:
+        self.parsed, self.completion, self.before, self.future = parsed, completion, before, future
+        self.started = 0.0
+        self.outcomes: list[CallOutcome] = []
+        self.waited = 0.0  # seconds from the start of the calls until all of this sample's were answered
+
+
+class ToolRounds:
+    """Starts the tool rounds begun in one pass of the event loop as one batch; builds suffixes in batches."""
+
+    def __init__(self, template: ChatTemplate, toolbox: Toolbox, schemas: Sequence[Any] | None) -> None:
+        self.tpl = template
+        self.toolbox = toolbox
+        self.schemas = schemas
+        self.batches = 0  # Toolbox batches started
+        self.suffix_batches = 0  # suffix_ids_batch calls
+        self._to_start: list[_Job] = []
+        self._to_suffix: list[_Job] = []
+
+    async def run(self, parsed: Any, completion: list[int], before: list[dict[str, Any]]) -> RoundResult:
+        """Run the calls of ``parsed`` and build the suffix after ``completion`` (``before``: the history)."""
+        loop = asyncio.get_running_loop()
+        job = _Job(parsed, completion, before, loop.create_future())
+        if not self._to_start:
+            loop.call_soon(self._start)
+        self._to_start.append(job)
+        result: RoundResult = await job.future
+        return result
+
+    def _start(self) -> None:
+        jobs, self._to_start = self._to_start, []
+        self.batches += 1
+        try:
+            futures = self.toolbox.start_batch([job.parsed for job in jobs])
+        except Exception as exc:  # noqa: BLE001 - the batch could not start: every sample gets the error
+            for job in jobs:
+                job.future.set_exception(exc)
+            return
+        started = perf_counter()
+        for job, future in zip(jobs, futures):
+            job.started = started
+            future.add_done_callback(functools.partial(self._answered, job))
+
+    def _answered(self, job: _Job, future: asyncio.Future[list[CallOutcome]]) -> None:
+        job.waited = perf_counter() - job.started
+        exc = future.exception()
+        if exc is not None:
+            job.future.set_exception(exc)
+            return
+        job.outcomes = future.result()
+        if not self._to_suffix:
+            asyncio.get_running_loop().call_soon(self._suffix)
+        self._to_suffix.append(job)
+
+    def _suffix(self) -> None:
+        jobs, self._to_suffix = self._to_suffix, []
+        self.suffix_batches += 1
+        n = len(jobs)
+        messages = [[o.message() for o in job.outcomes] for job in jobs]
+        start = perf_counter()
+        suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
+        suffix_seconds = (perf_counter() - start) / n
+        stop_on_error = self.toolbox.on_error == "stop"
+        for job, msgs, (suffix, error) in zip(jobs, messages, suffixes):
+            failures: dict[str, int] = {}
+            for o in job.outcomes:
+                if o.error is not None:
+                    failures[o.error] = failures.get(o.error, 0) + 1
+            failed = sum(failures.values())
+            result = RoundResult(
+                messages=msgs,
+                calls=len(job.outcomes),
+                failed=failed,
+                failures=failures,
+                stop=stop_on_error and failed > 0,
+                suffix=suffix,
+                error=error,
+                tool_seconds=job.waited / n,
+                suffix_seconds=suffix_seconds,
+            )
+            if not job.future.done():
+                job.future.set_result(result)
+
+    def _suffixes(
+        self,
+        messages: list[list[dict[str, Any]]],
+        completions: list[list[int]],
+        histories: list[list[dict[str, Any]]],
+    ) -> list[tuple[list[int] | None, Exception | None]]:
+        """Every sample's suffix in one call; when that fails, each alone (so an error is its sample's only)."""
+        try:
+            out = self.tpl.suffix_ids_batch(
+                messages, completion_ids=completions, tools=self.schemas, histories=histories
+            )
+            return [(ids, None) for ids in out]
+        except Exception:  # noqa: BLE001 - found again below, sample by sample
+            pass
+        results: list[tuple[list[int] | None, Exception | None]] = []
+        for msgs, completion, history in zip(messages, completions, histories):
+            try:
+                ids = self.tpl.suffix_ids(msgs, completion_ids=completion, tools=self.schemas, history=history)
+                results.append((ids, None))
+            except Exception as exc:  # noqa: BLE001 - handed to the sample, which ends or crashes with it
+                results.append((None, exc))
+        return results
