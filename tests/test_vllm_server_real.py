@@ -63,8 +63,7 @@ def wait_ready(proc: subprocess.Popen, url: str, deadline: float, log_path) -> N
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"vLLM server {url} exited with {proc.returncode}: "
-                f"{log_path.read_text(errors='replace')[-2000:]}"
+                f"vLLM server {url} exited with {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}"
             )
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:

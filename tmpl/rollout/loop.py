@@ -201,7 +201,9 @@ class Rollout:
             validate_messages(conv, where=f"conversations[{i}]")
         setup = _Setup()
         with PhaseClock(setup)("tokenize"):  # validated above: render each, one call into the tokenizer
-            texts = [self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations]
+            texts = [
+                self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
+            ]
             prompts = self.tpl.codec.encode_many(texts)
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         rounds = ToolRounds(self.tpl, self.toolbox, self.tool_schemas) if self.toolbox is not None else None

@@ -402,7 +402,9 @@ class _Batch:
             out.set_result(checked)
             return out
         tool, call, args = checked
-        launch = functools.partial(self._launch_sync if not tool.is_async else self._launch_async, tool, call, args, out)
+        launch = functools.partial(
+            self._launch_sync if not tool.is_async else self._launch_async, tool, call, args, out
+        )
         if self.free > 0:
             self.free -= 1
             launch()
@@ -422,7 +424,9 @@ class _Batch:
             self.free += 1
 
     # -- async tools ------------------------------------------------------------------
-    def _launch_async(self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]) -> None:
+    def _launch_async(
+        self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]
+    ) -> None:
         task = asyncio.ensure_future(self.box._execute_async(tool, call, args), loop=self.loop)
 
         def done(t: asyncio.Future[CallOutcome]) -> None:
