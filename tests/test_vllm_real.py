@@ -44,9 +44,15 @@ for _folder, _, _ in FIXTURES.values():
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
 def engine(request):
     """One real ``vllm.LLM`` per model; pytest closes the first before it starts the second."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # the engine core in this process: no spawned worker re-importing pytest's __main__
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # the engine core in this process: no spawned worker re-importing pytest's __main__; set for this
+    # module only (the server tests start stock servers, which must not inherit it)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+        yield from _engine(request)
+
+
+def _engine(request):
     from vllm import LLM
 
     folder, mode, close = FIXTURES[request.param]
