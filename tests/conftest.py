@@ -18,6 +18,9 @@ import pytest
 from tmpl import _compat
 
 REPO = Path(__file__).resolve().parent.parent
+#: the environment before any test ran: subprocesses that must not inherit what imported libraries or
+#: earlier tests set in ``os.environ`` (vLLM sets engine settings there) start from this
+PRISTINE_ENV = dict(os.environ)
 DATA = Path(os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers")).resolve()
 
 #: family folder -> hub id (used only with TMPL_TEST_HUB=1 when the folder is absent)

@@ -22,6 +22,7 @@ import tmpl
 from tmpl.backends import GenerationRequest, Sampling, VLLMServer
 from tmpl.rollout.codes import EndCode
 
+from .conftest import PRISTINE_ENV
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
 
 httpx = pytest.importorskip("httpx")
@@ -39,8 +40,8 @@ def free_port() -> int:
 
 
 def start_server(port: int, log, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a stock server: its engine core in its own process
+    # a stock server: not what vLLM's in-process engine of other tests left in os.environ
+    env = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
         "-m",
