@@ -843,7 +843,7 @@ def fixture_run(cls, config_cls, tmp_path, **config):
         return [float(i % 2) for i in range(len(completions))]
 
     data = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in FIXTURE_QUESTIONS])
-    args = train_args(config_cls, tmp_path, max_completion_length=96, learning_rate=1e-6, **config)
+    args = train_args(config_cls, tmp_path, max_completion_length=64, learning_rate=1e-6, **config)
     trainer = capturing(cls)(
         model=str(FIXTURE_MODEL),
         args=args,
