@@ -134,29 +134,3 @@ def tiny_qwen2():
     )
     model = Qwen2ForCausalLM(config).eval()
     return model, tok
-
-
-# -- real vLLM servers boot early ------------------------------------------------------------------
-
-SERVER_MODULE = "tests.test_vllm_server_real"
-
-
-def pytest_collection_finish(session):
-    """When the run includes the real-server tests, start their servers now: they boot in their own
-    processes while the tests before them run (on 2 cores that hides most of their start-up)."""
-    if session.config.option.collectonly:
-        return
-    for item in session.items:
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__ == SERVER_MODULE and "servers" in item.fixturenames:
-            module.boot()
-            return
-
-
-def pytest_sessionfinish(session):
-    """Servers started early are stopped even when their tests never ran (-x, Ctrl-C, a deselection)."""
-    import sys
-
-    module = sys.modules.get(SERVER_MODULE)
-    if module is not None:
-        module.shutdown()

@@ -14,9 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -91,57 +89,23 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-class Boot:
-    """The two servers of this module, started once (``boot``) and stopped once (``shutdown``)."""
-
-    def __init__(self) -> None:
-        ports = free_port(), free_port()
-        folder = Path(tempfile.mkdtemp(prefix="tmpl-vllm-servers-"))
-        self.logs = [folder / f"server-{p}.log" for p in ports]
-        self.files = [path.open("wb") for path in self.logs]
-        self.procs = [
-            start_server(ports[0], self.files[0]),
-            start_server(ports[1], self.files[1], "--enable-scale-out"),
-        ]
-        self.urls = [f"http://127.0.0.1:{p}" for p in ports]
-        self.deadline = time.monotonic() + STARTUP_LIMIT
-
-    def shutdown(self) -> None:
-        for proc in self.procs:
-            stop(proc)
-        for f in self.files:
-            f.close()
-
-
-_boot: Boot | None = None
-
-
-def boot() -> Boot:
-    """Start the servers unless started: tests/conftest.py calls this right after collection, so they
-    boot (about a minute of one core each) while the modules before this one run."""
-    global _boot
-    if _boot is None:
-        _boot = Boot()
-    return _boot
-
-
-def shutdown() -> None:
-    """Stop the servers if they were started (the fixture's teardown, and the session's end)."""
-    global _boot
-    if _boot is not None:
-        _boot, started = None, _boot
-        started.shutdown()
-
-
 @pytest.fixture(scope="module")
-def servers():
-    started = boot()
+def servers(tmp_path_factory):
+    ports = free_port(), free_port()
+    logs = [tmp_path_factory.mktemp("vllm") / f"server-{p}.log" for p in ports]
+    files = [path.open("wb") for path in logs]
+    procs = [start_server(ports[0], files[0]), start_server(ports[1], files[1], "--enable-scale-out")]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        for proc, url, log in zip(started.procs, started.urls, started.logs):
-            wait_ready(proc, url, started.deadline, log)
-        yield {"stock": started.urls[0], "scale_out": started.urls[1], "procs": started.procs, "logs": started.logs}
+        deadline = time.monotonic() + STARTUP_LIMIT
+        for proc, url, log in zip(procs, urls, logs):
+            wait_ready(proc, url, deadline, log)
+        yield {"stock": urls[0], "scale_out": urls[1], "procs": procs, "logs": logs}
     finally:
-        shutdown()
+        for proc in procs:
+            stop(proc)
+        for f in files:
+            f.close()
 
 
 @pytest.fixture(scope="module")
