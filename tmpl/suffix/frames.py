@@ -86,6 +86,21 @@ class Slot:
     field: str  # "content" or "tool_call_id"
 
 
+def _joined(
+    pieces: Sequence[str | Slot], messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]
+) -> str:
+    """The text of a run's pieces: literals as they are, slots filled from the messages."""
+    parts = []
+    for piece in pieces:
+        if type(piece) is str:
+            parts.append(piece)
+        elif piece.field == "content":
+            parts.append(fns[piece.message](messages[piece.message]["content"]))
+        else:
+            parts.append(messages[piece.message]["tool_call_id"])
+    return "".join(parts)
+
+
 @dataclass
 class DynamicRun:
     """Text between two atoms that holds slots; encoded per call together with its left anchor.
@@ -123,29 +138,13 @@ class DynamicRun:
             if slot.field == "content":
                 return self.head + fns[slot.message](messages[slot.message]["content"]) + tail
             return self.head + messages[slot.message]["tool_call_id"] + tail
-        parts = [self.head]
-        for piece in self.rest:
-            if type(piece) is str:
-                parts.append(piece)
-            elif piece.field == "content":
-                parts.append(fns[piece.message](messages[piece.message]["content"]))
-            else:
-                parts.append(messages[piece.message]["tool_call_id"])
-        return "".join(parts)
+        return self.head + _joined(self.rest, messages, fns)
 
     def _after_first(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
         """The run's text after its first slot."""
         if self.single is not None:
             return self.single[1]
-        parts = []
-        for piece in self.rest[1:]:
-            if type(piece) is str:
-                parts.append(piece)
-            elif piece.field == "content":
-                parts.append(fns[piece.message](messages[piece.message]["content"]))
-            else:
-                parts.append(messages[piece.message]["tool_call_id"])
-        return "".join(parts)
+        return _joined(self.rest[1:], messages, fns)
 
     def plan(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> RunPlan:
         """What to encode for this run: (text, cached IDs before it, IDs to drop from its
