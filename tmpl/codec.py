@@ -52,6 +52,9 @@ class Codec:
         self.backend = backend
         self._encode = backend.encode
         self._encode_batch = backend.encode_batch
+        #: the batch call that skips character offsets (``encode_batch_fast``, tokenizers >= 0.21);
+        #: the same IDs, 10-30% less time than ``encode`` on 100+ characters
+        self._encode_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
         has_normalizer = backend.normalizer is not None
         self.added: dict[int, AddedTokenInfo] = {}
         for tid, tok in backend.get_added_tokens_decoder().items():
@@ -98,17 +101,18 @@ class Codec:
         """Token IDs of several texts in one call into the backend (parallel in Rust)."""
         return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
 
-    #: Below this many characters in all, texts are encoded one by one: the backend's
-    #: parallel batch costs more than it saves on small inputs (measured: 3 x 10 chars,
-    #: 36 us batched vs 22 us one by one).
-    BATCH_MIN_CHARS = 50_000
-
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """Token IDs of several texts, batched only when the batch is large."""
-        if len(texts) > 1 and sum(map(len, texts)) >= self.BATCH_MIN_CHARS:
-            return self.encode_batch(texts)
-        encode = self._encode
-        return [encode(t, add_special_tokens=False).ids for t in texts]
+        """Token IDs of several texts (or one) in one call into the backend, without offsets.
+
+        The hot path of suffixes and prompts: ``encode_batch_fast`` computes no character
+        offsets, which makes it faster than ``encode`` from about 100 characters on, and runs
+        a batch on the backend's thread pool (measured, Qwen2.5, 100 characters: 44-61 us vs
+        53-74 us for ``encode``; 2,000: 720-760 us vs 930-1,130 us).
+
+        >>> codec.encode_many(["<|im_end|>\\n", "hi"])  # doctest: +SKIP
+        [[151645, 198], [6023]]
+        """
+        return [enc.ids for enc in self._encode_ids(texts, add_special_tokens=False)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token IDs of ``text`` and each token's (start, end) character offsets."""

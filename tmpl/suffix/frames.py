@@ -251,7 +251,7 @@ class Layout:
         runs = self.runs
         if len(runs) == 1:
             text, pre, drop, post = runs[0].plan(messages, fns)
-            ids = codec.encode(text)
+            ids = codec.encode_many([text])[0]
             segments = self.segments
             return _compat.ids.join_ids((segments[0], pre, ids[drop:] if drop else ids, post, segments[1]))
         plans = self.plans(messages, fns)
