@@ -38,3 +38,55 @@ def test_encode_many_equals_the_tokenizer(family, path, tokenizer_of):
     assert [codec.encode_many([t])[0] for t in TEXTS] == expected
     assert [codec.encode(t) for t in TEXTS] == expected
     assert codec.encode_many([]) == []
+
+
+SYSTEM = "You are a careful assistant. " * 20  # a long shared system prompt
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+USERS = ["hi", "  spaces first", "\nnewline first", "<|im_end|> written as text", "é ñ 漢字 🙂", "Request 7: 12345"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encode_shared_equals_encoding_each_prompt(family, tokenizer_of):
+    """Prompts that share a system prompt and tool schemas (the prefix encoded once where the
+    pipeline allows an exact cut) give the IDs of each prompt's own full encoding."""
+    from tmpl.render import Renderer  # noqa: F401 - the template renders through transformers here
+
+    tok = tokenizer_of(family)
+    codec = Codec(tok)
+    texts = []
+    for user in USERS:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        try:
+            texts.append(tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False))
+        except Exception:  # noqa: BLE001 - a template that takes no system message or tools
+            texts.append(tok.apply_chat_template(messages[1:], add_generation_prompt=True, tokenize=False))
+    texts.append(texts[0])  # the same prompt twice
+    texts.append(texts[0] + "more")  # one prompt a prefix of another
+    expected = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert codec.encode_shared(texts) == expected
+    assert codec.encode_shared(texts[:1]) == expected[:1]
+
+
+def test_encode_shared_cuts_only_where_exact(tokenizer_of):
+    """Qwen2.5: the shared prefix is cut after its last added token; a prefix ending inside
+    an added token ("<|im_" then "end|>" in one text, "start|>" in the other) is not cut there."""
+    tok = tokenizer_of("qwen2.5-instruct")
+    codec = Codec(tok)
+    shared = "<|im_start|>system\n" + SYSTEM + "<|im_end|>\n<|im_start|>user\n"
+    texts = [shared + "alpha", shared + "beta"]
+    assert codec._shared_cut(texts) == len(shared) - len("user\n")  # right after "<|im_start|>"
+    head = "<|im_start|>system\n" + SYSTEM + "<|im_end|>\n"
+    inside = [head + "<|im_" + tail for tail in ("end|>x", "start|>y")]  # they part inside a token
+    assert codec._shared_cut(inside) == len(head) - 1  # after "<|im_end|>", not in "<|im_"
+    expected = [tok(t, add_special_tokens=False)["input_ids"] for t in inside]
+    assert codec.encode_shared(inside) == expected
+    assert codec._shared_cut(["short<|im_end|>a", "short<|im_end|>b"]) == 0  # not worth a cut

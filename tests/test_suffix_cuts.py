@@ -15,7 +15,6 @@ import pytest
 
 import tmpl
 from tmpl.suffix import clear_caches
-from tmpl.suffix.cuts import _straddle_free
 
 from .contract import HISTORIES, assistant_turn, check_turn, tool_results
 
@@ -61,9 +60,9 @@ def test_pipelines_that_can_be_cut(tokenizer_of):
 
 def test_no_cut_where_an_added_token_could_straddle(tokenizer_of):
     codec = tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct")).codec
-    assert not _straddle_free(codec, "result: <|im_", at_end=True)  # "<|im_" + "end|>" would be one token
-    assert not _straddle_free(codec, "end|>\n", at_end=False)
-    assert _straddle_free(codec, "<tool_response>\n", at_end=True)
+    assert not codec.straddle_free("result: <|im_", at_end=True)  # "<|im_" + "end|>" would be one token
+    assert not codec.straddle_free("end|>\n", at_end=False)
+    assert codec.straddle_free("<tool_response>\n", at_end=True)
 
 
 # (content, head cut taken, tail cut taken) on Qwen2.5: "user\n<tool_response>\n" CONTENT "\n</tool_response>"

@@ -204,7 +204,7 @@ class Rollout:
             texts = [
                 self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
             ]
-            prompts = self.tpl.codec.encode_many(texts)
+            prompts = self.tpl.codec.encode_shared(texts)
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         rounds = ToolRounds(self.tpl, self.toolbox, self.tool_schemas) if self.toolbox is not None else None
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]

@@ -117,16 +117,6 @@ def edge_key(char: str) -> str:
     return char if char < "\x80" else category(char)
 
 
-def _straddle_free(codec: Codec, frame_text: str, at_end: bool) -> bool:
-    """No added token can span the join between ``frame_text`` and a content on its far side."""
-    for info in codec.added.values():
-        text = info.content
-        for k in range(1, len(text)):
-            if (at_end and frame_text.endswith(text[:k])) or (not at_end and frame_text.startswith(text[k:])):
-                return False
-    return True
-
-
 def _candidates(codec: Codec, text: str, head: bool) -> list[int]:
     """Cut positions to try in a frame literal: at its edge next to the content, then one
     pre-token further away (taken when the edge itself joins the content's first pre-token,
@@ -193,7 +183,7 @@ def head_cuts(codec: Codec, anchor: str, anchor_len: int, lead: str, fill: Calla
     ``fill(x)`` is the rest of the run with ``x`` as the content (literal text and other
     slots filled with probe values after it).
     """
-    if not codec.regex_byte_level or not lead or not _straddle_free(codec, lead, at_end=True):
+    if not codec.regex_byte_level or not lead or not codec.straddle_free(lead, at_end=True):
         return ()
     start = len(anchor) + len(lead)
 
@@ -224,7 +214,7 @@ def tail_cuts(
     Checked with the content after the whole lead and after what is left of the lead at
     each head cut in ``heads`` (both cuts may be taken in one call).
     """
-    if not codec.regex_byte_level or not tail or not _straddle_free(codec, tail, at_end=False):
+    if not codec.regex_byte_level or not tail or not codec.straddle_free(tail, at_end=False):
         return ()
     contexts = [(anchor + lead, anchor_len)] + [(lead[h.pos :], 0) for h in heads]
 
