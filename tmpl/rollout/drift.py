@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _compat
+
 #: default share of samples whose drift a rollout measures (one render + tokenization each)
 DRIFT_FRACTION = 0.125
 #: tokens of context decoded around a span when deciding its cause
@@ -91,9 +93,9 @@ def first_difference(ours: list[int], rendered: list[int]) -> int | None:
     is compared; a re-render that ends early differs at its end.
     """
     n = min(len(ours), len(rendered))
-    for k in range(n):
-        if ours[k] != rendered[k]:
-            return k
+    k = _compat.ids.common_prefix_len(ours, rendered)
+    if k < n:
+        return k
     return None if len(rendered) >= len(ours) else n
 
 
@@ -190,7 +192,7 @@ def rerender_drift(
         text = tpl.renderer.text(messages, tools=tools, add_generation_prompt=gen)
     except TmplError:
         return None, None
-    detail = explain_drift(tpl, ids, tpl.codec.encode(text))
+    detail = explain_drift(tpl, ids, tpl.codec.encode_many([text])[0])
     return detail is not None, detail
 
 
