@@ -1,7 +1,7 @@
 """Rollout at scale: time outside the engine by phase, and peak memory, against the naive loop.
 
     python benchmarks/rollout_scale.py [--samples 4096] [--turns 8] [--naive-samples 512]
-                                       [--drift 0,0.125,1] [--data ../shared/tokenizers]
+                                       [--drift 0,0.0625,1] [--data ../shared/tokenizers]
 
 The engine is ``tmpl.backends.Scripted`` replaying completions encoded before the clock starts,
 so nearly all of a run is time outside the engine. The conversations call realistic tools:
@@ -11,7 +11,7 @@ call). Samples stop at different turns (most use every turn).
 
 Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``) is its own:
 
-- ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/8, every sample);
+- ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/16, every sample);
   time outside the engine = wall - engine time, broken down by the rollout's phases that run on
   the event loop's thread (``RolloutMetrics.outside``: tokenize, parse, suffix, bookkeeping,
   drift) and the rest: running the tools (sync tools on worker threads, overlapping other
@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--naive-samples", type=int, default=512, help="the naive loop runs on this many samples")
-    parser.add_argument("--drift", default="0,0.125,1", help="measure_drift values to run, comma-separated")
+    parser.add_argument("--drift", default="0,0.0625,1", help="measure_drift values to run, comma-separated")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

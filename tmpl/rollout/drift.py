@@ -23,7 +23,7 @@ from typing import Any
 from .. import _compat
 
 #: default share of samples whose drift a rollout measures (one render + tokenization each)
-DRIFT_FRACTION = 0.125
+DRIFT_FRACTION = 0.0625
 #: tokens of context decoded around a span when deciding its cause
 _CONTEXT = 64
 #: tokens compared after the first difference to find where the two sides agree again

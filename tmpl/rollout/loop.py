@@ -134,7 +134,7 @@ class Rollout:
     IDs re-rendering would have changed and explain where and why (``drift_detail``): True
     (every sample), False/0 (none) or a fraction in (0, 1] of samples, chosen by a hash of
     conversation index and sample number (the same ones every run); default ``DRIFT_FRACTION``
-    (1/8: one render and tokenization per 8 samples). ``verify_every``: check every k-th suffix against
+    (1/16: one render and tokenization per 16 samples). ``verify_every``: check every k-th suffix against
     a full render of the conversation (0: never); a mismatch aborts the sample.
     ``sample_retries``: how many times a sample whose generation failed (backend error or
     abort) is run again from its prompt; its trajectory is reset first, so nothing of the
