@@ -58,8 +58,6 @@ USERS = ["hi", "  spaces first", "\nnewline first", "<|im_end|> written as text"
 def test_encode_shared_equals_encoding_each_prompt(family, tokenizer_of):
     """Prompts that share a system prompt and tool schemas (the prefix encoded once where the
     pipeline allows an exact cut) give the IDs of each prompt's own full encoding."""
-    from tmpl.render import Renderer  # noqa: F401 - the template renders through transformers here
-
     tok = tokenizer_of(family)
     codec = Codec(tok)
     texts = []
