@@ -53,7 +53,6 @@ class Codec:
         self.name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
         self.backend = backend
         self._encode = backend.encode
-        self._encode_batch = backend.encode_batch
         #: the batch call that skips character offsets (``encode_batch_fast``, tokenizers >= 0.21);
         #: the same IDs, 10-30% less time than ``encode`` on 100+ characters
         self._encode_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
@@ -70,6 +69,7 @@ class Codec:
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self._hash: str | None = None
         self._regex_byte_level: bool | None = None
+        self._atom_pattern: re.Pattern[str] | None = None
         #: what layers above learn once per tokenizer pipeline (e.g. the suffix engine's verified cuts)
         self.memo: dict[str, Any] = {}
 
@@ -98,10 +98,6 @@ class Codec:
         """Token IDs of ``text`` with no BOS/EOS added."""
         ids: list[int] = self._encode(text, add_special_tokens=False).ids
         return ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token IDs of several texts in one call into the backend (parallel in Rust)."""
-        return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """Token IDs of several texts (or one) in one call into the backend, without offsets.
@@ -147,13 +143,12 @@ class Codec:
         prefix = os.path.commonprefix(texts)
         if len(prefix) < self.SHARED_PREFIX_MIN_CHARS:
             return 0
-        if "atom_pattern" not in self.memo:
+        if self._atom_pattern is None:  # longest first: where atoms overlap, the longer one is the token
             contents = sorted((info.content for info in self.added.values() if info.atom), key=len, reverse=True)
-            self.memo["atom_pattern"] = re.compile("|".join(map(re.escape, contents))) if contents else None
-        pattern: re.Pattern[str] | None = self.memo["atom_pattern"]
-        if pattern is None:
-            return 0
-        ends: list[int] = [m.end() for m in pattern.finditer(prefix)]
+            if not contents:
+                return 0
+            self._atom_pattern = re.compile("|".join(map(re.escape, contents)))
+        ends = [m.end() for m in self._atom_pattern.finditer(prefix)]
         for cut in reversed(ends):
             if cut < self.SHARED_PREFIX_MIN_CHARS:
                 break

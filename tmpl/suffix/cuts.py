@@ -159,8 +159,8 @@ def _checker(
 
     def check(char: str) -> bool:
         group = cases(char)
-        full = codec.encode_batch([text for text, _ in group])
-        cut = codec.encode_batch([cut_text(text, pos) for text, _ in group])
+        full = codec.encode_many([text for text, _ in group])
+        cut = codec.encode_many([cut_text(text, pos) for text, _ in group])
         for (text, drop), whole, part in zip(group, full, cut):
             got = cached + part if head else part[drop:] + cached  # a head cut's text has no anchor
             if whole[drop:] != got or not splits(text):
