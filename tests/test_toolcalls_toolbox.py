@@ -7,6 +7,7 @@ and "stopped by the timeout" from "waited for the tool".
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -317,3 +318,45 @@ def test_a_stuck_worker_gets_company_and_bad_arguments_skip_the_pool():
     assert result.outcomes[1][0].output - start < 0.5  # it ran beside the dozing call, not after it
     assert result.outcomes[2][0].error == "bad_arguments" and result.outcomes[2][0].latency is None
     assert result.outcomes[0][0].output == 1.0
+
+
+async def get_weather_async(city: str, days: int = 1) -> str:
+    """Weather forecast for a city, from an async client.
+
+    Args:
+        city: The city name.
+        days: How many days ahead.
+    """
+    return get_weather(city, days)
+
+
+@pytest.mark.parametrize("tool", [get_weather, get_weather_async], ids=["sync", "async"])
+def test_answered_calls_leave_nothing_for_the_garbage_collector(tool):
+    """Answered calls (returned, raised, bad arguments) are freed by reference counting alone.
+
+    A call in a reference cycle waits for the collector: at 4096 samples the collector's passes
+    over ~30 objects a call were a fifth of the rollout's time outside the engine.
+    """
+    box = tmpl.Toolbox([tool], timeout=10.0)
+    name, cities = tool.__name__, ["Paris", "Atlantis", "Lima"]
+
+    async def batch():
+        samples = [[call(name, {"city": cities[b % 3]}, f"c{b}")] for b in range(200)]
+        samples.append([call(name, {"town": "x"}, "bad")])
+        return await box.run_batch_async(samples)
+
+    async def main():
+        await batch()  # warm: the worker thread, the loop's own structures
+        gc.collect()
+        gc.disable()
+        try:
+            result = await batch()
+            found = gc.collect()
+        finally:
+            gc.enable()
+        return result, found
+
+    result, found = asyncio.run(main())
+    assert result.metrics.ok == 133 and result.metrics.failed == 68, result.metrics
+    assert found == 0, f"{found} objects of 201 answered calls were in reference cycles"
+    box.close()

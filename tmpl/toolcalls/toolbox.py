@@ -436,54 +436,10 @@ class _Batch:
 
     # -- sync tools -------------------------------------------------------------------
     def _launch_sync(self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]) -> None:
-        box, loop = self.box, self.loop
-        began = time.perf_counter()
-        future = box._workers.submit(functools.partial(tool.fn, **args))
-        self.sync_in_flight += 1
-        settled = False
-
-        def settle(outcome: CallOutcome | BaseException) -> None:
-            nonlocal settled
-            if not settled:
-                settled = True
-                self.sync_in_flight -= 1
-                self._finish(out, outcome)
-
-        def on_timeout() -> None:
-            if settled:
-                return
-            if not future.cancel() and not future.done():  # running: its thread hangs on
-                box._hung.add(future)
-            settle(_timed_out(call, tool))
-
-        timer = loop.call_later(tool.timeout, on_timeout)
-
-        def on_result() -> None:
-            if settled or future.cancelled():
-                return
-            timer.cancel()
-            latency = getattr(future, "ran_for", None)
-            exc = future.exception()
-            if exc is not None:
-                settle(exc if isinstance(exc, KeyboardInterrupt) else _raised(call, exc, latency))
-                return
-            value = future.result()
-            if not inspect.isawaitable(value):
-                settle(CallOutcome(call.id, call.name, None, _content(value), latency, value))
-                return
-            task = asyncio.ensure_future(box._returned(tool, call, value, began, latency), loop=loop)
-            task.add_done_callback(lambda t: settle(t.exception() or t.result()))
-
-        def from_worker(_: concurrent.futures.Future[Any]) -> None:
-            try:
-                loop.call_soon_threadsafe(on_result)
-            except RuntimeError:  # the loop is gone (the call hung past its batch): nothing waits for it
-                pass
-
-        future.add_done_callback(from_worker)
+        _SyncCall(self, tool, call, out).start(args)
         if not self.ticking:
             self.ticking = True
-            loop.call_later(box._workers.stuck_after, self._tick)
+            self.loop.call_later(self.box._workers.stuck_after, self._tick)
 
     def _tick(self) -> None:
         if not self.sync_in_flight:
@@ -491,6 +447,88 @@ class _Batch:
             return
         self.box._workers.unstick()
         self.loop.call_later(self.box._workers.stuck_after, self._tick)
+
+
+class _SyncCall:
+    """One sync call in flight: the worker's future, the timer at the tool's timeout, the answer.
+
+    Settled once, by whichever comes first (the worker's answer or the timer); settling drops the
+    references to the future and the timer. Closures sharing cells did the same job but left every
+    call in a reference cycle (future -> done callback -> closure -> future): ~30 objects a call
+    that only the garbage collector could free, a fifth of a 4096-sample rollout's time outside
+    the engine (benchmarks/rollout_scale.py).
+    """
+
+    __slots__ = ("batch", "tool", "call", "out", "began", "future", "timer")
+
+    def __init__(self, batch: _Batch, tool: _Tool, call: ToolCall, out: asyncio.Future[CallOutcome]) -> None:
+        self.batch, self.tool, self.call = batch, tool, call
+        self.out: asyncio.Future[CallOutcome] | None = out
+        self.began = 0.0
+        self.future: concurrent.futures.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self, args: dict[str, Any]) -> None:
+        batch = self.batch
+        self.began = time.perf_counter()
+        future = batch.box._workers.submit(functools.partial(self.tool.fn, **args))
+        batch.sync_in_flight += 1
+        self.future = future
+        self.timer = batch.loop.call_later(self.tool.timeout, self.on_timeout)
+        future.add_done_callback(self.from_worker)
+
+    def from_worker(self, _: concurrent.futures.Future[Any]) -> None:
+        """In the worker's thread: hand the answer to the loop."""
+        try:
+            self.batch.loop.call_soon_threadsafe(self.on_result)
+        except RuntimeError:  # the loop is gone (the call hung past its batch): nothing waits for it
+            pass
+
+    def on_timeout(self) -> None:
+        future = self.future
+        if future is None:
+            return
+        if not future.cancel() and not future.done():  # running: its thread hangs on
+            self.batch.box._hung.add(future)
+        self.settle(_timed_out(self.call, self.tool))
+
+    def on_result(self) -> None:
+        future, call = self.future, self.call
+        if future is None or future.cancelled():
+            return
+        self.timer_off()
+        latency = getattr(future, "ran_for", None)
+        exc = future.exception()
+        if exc is not None:
+            if isinstance(exc, KeyboardInterrupt):
+                self.settle(exc)
+                return
+            self.settle(_raised(call, exc, latency))
+            return
+        value = future.result()
+        if not inspect.isawaitable(value):
+            self.settle(CallOutcome(call.id, call.name, None, _content(value), latency, value))
+            return
+        box, loop = self.batch.box, self.batch.loop
+        task = asyncio.ensure_future(box._returned(self.tool, call, value, self.began, latency), loop=loop)
+        task.add_done_callback(self.awaited)
+
+    def awaited(self, task: asyncio.Future[CallOutcome]) -> None:
+        self.settle(task.exception() or task.result())
+
+    def timer_off(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def settle(self, outcome: CallOutcome | BaseException) -> None:
+        if self.out is None:
+            return
+        self.timer_off()
+        self.future = None
+        out, self.out = self.out, None
+        self.batch.sync_in_flight -= 1
+        self.batch._finish(out, outcome)
 
 
 def _when_all(calls: list[asyncio.Future[CallOutcome]], done: asyncio.Future[list[CallOutcome]]) -> None:
@@ -536,5 +574,8 @@ def _timed_out(call: ToolCall, tool: _Tool) -> CallOutcome:
 
 
 def _raised(call: ToolCall, exc: BaseException, latency: float | None) -> CallOutcome:
+    """The outcome of a call that raised: the exception in words (its traceback is dropped: the
+    frames it holds, the awaiting task's among them, would keep a reference cycle alive)."""
     text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    exc.__traceback__ = None
     return CallOutcome(call.id, call.name, "exception", f"Error: {call.name} raised {text}", latency)
