@@ -6,9 +6,11 @@ special tokens here too. Expected calls are the ones written into each completio
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tmpl.toolcalls import ParseError, ToolCall, get_parser, parse_completion
+from tmpl.toolcalls import ParseError, ToolCall, get_parser, new_call_id, parse_completion
 
 from .toolcalls_data import TOOLS, chat_template
 
@@ -481,3 +483,19 @@ def test_parsers_on_both_twins(name, twin):
     tpl = chat_template(key)
     p = get_parser(name, tpl.codec).parse(tpl.codec.encode(text))
     assert calls(p) == [("get_time", {})] and not p.errors
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform cannot fork")
+def test_generated_call_ids_are_distinct_and_a_forked_worker_does_not_repeat_them():
+    ids = {new_call_id() for _ in range(20_000)}
+    assert len(ids) == 20_000 and all(len(i) == 9 and i.isalnum() for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id after the fork
+        os.write(write, new_call_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert len(child) == 9 and child != new_call_id()  # without a reseed the two would be the same

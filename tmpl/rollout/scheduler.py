@@ -44,6 +44,7 @@ class Scheduler:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._inflight = 0
         self._since = 0.0
+        self._timer: asyncio.TimerHandle | None = None  # the max_wait deadline of the waiting requests
         self.cancelled: list[str] = []  # request ids the backend was told to cancel
         self.cancel_failures = 0  # cancels that raised or timed out
 
@@ -98,7 +99,8 @@ class Scheduler:
             # decide on the next pass of the loop: samples that are ready in this pass (all of them, on
             # the first turn, before they have even registered) join the same batch
             loop.call_soon(self._maybe_flush)
-            loop.call_later(self.max_wait, self._force)  # never wait forever on a miscount
+            if self._timer is None:  # never wait forever on a miscount (one timer, not one per request)
+                self._timer = loop.call_later(self.max_wait, self._force)
             try:
                 return await future
             except asyncio.CancelledError:
@@ -140,10 +142,14 @@ class Scheduler:
             self.engine_time += time.perf_counter() - self._since
 
     def _force(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
         if self._pending and not self._running:
             self._running = True
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            asyncio.get_running_loop().create_task(self._run(batch))
+            loop.create_task(self._run(batch))
+        if self._pending:  # still waiting (behind a running batch): look again after max_wait
+            self._timer = loop.call_later(self.max_wait, self._force)
 
     def _maybe_flush(self) -> None:
         if self._running or not self._pending:

@@ -14,7 +14,8 @@ tool loop can answer it with an error message the model can learn from.
 
 from __future__ import annotations
 
-import secrets
+import os
+import random
 import string
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,13 +25,18 @@ ID_ALPHABET = string.ascii_letters + string.digits
 ID_LENGTH = 9
 
 
+_ids = random.Random()  # seeded from the OS; ids must differ, not be secret (no system call per id)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)  # a forked worker does not repeat its parent's ids
+
+
 def new_call_id() -> str:
     """A random call id of 9 alphanumerics (what Mistral requires; every other template accepts it).
 
     >>> len(new_call_id()), new_call_id().isalnum()
     (9, True)
     """
-    n = int.from_bytes(secrets.token_bytes(8), "big")  # 64 random bits; 62**9 > 2**53
+    n = _ids.getrandbits(64)  # 64 random bits; 62**9 > 2**53
     out = []
     for _ in range(ID_LENGTH):
         n, r = divmod(n, 62)
