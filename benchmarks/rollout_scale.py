@@ -19,7 +19,11 @@ Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``)
 - ``naive``: the loop trainers write without tmpl, on the first ``--naive-samples`` samples
   (its cost per sample-turn does not depend on how many samples run, it grows with turns):
   every turn decode the completions, parse, run the same tools, append the messages and
-  re-render + re-tokenize every conversation with ``apply_chat_template`` (batched).
+  re-render + re-tokenize every conversation with ``apply_chat_template`` (batched);
+- ``floor``: in the first tmpl process, after its run, only the work no loop can skip, each part
+  the fastest way there is (run the calls the samples made; encode all their results in one
+  ``encode_batch_fast``; decode all completions in one ``decode_batch``). naive / floor is the
+  most any loop could gain over the naive one on this workload.
 
 Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl.
 """
@@ -221,8 +225,48 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     out["cpu"] = cpu
     out["rss_before_mib"] = rss_before / 1024
     out["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if config.get("floor"):  # after the peak RSS was read: encoding every result at once takes memory
+        out["floor"] = floor(tpl, results, script)
     toolbox.close()
     return out
+
+
+def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[str, float]:
+    """Seconds of the work no loop can skip, each part done the fastest way there is, after the run.
+
+    Run the calls the samples made (the tool functions, their results serialized as the
+    Toolbox does); encode every tool result text in one ``encode_batch_fast`` (the tokenizer's
+    fastest call, threaded); decode every completion in one ``decode_batch`` (a loop must read
+    the calls). No parsing, no bookkeeping, no scheduling: a loop doing only this would be free.
+    """
+    from tmpl.toolcalls.toolbox import _content
+
+    fns = {f.__name__: f for f in TOOLS}
+    calls, contents = [], []
+    for r in results:
+        for message in r.messages:
+            if message.get("role") == "tool":
+                contents.append(message["content"])
+            for tc in message.get("tool_calls") or ():
+                fn, args = fns.get(tc["function"]["name"]), tc["function"]["arguments"]
+                if fn is not None and isinstance(args, dict):
+                    calls.append((fn, args))
+    start = time.perf_counter()
+    for fn, args in calls:
+        try:
+            _content(fn(**args))
+        except Exception:  # noqa: BLE001, S112 - failing calls cost their raise, like in a loop
+            continue
+    tools = time.perf_counter() - start
+    backend = tpl.codec.backend
+    start = time.perf_counter()
+    backend.encode_batch_fast(contents, add_special_tokens=False)
+    encode = time.perf_counter() - start
+    completions = [ids for sample in script for ids in sample]
+    start = time.perf_counter()
+    backend.decode_batch(completions, skip_special_tokens=False)
+    decode = time.perf_counter() - start
+    return {"tools": tools, "encode": encode, "decode": decode}
 
 
 def _cpu() -> float:
@@ -302,9 +346,9 @@ def main() -> None:
         f"{naive_ms:.3f} ms (cpu {naive_cpu:.3f})   peak RSS {naive['rss_peak_mib']:.0f} MiB "
         f"(after setup {naive['rss_before_mib']:.0f})"
     )
-    for value in args.drift.split(","):
+    for k, value in enumerate(args.drift.split(",")):
         drift = float(value)
-        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift})
+        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift, "floor": k == 0})
         n = r["sample_turns"]
         ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
         # phases run on the event loop's thread one at a time: their sums do not overlap; tools
@@ -322,6 +366,17 @@ def main() -> None:
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
             + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
         )
+        if "floor" in r:
+            parts = {k: v * 1e3 / n for k, v in r["floor"].items()}
+            total = sum(parts.values())
+            print(
+                f"  floor (only the work no loop can skip, each the fastest way, in the process above): {total:.3f} ms"
+                f"   naive / floor = {naive_ms / total:.1f}x: the most any loop could reach here\n"
+                "      "
+                + "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                + "   (run the calls, serialize; encode every tool result, one encode_batch_fast; decode every"
+                " completion, one decode_batch)"
+            )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ full collections no longer walk them) and a young collection waits for ``YOUNG``
 instead of 700. Cycles are still collected, less often; on exit the objects are unfrozen and the
 thresholds restored (by the last of nested or concurrent users).
 
+The rollout's own objects are freed by reference counting (answered tool calls used to leave
+cycles, see ``toolcalls/toolbox.py``), so a collection finds nothing to free and costs only its
+walk over the young objects, token-ID lists included: at 4096 samples x 8 turns, 18 young
+collections at 20,000 took 1.0-1.1 s of a 21 s run, 3 at 100,000 took 0.3-0.4 s.
+
 >>> with fewer_collections():
 ...     import gc; gc.get_threshold()[0] >= YOUNG
 True
@@ -24,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 #: allocations between two young collections inside a rollout (the interpreter's default: 700)
-YOUNG = 20_000
+YOUNG = 100_000
 
 _lock = threading.Lock()
 _users = 0
