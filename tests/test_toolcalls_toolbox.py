@@ -335,7 +335,7 @@ def test_answered_calls_leave_nothing_for_the_garbage_collector(tool):
     """Answered calls (returned, raised, bad arguments) are freed by reference counting alone.
 
     A call in a reference cycle waits for the collector: at 4096 samples the collector's passes
-    over ~30 objects a call were a fifth of the rollout's time outside the engine.
+    over ~30 objects a call were 15-18% of the rollout's time outside the engine.
     """
     box = tmpl.Toolbox([tool], timeout=10.0)
     name, cities = tool.__name__, ["Paris", "Atlantis", "Lima"]

@@ -455,7 +455,7 @@ class _SyncCall:
     Settled once, by whichever comes first (the worker's answer or the timer); settling drops the
     references to the future and the timer. Closures sharing cells did the same job but left every
     call in a reference cycle (future -> done callback -> closure -> future): ~30 objects a call
-    that only the garbage collector could free, a fifth of a 4096-sample rollout's time outside
+    that only the garbage collector could free, 15-18% of a 4096-sample rollout's time outside
     the engine (benchmarks/rollout_scale.py).
     """
 
