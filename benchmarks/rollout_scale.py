@@ -259,8 +259,9 @@ def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[s
             continue
     tools = time.perf_counter() - start
     backend = tpl.codec.backend
+    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # as tmpl's Codec does
     start = time.perf_counter()
-    backend.encode_batch_fast(contents, add_special_tokens=False)
+    encode_batch(contents, add_special_tokens=False)
     encode = time.perf_counter() - start
     completions = [ids for sample in script for ids in sample]
     start = time.perf_counter()
@@ -346,9 +347,9 @@ def main() -> None:
         f"{naive_ms:.3f} ms (cpu {naive_cpu:.3f})   peak RSS {naive['rss_peak_mib']:.0f} MiB "
         f"(after setup {naive['rss_before_mib']:.0f})"
     )
-    for k, value in enumerate(args.drift.split(",")):
+    for position, value in enumerate(args.drift.split(",")):
         drift = float(value)
-        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift, "floor": k == 0})
+        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift, "floor": position == 0})
         n = r["sample_turns"]
         ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
         # phases run on the event loop's thread one at a time: their sums do not overlap; tools

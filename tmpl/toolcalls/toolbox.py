@@ -500,10 +500,7 @@ class _SyncCall:
         latency = getattr(future, "ran_for", None)
         exc = future.exception()
         if exc is not None:
-            if isinstance(exc, KeyboardInterrupt):
-                self.settle(exc)
-                return
-            self.settle(_raised(call, exc, latency))
+            self.settle(exc if isinstance(exc, KeyboardInterrupt) else _raised(call, exc, latency))
             return
         value = future.result()
         if not inspect.isawaitable(value):
