@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .api import check, training_safe
 from .fix import Change, FixResult, ProofStep, make_training_safe
-from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport, Verdict, build_report
+from .report import SAFE, SAFE_WITH, UNPROVEN, UNSAFE, UNSUPPORTED, TemplateReport, Verdict, build_report
 
 __all__ = [
     "Change",
@@ -25,6 +25,7 @@ __all__ = [
     "ProofStep",
     "SAFE",
     "SAFE_WITH",
+    "UNPROVEN",
     "UNSAFE",
     "UNSUPPORTED",
     "TemplateReport",

@@ -31,6 +31,8 @@ from ..toolcalls.api import parser_for
 from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
 
 SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
+#: a check could not run (a render raised on a shape the template otherwise accepts, a budget ran out...)
+UNPROVEN = "UNPROVEN"
 
 
 @dataclass
