@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tmpl._ids_py",
         "tmpl.trajectory",
         "tmpl.templates",
+        "tmpl.sentinels",
     ),
     ("tmpl.suffix",),
     ("tmpl.chat_template",),
