@@ -25,19 +25,28 @@ from .. import _compat
 from ..codec import Codec
 from ..errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
 from ..render import Renderer
-from .cuts import Cut, head_cuts, tail_cuts
-from .probe import (
+from ..sentinels import (
+    EARLIER_REPLY_SENTINEL,
+    EARLIER_USER_SENTINEL,
+    PRIOR_ARG_SENTINEL,
+    PRIOR_RESULT_SENTINEL,
     PROBE_TOOL_NAME,
+    SYSTEM_SENTINEL,
     USER_SENTINEL,
-    Close,
-    CloseLocator,
-    arg_sentinel,
+    arg_sentinels,
+    assistant_reply,
+    assistant_with_calls,
     call_id,
+    call_ids,
     content_sentinel,
-    count_anchors,
+    content_sentinels,
     dummy_tool_turn,
-    find_close,
+    probe_call,
+    tool_result,
+    user_turn,
 )
+from .cuts import Cut, head_cuts, tail_cuts
+from .probe import Close, CloseLocator, count_anchors, find_close
 
 #: Transforms a template may apply to a tool content, tried in this order. Contents are str
 #: here, for which ``json.dumps(s, ensure_ascii=...)`` is exactly the encoder's string
@@ -364,8 +373,7 @@ class FrameBuilder:
 
     # -- rendering the dummy conversation ---------------------------------------------
     def _render(self, shapes, contents, variant: int, id_slots, tools) -> tuple[str, list, dict]:
-        cids = [call_id(variant, i) if has else None for i, has in enumerate(id_slots)]
-        history, assistant, tool_msgs = dummy_tool_turn(shapes, contents, cids)
+        history, assistant, tool_msgs = dummy_tool_turn(shapes, contents, call_ids(variant, id_slots))
         text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
         return text, history, assistant
 
@@ -407,14 +415,14 @@ class FrameBuilder:
         """
         k = len(shapes)
         id_slots = tuple(m.get("tool_call_id") is not None for m in shapes)
-        base_contents = [content_sentinel(i) for i in range(k)]
+        base_contents = content_sentinels(k)
         try:
             full, history, _ = self._render(shapes, base_contents, 0, id_slots, tools)
         except TemplateRenderError as exc:
             raise UnsupportedTemplateError(
                 self.name, f"cannot render an assistant turn with {k} tool call(s) and its results: {exc.reason}"
             ) from exc
-        anchors = [arg_sentinel(i) for i in range(k)]
+        anchors = arg_sentinels(k)
         visible = count_anchors(full, USER_SENTINEL, anchors)
         if 0 < visible < k:
             raise UnsupportedTemplateError(
@@ -424,7 +432,7 @@ class FrameBuilder:
         if visible == 0:
             prompt = self.renderer.text(history, tools=tools, add_generation_prompt=True)
         close = find_close(self.codec, self.name, full, anchors, tool_close.ids[0], prompt_text=prompt)
-        probe_ids = tuple(call_id(0, i) if has else None for i, has in enumerate(id_slots))
+        probe_ids = tuple(call_ids(0, id_slots))
         locator = CloseLocator(tuple(anchors), close, probe_ids)
         transformed = False
         for i, sentinel in enumerate(base_contents):
@@ -482,37 +490,25 @@ class FrameBuilder:
 
     def _history_dependence(self, frame: Frame, shapes, tools, suffix_text: str) -> str | None:
         """Re-render the dummy turn after other histories; the suffix text must not change."""
-        cids = [call_id(0, i) if has else None for i, has in enumerate(frame.id_slots)]
-        _, assistant, tool_msgs = dummy_tool_turn(shapes, [content_sentinel(i) for i in range(frame.k)], cids)
-        prior_call = {
-            "type": "function",
-            "function": {"name": shapes[0].get("name") or PROBE_TOOL_NAME, "arguments": {"tmpl_probe": "TmPlPrIoRaRg"}},
-        }
-        prior_result = {k: v for k, v in shapes[0].items() if k not in ("content", "tool_call_id")}
-        prior_result["content"] = "TmPlPrIoRrEsUlT"
-        if frame.id_slots[0]:
-            prior_call["id"] = prior_result["tool_call_id"] = call_id(999, 0)
-        user = {"role": "user", "content": USER_SENTINEL}
+        _, assistant, tool_msgs = dummy_tool_turn(shapes, content_sentinels(frame.k), call_ids(0, frame.id_slots))
+        prior_id = call_id(999, 0) if frame.id_slots[0] else None
+        prior_call = probe_call(PRIOR_ARG_SENTINEL, shapes[0].get("name"), prior_id)
+        prior_result = tool_result(shapes[0], PRIOR_RESULT_SENTINEL)
+        if prior_id is not None:
+            prior_result["tool_call_id"] = prior_id  # after the content, as this probe has always rendered it
+        user, system = user_turn(), {"role": "system", "content": SYSTEM_SENTINEL}
+        prior_round = [assistant_with_calls([prior_call]), prior_result]
         alternatives = {
-            "a system message": [{"role": "system", "content": "TmPlSyStEmPrOmPt"}, user],
+            "a system message": [system, user],
             "an earlier assistant reply": [
-                {"role": "user", "content": "TmPlEaRlIeRqUeStIoN"},
-                {"role": "assistant", "content": "TmPlEaRlIeRrEpLy"},
+                user_turn(EARLIER_USER_SENTINEL),
+                assistant_reply(EARLIER_REPLY_SENTINEL),
                 user,
             ],
-            "an earlier tool round": [
-                user,
-                {"role": "assistant", "content": "", "tool_calls": [prior_call]},
-                prior_result,
-            ],
-            "a system message and an earlier tool round": [
-                {"role": "system", "content": "TmPlSyStEmPrOmPt"},
-                user,
-                {"role": "assistant", "content": "", "tool_calls": [prior_call]},
-                prior_result,
-            ],
+            "an earlier tool round": [user, *prior_round],
+            "a system message and an earlier tool round": [system, user, *prior_round],
         }
-        anchors = [arg_sentinel(i) for i in range(frame.k)]
+        anchors = arg_sentinels(frame.k)
         for label, history in alternatives.items():
             try:
                 text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
@@ -540,7 +536,7 @@ class FrameBuilder:
         history = list(history)
         text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
         prompt = None if frame.calls_visible else self.renderer.text(history, tools=tools, add_generation_prompt=True)
-        anchors = [arg_sentinel(i) for i in range(frame.k)]
+        anchors = arg_sentinels(frame.k)
         close = find_close(self.codec, self.name, text, anchors, frame.close.ids[0], after="", prompt_text=prompt)
         return self.codec.encode(close.text + text[close.char_end :])[len(close.ids) :]
 
@@ -553,7 +549,7 @@ class FrameBuilder:
             for j in range(len(samples)):
                 contents = [samples[(j + i) % len(samples)] for i in range(k)]
                 text, _, _ = self._render(shapes, contents, variant, frame.id_slots, tools)
-                cids = [call_id(variant, i) if has else None for i, has in enumerate(frame.id_slots)]
+                cids = call_ids(variant, frame.id_slots)
                 expected = self._expected(frame, text, cids)
                 messages = [{"content": c, "tool_call_id": cid} for c, cid in zip(contents, cids)]
                 variant += 1

@@ -1,45 +1,41 @@
-"""Dummy conversations and where an assistant turn closes inside a full render.
+"""Where an assistant turn closes inside a full render of a dummy conversation.
 
 The probe renders a conversation made of sentinels (strings that appear nowhere
-else) and finds the assistant turn's close **inside the full render** of
-``history + [assistant] + tool messages``. It does not assume that the render
-ending with the assistant is a prefix of the full render (stock Qwen3 adds an
-empty ``<think>`` block only when the assistant message is last). Instead it
-reads both renders after the assistant's last sentinel: their common part is
-the end of the assistant turn, and the last atom (a cleanly-splitting added
-token) in that common part is the turn close. Whitespace after the close (the
-``\\n`` after ``<|im_end|>``) belongs to the suffix.
+else; :mod:`tmpl.sentinels` builds it) and finds the assistant turn's close
+**inside the full render** of ``history + [assistant] + tool messages``. It does
+not assume that the render ending with the assistant is a prefix of the full
+render (stock Qwen3 adds an empty ``<think>`` block only when the assistant
+message is last). Instead it reads both renders after the assistant's last
+sentinel: their common part is the end of the assistant turn, and the last atom
+(a cleanly-splitting added token) in that common part is the turn close.
+Whitespace after the close (the ``\\n`` after ``<|im_end|>``) belongs to the suffix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..codec import Codec
 from ..errors import SpliceError, TemplateRenderError, UnsupportedTemplateError
 from ..render import Renderer
+from ..sentinels import (
+    NEXT_USER_SENTINEL,
+    PROBE_TOOLS,
+    TEXT_SENTINEL,
+    USER_SENTINEL,
+    arg_sentinels,
+    assistant_reply,
+    sentinel_tool_turn,
+    user_turn,
+)
 
-USER_SENTINEL = "TmPlUsErQuEsTiOn"
-NEXT_USER_SENTINEL = "TmPlUsErFoLlOwUp"
-TEXT_SENTINEL = "TmPlAsSiStAnTtExT"
-PROBE_TOOL_NAME = "tmpl_probe_tool"
-
-
-def arg_sentinel(i: int) -> str:
-    """Value of the dummy argument of the i-th dummy call (locates the call in a render)."""
-    return f"TmPlArGvAlUe{i}q"
-
-
-def content_sentinel(i: int) -> str:
-    """Content of the i-th dummy tool message."""
-    return f"TmPlToOlReSuLt{i}q"
-
-
-def call_id(variant: int, i: int) -> str:
-    """A call id valid for every template seen (9 alphanumerics, as Mistral requires)."""
-    return f"T{variant % 1000:03d}{i % 100:02d}Zq7"
+# The probe's vocabulary lives in :mod:`tmpl.sentinels`; these names stay importable from here.
+from ..sentinels import PROBE_TOOL_NAME as PROBE_TOOL_NAME
+from ..sentinels import arg_sentinel as arg_sentinel
+from ..sentinels import call_id as call_id
+from ..sentinels import content_sentinel as content_sentinel
+from ..sentinels import dummy_tool_turn as dummy_tool_turn
 
 
 @dataclass(frozen=True)
@@ -257,18 +253,6 @@ def locate_close(
     )
 
 
-PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": PROBE_TOOL_NAME,
-            "description": "A tool used by tmpl to probe the template.",
-            "parameters": {"type": "object", "properties": {"tmpl_probe": {"type": "string"}}, "required": []},
-        },
-    }
-]
-
-
 @dataclass
 class TurnProbe:
     """How one kind of assistant turn (plain text, or tool calls) closes."""
@@ -296,35 +280,6 @@ def _trained_stop(codec: Codec, alone: str, close: Close, inside: set[int], star
     cands = [t for t in cands if ids[t] not in inside]
     pick = _pick_close(cands, ids, codec)
     return ids[pick] if pick >= 0 else None
-
-
-def dummy_tool_turn(
-    shapes: Sequence[Mapping[str, Any]],
-    contents: Sequence[Any],
-    ids: Sequence[str | None],
-) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
-    """Build (history, assistant, tool messages) of a dummy tool turn.
-
-    ``shapes`` are the caller's tool messages (their non-slot fields are copied);
-    the assistant makes one call per tool message, with the same names and ids.
-    """
-    history = [{"role": "user", "content": USER_SENTINEL}]
-    calls, tools_out = [], []
-    for i, (shape, content, cid) in enumerate(zip(shapes, contents, ids)):
-        name = shape.get("name") or PROBE_TOOL_NAME
-        call: dict[str, Any] = {
-            "type": "function",
-            "function": {"name": name, "arguments": {"tmpl_probe": arg_sentinel(i)}},
-        }
-        msg = {k: v for k, v in shape.items() if k not in ("content", "tool_call_id")}
-        if cid is not None:
-            call["id"] = cid
-            msg["tool_call_id"] = cid
-        msg["content"] = content
-        calls.append(call)
-        tools_out.append(msg)
-    assistant = {"role": "assistant", "content": "", "tool_calls": calls}
-    return history, assistant, tools_out
 
 
 def _turn(renderer: Renderer, codec: Codec, history, assistant, after_msgs, anchors, tools) -> TurnProbe:
@@ -366,9 +321,9 @@ def probe_plain_turn(renderer: Renderer, codec: Codec) -> TurnProbe:
 
     Templates that render only when given a tools list are probed with the probe tool.
     """
-    history = [{"role": "user", "content": USER_SENTINEL}]
-    assistant = {"role": "assistant", "content": TEXT_SENTINEL}
-    follow = [{"role": "user", "content": NEXT_USER_SENTINEL}]
+    history = [user_turn()]
+    assistant = assistant_reply(TEXT_SENTINEL)
+    follow = [user_turn(NEXT_USER_SENTINEL)]
     try:
         return _turn(renderer, codec, history, assistant, follow, [TEXT_SENTINEL], None)
     except TemplateRenderError:
@@ -385,14 +340,9 @@ def probe_tool_turn(renderer: Renderer, codec: Codec, k: int = 2) -> TurnProbe:
     """
     last_error: Exception | None = None
     for n in sorted({k, 1}, reverse=True):
-        shapes = [{"role": "tool", "name": PROBE_TOOL_NAME, "tool_call_id": "x"}] * n
-        history, assistant, tool_msgs = dummy_tool_turn(
-            shapes, [content_sentinel(i) for i in range(n)], [call_id(0, i) for i in range(n)]
-        )
+        history, assistant, tool_msgs = sentinel_tool_turn(n)
         try:
-            probe = _turn(
-                renderer, codec, history, assistant, tool_msgs, [arg_sentinel(i) for i in range(n)], PROBE_TOOLS
-            )
+            probe = _turn(renderer, codec, history, assistant, tool_msgs, arg_sentinels(n), PROBE_TOOLS)
         except (TemplateRenderError, UnsupportedTemplateError) as exc:
             last_error = exc
             continue
