@@ -18,7 +18,6 @@ tokenizer (``how="vocabulary"``). A template that renders calls no parser can re
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,17 +26,20 @@ from .. import _compat
 from ..codec import Codec
 from ..errors import TmplError
 from ..render import Renderer
-from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id
-from .learn import learn_syntax
-from .parsers import PARSERS, get_parser
-from .probing import (
+from ..sentinels import (
     CONTENT_SENTINEL,
     DETECT_TOOLS,
     REASONING_KEYS,
     REASONING_SENTINEL,
-    completion_ids,
+    arg_sentinel,
+    assistant_calling,
+    assistant_reply,
     probe_calls,
+    user_turn,
 )
+from .learn import learn_syntax
+from .parsers import PARSERS, get_parser
+from .probing import completion_ids
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
@@ -91,26 +93,13 @@ def detect_with(renderer: Renderer, codec: Codec, *, hand_written: bool = True, 
     once verified (``how="learned"``). ``hand_written=False`` / ``learn=False`` turn either off.
     """
     key, layout = reasoning_probe(renderer, codec)
-    history = [{"role": "user", "content": USER_SENTINEL}]
+    history = [user_turn()]
     rendered_any = False
     reasons: list[str] = []
     for k, as_text in ((2, False), (2, True), (1, False), (1, True)):
         calls = probe_calls(k)
-        assistant = {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [  # some templates want arguments as a JSON string (OpenAI's wire format)
-                {
-                    "id": call_id(7, i),
-                    "type": "function",
-                    "function": {
-                        "name": c["name"],
-                        "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"],
-                    },
-                }
-                for i, c in enumerate(calls)
-            ],
-        }
+        # some templates want arguments as a JSON string (OpenAI's wire format)
+        assistant = assistant_calling(calls, as_text=as_text)
         how = f"{k} call(s) with arguments as {'JSON text' if as_text else 'a dict'}"
         try:
             ids = completion_ids(renderer, codec, history, assistant, DETECT_TOOLS)
@@ -178,9 +167,9 @@ def reasoning_probe(renderer: Renderer, codec: Codec) -> tuple[str | None, tuple
     before the reasoning (after the generation prompt) is the open, the text between the
     two is the close. (None, None) when no key renders; (key, None) when the layout is unusable.
     """
-    history = [{"role": "user", "content": USER_SENTINEL}]
+    history = [user_turn()]
     for key in REASONING_KEYS:
-        assistant = {"role": "assistant", "content": CONTENT_SENTINEL, key: REASONING_SENTINEL}
+        assistant = assistant_reply(CONTENT_SENTINEL, reasoning_key=key)
         try:
             prompt = codec.encode(renderer.text(history, add_generation_prompt=True))
             full = codec.encode(renderer.text(history + [assistant], add_generation_prompt=False))

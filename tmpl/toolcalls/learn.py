@@ -22,9 +22,18 @@ from typing import Any
 from ..codec import Codec
 from ..errors import TmplError
 from ..render import Renderer
-from ..suffix.probe import USER_SENTINEL, call_id
+from ..sentinels import (
+    CONTENT_SENTINEL,
+    DETECT_ID_SEED,
+    DETECT_TOOLS,
+    assistant_calling,
+    assistant_reply,
+    call_id,
+    probe_calls,
+    user_turn,
+)
 from .parsers.learned import CallSyntax, KeyPath, LearnedParser
-from .probing import CONTENT_SENTINEL, DETECT_TOOLS, completion_ids, probe_calls
+from .probing import completion_ids
 
 _DECODER = json.JSONDecoder()
 
@@ -63,20 +72,8 @@ def _render_calls(
     renderer: Renderer, codec: Codec, calls: list[dict[str, Any]], tools: Any, as_text: bool, id_seed: int = 9
 ) -> str:
     """The completion text of an assistant turn making ``calls`` (call ids from ``id_seed``)."""
-    assistant = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": call_id(id_seed, i),
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"]) if as_text else c["arguments"]},
-            }
-            for i, c in enumerate(calls)
-        ],
-    }
-    history = [{"role": "user", "content": USER_SENTINEL}]
-    return codec.decode(completion_ids(renderer, codec, history, assistant, tools))
+    assistant = assistant_calling(calls, id_seed=id_seed, as_text=as_text)
+    return codec.decode(completion_ids(renderer, codec, [user_turn()], assistant, tools))
 
 
 def _json_values(text: str, needles: list[str]) -> list[tuple[int, int, Any]]:
@@ -192,11 +189,8 @@ def infer_syntax(
 def _turn_frame(renderer: Renderer, codec: Codec) -> tuple[str, str]:
     """(lead, turn end): what the template writes before and after a plain assistant message's content."""
 
-    history = [{"role": "user", "content": USER_SENTINEL}]
     try:
-        text = codec.decode(
-            completion_ids(renderer, codec, history, {"role": "assistant", "content": CONTENT_SENTINEL}, None)
-        )
+        text = codec.decode(completion_ids(renderer, codec, [user_turn()], assistant_reply(CONTENT_SENTINEL), None))
     except TmplError:
         return "", ""
     if CONTENT_SENTINEL not in text:
@@ -241,9 +235,9 @@ def learn_syntax(
     reasons = []
     for k, as_text in ((2, False), (2, True), (1, False), (1, True)):
         calls = probe_calls(k)
-        ids = [call_id(7, i) for i in range(k)]
+        ids = [call_id(DETECT_ID_SEED, i) for i in range(k)]
         try:
-            text = _render_calls(renderer, codec, calls, DETECT_TOOLS, as_text, id_seed=7)
+            text = _render_calls(renderer, codec, calls, DETECT_TOOLS, as_text, id_seed=DETECT_ID_SEED)
         except TmplError as exc:
             reasons.append(f"{k} probe call(s) do not render ({exc})")
             continue

@@ -1,7 +1,7 @@
-"""What the detection probe renders, shared by detection (:mod:`.detect`) and learning (:mod:`.learn`).
+"""The IDs a model would generate for an assistant message, shared by detection (:mod:`.detect`) and
+learning (:mod:`.learn`): the render's tokens after the generation prompt.
 
-Dummy tools and calls with sentinel arguments, and the IDs a model would generate for an
-assistant message (the render's tokens after the generation prompt).
+The dummy tools and calls with sentinel arguments the probe renders are in :mod:`tmpl.sentinels`.
 """
 
 from __future__ import annotations
@@ -11,46 +11,18 @@ from typing import Any
 from .. import _compat
 from ..codec import Codec
 from ..render import Renderer
-from ..suffix.probe import arg_sentinel
 
-#: Tools of the detection probe: a string and an integer argument, then a string one.
-DETECT_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "tmpl_probe_lookup",
-            "description": "A tool used by tmpl to recognise the call format.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["query", "limit"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "tmpl_probe_note",
-            "description": "A second tool used by tmpl to recognise the call format.",
-            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-        },
-    },
-]
-REASONING_SENTINEL = "TmPlReAsOnInG"
-CONTENT_SENTINEL = "TmPlViSiBlEtExT"
-REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+# The probe's vocabulary lives in :mod:`tmpl.sentinels`; these names stay importable from here.
+from ..sentinels import CONTENT_SENTINEL as CONTENT_SENTINEL
+from ..sentinels import DETECT_TOOLS as DETECT_TOOLS
+from ..sentinels import REASONING_KEYS as REASONING_KEYS
+from ..sentinels import REASONING_SENTINEL as REASONING_SENTINEL
+from ..sentinels import probe_calls as probe_calls
 
 
-def probe_calls(k: int) -> list[dict[str, Any]]:
-    """The ``k`` (1 or 2) dummy calls the probe renders: what a parser must give back."""
-    calls = [
-        {"name": "tmpl_probe_lookup", "arguments": {"query": arg_sentinel(0), "limit": 7}},
-        {"name": "tmpl_probe_note", "arguments": {"text": arg_sentinel(1)}},
-    ]
-    return calls[:k]
-
-
-def completion_ids(renderer: Renderer, codec: Codec, history: list[dict], assistant: dict, tools: Any) -> list[int]:
+def completion_ids(
+    renderer: Renderer, codec: Codec, history: list[dict[str, Any]], assistant: dict[str, Any], tools: Any
+) -> list[int]:
     """The IDs the model would generate for ``assistant``: the render's tokens after the generation prompt.
 
     The cut is at the longest common token prefix of the prompt render and the full render, so a
