@@ -9,6 +9,7 @@ import pytest
 
 import tmpl
 from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, check
+from tmpl.report.space import SPACE_TOOLS
 
 from .conftest import DATA, catalog
 from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, renders_tool_turn, tool_results
@@ -55,10 +56,21 @@ def test_family_verdicts(family, tool_loop, multi_user, tokenizer_of):
     assert report.verdicts["multi_user"].level in (multi_user, SAFE_WITH), report.verdicts["multi_user"].label
 
 
-def test_thinking_templates_name_the_reason(tokenizer_of):
-    for family in ("qwen3", "gpt-oss", "gemma-4-it"):
-        check = _report(tokenizer_of(family), family).stability["user_append"]
-        assert not check.ok and check.reason == "thinking stripped from earlier turns", family
+@pytest.mark.parametrize(
+    "family, reasons",
+    [
+        # stock Qwen3 renders an empty think block for the last turn only (and drops earlier thinking)
+        ("qwen3", {"empty thinking block rendered only when the assistant turn is last"}),
+        # gpt-oss ends a final answer with <|return|> while last, <|end|> once a user follows
+        ("gpt-oss", {"the turn's closing token changes once messages follow it"}),
+        ("gemma-4-it", {"thinking stripped from earlier turns"}),
+    ],
+)
+def test_thinking_templates_name_the_reason(family, reasons, tokenizer_of):
+    tpl = tmpl.ChatTemplate(tokenizer_of(family), name=family)
+    check = tmpl.report.check(tpl).stability["user_append"]
+    assert not check.ok and check.reason in reasons, check.reason
+    assert _counterexample_fails(tpl, check)
 
 
 def test_mistral_system_prompt_moves(tokenizer_of):
@@ -100,31 +112,31 @@ def _host(folder: str):
 
 
 def _counterexample_fails(tpl, check) -> bool:
-    """Re-render the stored counterexample with transformers and confirm the prefix breaks."""
+    """Rebuild the stored counterexample's token-in/token-out stream with transformers' own tokenized
+    renders (the prompt before the named turn, plus that turn as rendered last through its first stop
+    token) and confirm it is not a prefix of the longer render it names."""
     ce = check.counterexample
-    messages = ce["messages"]
-    if ce["check"] == "tool_append":
-        tail = 0
-        while tail < len(messages) and messages[-1 - tail]["role"] == "tool":
-            tail += 1
-        history = messages[: len(messages) - tail - 1]
-        short, full = _ids(tpl, history, True), _ids(tpl, messages, True)
-        return full[: len(short)] != short
-    if ce["check"] == "assistant_kept":
-        tail = 0
-        while messages[-1 - tail]["role"] == "tool":
-            tail += 1
-        upto = messages[: len(messages) - tail]
-        alone, full = _ids(tpl, upto, False), _ids(tpl, messages, True)
-        prompt = _ids(tpl, upto[:-1], True)
-        stop = next(t for t in range(len(prompt), len(alone)) if alone[t] in tpl.stop_token_ids)
-        return full[: stop + 1] != alone[: stop + 1]
-    # user_append: the reply as rendered last, then a new user turn
-    alone = _ids(tpl, messages, False)
-    longer = _ids(tpl, messages + [{"role": "user", "content": "TmPlFoLlOwUp?"}], True)
-    prompt = _ids(tpl, messages[:-1], True)
-    stop = next(t for t in range(len(prompt), len(alone)) if alone[t] in tpl.stop_token_ids)
-    return longer[: stop + 1] != alone[: stop + 1]
+    messages, kwargs = ce["messages"], ce["kwargs"]
+
+    def ids(upto: int, gen: bool) -> list[int]:
+        out = tpl.tokenizer.apply_chat_template(
+            messages[:upto],
+            tools=SPACE_TOOLS,
+            chat_template=tpl.template,
+            tokenize=True,
+            add_generation_prompt=gen,
+            **{**tpl.template_kwargs, **kwargs},
+        )
+        return list(out["input_ids"])
+
+    k = ce["stream"]["prompt_messages"]
+    stream = ids(k, True)
+    if ce["stream"]["completion_of"] is not None:
+        own = ids(k + 1, False)
+        assert own[: len(stream)] == stream, "the generation prompt is a prefix of the turn's own render"
+        stream = own[: next(t for t in range(len(stream), len(own)) if own[t] in tpl.stop_token_ids) + 1]
+    longer = ids(ce["longer"]["messages"], ce["longer"]["add_generation_prompt"])
+    return longer[: len(stream)] != stream
 
 
 @pytest.mark.skipif(not ENTRIES, reason=f"no templates/catalog.json under TMPL_TEST_DATA={DATA}")

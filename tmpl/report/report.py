@@ -28,7 +28,12 @@ from ..chat_template import ChatTemplate
 from ..errors import SpliceError, TmplError, UnsupportedTemplateError
 from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
 from ..toolcalls.api import parser_for
-from .stability import PROBE_TOOLSET, Check, StabilityProber, conversations
+from .search import USES, SearchResult, counterexample_text, search, space_for
+from .stability import PROBE_TOOLSET, Check, conversations, date_injected, frozen_date
+
+#: conversations generated per report (at least one per shape of the template's space), and their seed
+CASES = 32
+SEED = 0
 
 SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
 #: a check could not run (a render raised on a shape the template otherwise accepts, a budget ran out...)
@@ -42,6 +47,8 @@ class Verdict:
     level: str
     reason: str = ""
     template: str | None = None
+    #: SAFE: the checked steps of this use across the search's conversations
+    cases: int = 0
 
     @property
     def label(self) -> str:
@@ -86,6 +93,20 @@ class TemplateReport:
     probe_ms: float = 0.0
     #: the call syntax in words when ``parser == "learned"`` (learned from the template's renders)
     parser_syntax: str | None = None
+    #: conversations the search generated, and how many of them the template rendered and were checked
+    cases: int = 0
+    checked_cases: int = 0
+    #: the tool-call turn shapes among the checked conversations
+    shapes: list[str] = field(default_factory=list)
+    #: shapes the template refuses (raises on, or renders without the calls): error, shape, messages
+    refused_shapes: list[dict[str, Any]] = field(default_factory=list)
+    #: which ``content`` tool-call turns must carry for their calls to render
+    call_content: str | None = None
+    #: the reasoning fields and kwargs (with the values tried) the search varied
+    reasoning_fields: list[str] = field(default_factory=list)
+    kwargs_tried: dict[str, list[Any]] = field(default_factory=dict)
+    #: checks that could not run, and why (any makes the verdict UNPROVEN)
+    unproven: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (checks and verdicts included)."""
@@ -107,8 +128,8 @@ class TemplateReport:
             f"# `{self.name}`",
             "",
             f"- tokenizer: `{self.tokenizer}`; fingerprint `{self.fingerprint[:16]}`",
-            f"- **tool loop (token-in/token-out): {self.verdicts['tool_loop'].label}**",
-            f"- **several user turns: {self.verdicts['multi_user'].label}**",
+            f"- **tool loop (token-in/token-out): {self.verdicts['tool_loop'].label}**{self._proven('tool_loop')}",
+            f"- **several user turns: {self.verdicts['multi_user'].label}**{self._proven('multi_user')}",
             "",
             "## Tool support",
             f"- plain conversation renders: {yn(self.plain_renders)}"
@@ -147,9 +168,47 @@ class TemplateReport:
             f"- splice-safe: {yn(self.splice_safe)}" + (f" ({self.splice_detail})" if self.splice_detail else ""),
             f"- assistant mask (`{{% generation %}}`): {yn(self.assistant_mask)}",
         ]
+        lines += self._search_lines()
         if self.notes:
             lines += ["", "## Notes"] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
+
+    def _proven(self, use: str) -> str:
+        v = self.verdicts[use]
+        if v.level != SAFE or not self.cases:
+            return ""
+        return f" (proven: {v.cases} appends checked on {self.checked_cases} of {self.cases} generated conversations)"
+
+    def counterexamples(self) -> dict[str, dict[str, Any]]:
+        """The counterexample of each failed check (JSON-able), by check name."""
+        return {n: c.counterexample for n, c in self.stability.items() if not c.ok and c.counterexample}
+
+    def _search_lines(self) -> list[str]:
+        """The searched space, what the template refuses, and each counterexample (messages and renders)."""
+        if not self.cases:
+            return []
+        lines = ["", "## Searched conversations"]
+        lines.append(
+            f"- {self.cases} generated, {self.checked_cases} rendered and checked (seeded; see docs/concepts.md)"
+        )
+        if self.call_content:
+            lines.append(f"- {self.call_content}")
+        lines.append(
+            f"- reasoning sent under: {', '.join(self.reasoning_fields) or 'nothing (the template reads none)'}"
+        )
+        if self.kwargs_tried:
+            lines.append(
+                "- template kwargs tried: " + ", ".join(f"`{k}` in {v!r}" for k, v in self.kwargs_tried.items())
+            )
+        if self.shapes:
+            lines.append(f"- tool-call turn shapes checked: {len(self.shapes)} (`--json` lists them)")
+        for r in self.refused_shapes:
+            lines.append(f"- refused: {', '.join(r['shape'])}: {r['error']}")
+        for u in self.unproven:
+            lines.append(f"- could not check: {u}")
+        for name, ce in self.counterexamples().items():
+            lines += ["", f"## Counterexample: {name}", "", "```", counterexample_text(ce), "```"]
+        return lines
 
 
 def _tool_shapes(k: int) -> list[dict[str, Any]]:
@@ -247,13 +306,13 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
             tool_error = exc
     max_k = _parallel_calls(tpl) if turns.tool is not None else 0
     splice_safe = not isinstance(tool_error, SpliceError) and turns.tool is not None
-    stability = StabilityProber(tpl).run(max_k) if frame is not None else None
-    if stability is None:
-        from .stability import StabilityResult
-
-        stability = StabilityResult(
-            checks={n: Check(ok=False, reason="not checked") for n in ("tool_append", "assistant_kept", "user_append")}
-        )
+    found: SearchResult | None = None
+    probed = None
+    if frame is not None:
+        with frozen_date(2024, 1, 2):  # templates that print today's date render alike in every case
+            probed = space_for(tpl)
+            found = search(tpl, probed, n=CASES, seed=SEED)
+    checks = _checks(found)
     after_close = None
     if turns.tool is not None:  # the text right after the close, from a one-call render
         shapes = _tool_shapes(1)
@@ -287,9 +346,9 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         generation_prompt=gen_prompt,
         generation_prompt_ids=list(gen_ids),
         stop_tokens=sorted(codec.token_text(t) for t in tpl.stop_token_ids),
-        stability=stability.checks,
-        date_injected=stability.date_injected,
-        reasoning_rendered=stability.reasoning_rendered,
+        stability=checks,
+        date_injected=date_injected(tpl),
+        reasoning_rendered=found is not None and found.reasoning_rendered,
         fast_path=dict(frame.transforms) if frame else {},
         per_call_classes=[c for c in ("plain", "padded", "empty") if frame and c not in frame.transforms],
         history_dependence=frame.history_dependence if frame else None,
@@ -299,7 +358,14 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         verdicts={},
         notes=notes,
     )
-    if stability.date_injected:
+    if found is not None and probed is not None:
+        report.cases, report.checked_cases, report.shapes = found.cases, found.checked_cases, found.shapes
+        report.refused_shapes = [r.to_dict() for r in found.refusals]
+        report.call_content = probed.call_content_note
+        report.reasoning_fields = list(probed.space.reasoning_fields)
+        report.kwargs_tried = {k: list(v) for k, v in probed.space.kwargs.items()}
+        report.unproven = list(found.unproven)
+    if report.date_injected:
         notes.append(
             "the template renders today's date: prompts rendered on different days differ "
             "(pass date_string= or a fixed template kwarg to pin it)"
@@ -335,8 +401,35 @@ def judge(r: TemplateReport) -> dict[str, Verdict]:
             out[use] = problem
             continue
         failed = [r.stability[n] for n in needed if not r.stability[n].ok]
-        out[use] = Verdict(UNSAFE, failed[0].reason) if failed else Verdict(SAFE)
+        steps = sum(r.stability[n].cases for n in needed)
+        if failed:
+            out[use] = Verdict(UNSAFE, failed[0].reason)
+        elif r.unproven:
+            out[use] = Verdict(UNPROVEN, r.unproven[0])
+        elif not steps:
+            refused = "; ".join(sorted({f["error"] for f in r.refused_shapes}))
+            out[use] = Verdict(
+                UNPROVEN, "no probe conversation could be checked" + (f" ({refused})" if refused else "")
+            )
+        else:
+            out[use] = Verdict(SAFE, cases=steps)
     return out
+
+
+def _checks(found: SearchResult | None) -> dict[str, Check]:
+    """The report's per-check view of a search (each check failed by at most one counterexample)."""
+    checks: dict[str, Check] = {}
+    for use, names in USES.items():
+        failure = found.failures.get(use) if found is not None else None
+        for name in names:
+            if found is None:
+                checks[name] = Check(ok=False, reason="not checked")
+                continue
+            check = Check(ok=True, cases=found.steps[name])
+            if failure is not None and failure.check == name:
+                check.ok, check.reason, check.counterexample = False, failure.reason, failure.counterexample
+            checks[name] = check
+    return checks
 
 
 def _try_shipped(tpl, report: TemplateReport) -> None:

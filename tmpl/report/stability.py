@@ -1,26 +1,19 @@
-"""Prefix stability of a chat template, checked on randomized conversations.
+"""The probe's fixed vocabulary for reports and rewrites: tools, sentinels, the fixed probe
+conversations (:func:`conversations`, used by :mod:`tmpl.report.fix` to decide and prove its
+edits), a frozen date for ``strftime_now``, and :class:`Check`, one check's outcome.
 
-Token-in/token-out training builds each next prompt as ``prompt + completion + suffix``. That
-sequence equals what the template renders only if the template is *prefix-stable*: appending
-messages never changes how earlier ones render. Three appends are checked:
-
-- ``tool_append``: tool results after an assistant turn with calls (a tool round);
-- ``assistant_kept``: the assistant turn renders the same when it is last (what the model
-  is trained to generate) as when more messages follow it;
-- ``user_append``: a new user message after an assistant reply (several user turns).
-
-A failure keeps a counterexample (the messages and where the token streams diverge) and a
-reason: thinking stripped from earlier turns, system prompt moved, call arguments
-re-serialized, or something else. Date injection (``strftime_now``) is detected separately by
-rendering on two different dates.
+Verdicts are decided by the search over the probe space (:mod:`tmpl.report.search`), which
+plays generated conversations through token-in/token-out and checks every append against a
+full render. Date injection (``strftime_now``) is detected separately by rendering on two
+different dates (:func:`date_injected`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TmplError
@@ -76,13 +69,6 @@ class Check:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "cases": self.cases, "reason": self.reason, "counterexample": self.counterexample}
-
-
-@dataclass
-class StabilityResult:
-    checks: dict[str, Check] = field(default_factory=dict)
-    date_injected: bool = False
-    reasoning_rendered: bool = False
 
 
 @contextlib.contextmanager
@@ -157,126 +143,14 @@ def conversations(max_calls: int, seed: int = 0, n: int = 6) -> list[dict[str, A
     return cases
 
 
-def _divergence(short: Sequence[int], long: Sequence[int]) -> int:
-    n = min(len(short), len(long))
-    i = 0
-    while i < n and short[i] == long[i]:
-        i += 1
-    return i
-
-
-def _classify(short_text: str, long_text: str, messages: Sequence[Mapping[str, Any]]) -> str:  # noqa: ARG001
-    """Why a shorter render is not a prefix of a longer one (best explanation)."""
-    if REASONING in short_text and short_text.count(REASONING) > long_text.count(REASONING):
-        return "thinking stripped from earlier turns"
-    if SYSTEM in short_text and (SYSTEM not in long_text or short_text.find(SYSTEM) != long_text.find(SYSTEM)):
-        return "system prompt moved"
-    tools_text = PROBE_TOOLSET[0]["function"]["description"]
-    if tools_text in short_text and short_text.find(tools_text) != long_text.find(tools_text):
-        return "tool definitions moved"
-    if ARG_VALUE in short_text and short_text.count(ARG_VALUE) > long_text.count(ARG_VALUE):
-        return "tool calls of earlier turns dropped"
-    if "<think>" in short_text and short_text.count("<think>") > long_text.count("<think>"):
-        return "empty thinking block rendered only when the assistant turn is last"
-    return "earlier turns render differently when messages are appended"
-
-
-def _counterexample(codec, messages, short_ids, long_ids, at: int, what: str) -> dict[str, Any]:
-    lo = max(at - 8, 0)
-    return {
-        "check": what,
-        "messages": [dict(m) for m in messages],
-        "diverges_at_token": at,
-        "prefix_render": codec.decode(short_ids[lo : at + 12]),
-        "longer_render": codec.decode(long_ids[lo : at + 12]),
-    }
-
-
-class StabilityProber:
-    """Runs the three append checks for one template (``tpl`` is a ChatTemplate)."""
-
-    def __init__(self, tpl, tools: Sequence[Any] | None = None) -> None:
-        self.tpl = tpl
-        self.codec = tpl.codec
-        self.tools = list(tools) if tools is not None else PROBE_TOOLSET
-        self.stops = tpl.stop_token_ids
-
-    def _ids(self, messages, gen: bool) -> tuple[str, list[int]]:
-        text = self.tpl.renderer.text(messages, tools=self.tools, add_generation_prompt=gen)
-        return text, self.codec.encode(text)
-
-    def _assistant_span(self, history, assistant) -> list[int] | None:
-        """The assistant turn as the template renders it when last, through its first stop token."""
-        _, prompt = self._ids(history, True)
-        _, alone = self._ids(list(history) + [assistant], False)
-        start = _divergence(prompt, alone)
-        for t in range(max(start, len(prompt)), len(alone)):
-            if alone[t] in self.stops:
-                return alone[len(prompt) : t + 1] if start == len(prompt) else None
-        return None
-
-    def run(self, max_calls: int) -> StabilityResult:
-        result = StabilityResult()
-        result.date_injected = self._date_injected()
-        checks = {name: Check(ok=True) for name in ("tool_append", "assistant_kept", "user_append")}
-        for case in conversations(max(max_calls, 1)):
-            history, assistant, results = case["history"], case["assistant"], case["results"]
-            try:
-                self._one(case, history, assistant, results, checks, result)
-            except TmplError:
-                continue  # the template refuses this shape (e.g. reasoning + content): not a stability question
-        result.checks = checks
-        return result
-
-    def _one(self, case, history, assistant, results, checks, result) -> None:
-        p_text, prompt = self._ids(history, True)
-        f_text, full = self._ids(list(history) + [assistant] + list(results), True)
-        if case["reasoning"] and REASONING in f_text:
-            result.reasoning_rendered = True
-        c = checks["tool_append"]
-        c.cases += 1
-        at = _divergence(prompt, full)
-        if c.ok and at < len(prompt):
-            c.ok = False
-            c.reason = _classify(p_text, f_text, history)
-            c.counterexample = _counterexample(
-                self.codec, list(history) + [assistant] + list(results), prompt, full, at, "tool_append"
-            )
-        span = self._assistant_span(history, assistant)
-        c = checks["assistant_kept"]
-        c.cases += 1
-        if c.ok and at == len(prompt) and span is not None and full[len(prompt) : len(prompt) + len(span)] != span:
-            a_text, alone = self._ids(list(history) + [assistant], False)
-            c.ok = False
-            c.reason = _classify(a_text, f_text, [assistant])
-            at2 = len(prompt) + _divergence(span, full[len(prompt) :])
-            c.counterexample = _counterexample(
-                self.codec, list(history) + [assistant] + list(results), alone, full, at2, "assistant_kept"
-            )
-        # a new user turn after a plain reply (with reasoning where the template renders it)
-        reply = {"role": "assistant", "content": "Here is the answer."}
-        if case["reasoning"]:
-            reply["reasoning_content"] = f"{REASONING} reply"
-        span = self._assistant_span(history, reply)
-        c = checks["user_append"]
-        c.cases += 1
-        if span is None or not c.ok:
-            return
-        u_text, longer = self._ids(list(history) + [reply, {"role": "user", "content": "TmPlFoLlOwUp?"}], True)
-        sequence = prompt + span
-        at = _divergence(sequence, longer)
-        if at < len(sequence):
-            c.ok = False
-            c.reason = _classify(self.codec.decode(sequence), u_text, history)
-            c.counterexample = _counterexample(self.codec, list(history) + [reply], sequence, longer, at, "user_append")
-
-    def _date_injected(self) -> bool:
-        messages = [{"role": "user", "content": "What day is it?"}]
-        try:
-            with frozen_date(2024, 1, 2):
-                a = self.tpl.renderer.text(messages, tools=self.tools, add_generation_prompt=True)
-            with frozen_date(2031, 7, 19):
-                b = self.tpl.renderer.text(messages, tools=self.tools, add_generation_prompt=True)
-        except TmplError:
-            return False
-        return a != b
+def date_injected(tpl) -> bool:
+    """Whether ``tpl`` renders today's date (``strftime_now``): a prompt rendered on two dates differs."""
+    messages = [{"role": "user", "content": "What day is it?"}]
+    try:
+        with frozen_date(2024, 1, 2):
+            a = tpl.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=True)
+        with frozen_date(2031, 7, 19):
+            b = tpl.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=True)
+    except TmplError:
+        return False
+    return bool(a != b)
