@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from jinja2 import nodes
 
 import tmpl
 from tmpl.errors import SpliceError, TemplateError, TemplateFixError
@@ -272,7 +273,7 @@ def test_expression_printer_round_trips_every_catalog_condition():
             tree = env.parse(source)
         except Exception:  # noqa: BLE001 - a template jinja cannot parse is no printer question
             continue
-        for node in tree.find_all(tmpl.report.fix.nodes.If):
+        for node in tree.find_all(nodes.If):
             assert js.parse_test(env, js.expr_source(node.test)) == node.test, (entry["template"], node.lineno)
             count += 1
     if not count:

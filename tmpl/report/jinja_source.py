@@ -1,4 +1,4 @@
-"""Jinja source surgery for :mod:`tmpl.report.fix`: where a node's text is, and an expression printer.
+"""Jinja source surgery for :mod:`tmpl.report.fix`: where a node's text is, span edits, an expression printer.
 
 jinja2 parses a template into an AST but cannot print one back. The fixer therefore decides on
 the AST and edits the SOURCE TEXT: the lexer's token stream (with character offsets rebuilt
@@ -16,7 +16,7 @@ parses back to the same node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,18 @@ def call_spans(env: jinja2.Environment, source: str, function: str) -> list[Span
                     if depth == 0:
                         out.append(Span("call", tok.line, tok.start, t.end))
                         break
+    return out
+
+
+def apply_edits(source: str, edits: Sequence[tuple[int, int, str]]) -> str:
+    """Replace ``source[start:end]`` by text for each ``(start, end, text)``; the number of lines is kept.
+
+    >>> apply_edits("{% if loop.last %}", [(6, 15, "true")])
+    '{% if true %}'
+    """
+    out = source
+    for start, end, text in sorted(edits, reverse=True):
+        out = out[:start] + text + "\n" * source.count("\n", start, end) + out[end:]
     return out
 
 

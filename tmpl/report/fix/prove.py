@@ -1,0 +1,274 @@
+"""The proof that a rewrite is training-safe: each step a :class:`~tmpl.report.fix.types.ProofStep`.
+
+:func:`prove` runs them all on the fixed template: the report's prefix stability, the newest turn
+rendered as in the original (:func:`same_last_turn`), suffixes equal to full renders
+(:func:`suffix_contract`), the date pinned by its kwarg (:func:`date_step`) and the assistant mask
+(:func:`assistant_mask_step`, run before, when markers are added). The conversations come from
+:mod:`.probes` (:func:`~.probes.proof_chains`, :func:`~.probes.proof_tool_rounds`,
+:func:`~.probes.renders_on`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ...chat_template import ChatTemplate
+from ...errors import TmplError
+from ..report import SAFE, TemplateReport, build_report
+from ..stability import PROBE_TOOLSET
+from .probes import DAYS, Chain, proof_chains, proof_tool_rounds, renders_on, units
+from .types import ProofStep
+
+
+def prove(
+    original: ChatTemplate, fixed: ChatTemplate, max_calls: int, date_kwarg: str | None, mask: ProofStep | None
+) -> tuple[list[ProofStep], dict[str, str]]:
+    """Every proof step on ``fixed`` (the date step when ``date_kwarg`` pins one, ``mask`` when given),
+    and the verdict labels of ``fixed``'s own report."""
+    proof = [ProofStep("valid Jinja", True, "the rewritten source parses")]
+    after = build_report(fixed, shipped=False)
+    after_labels = {use: v.label for use, v in after.verdicts.items()}
+    proof.append(_prefix_stability(after, after_labels))
+    proof.append(same_last_turn(original, fixed, max_calls))
+    proof.append(suffix_contract(fixed, max_calls))
+    if date_kwarg is not None:
+        proof.append(date_step(original, fixed, date_kwarg))
+    if mask is not None:
+        proof.append(mask)
+    return proof, after_labels
+
+
+def _prefix_stability(after: TemplateReport, after_labels: dict[str, str]) -> ProofStep:
+    """The fixed template's own report: its tool loop must be ``SAFE``."""
+    safe = after.verdicts["tool_loop"].level == SAFE
+    return ProofStep(
+        "prefix stability (report)",
+        safe,
+        f"tool loop {after_labels['tool_loop']}; "
+        + ", ".join(f"{n} {'stable' if c.ok else 'NOT stable'} ({c.cases} cases)" for n, c in after.stability.items())
+        + ("" if safe else f"; {where(after)}"),
+    )
+
+
+def where(report: TemplateReport) -> str:
+    """The first tool-loop counterexample of a report, in words."""
+    for name in ("tool_append", "assistant_kept"):
+        c = report.stability[name]
+        if not c.ok and c.counterexample:
+            ce = c.counterexample
+            short, long = ce["prefix_render"], ce["longer_render"]
+            if long.startswith(short.rstrip()) and short != long:
+                return (
+                    f"{name}: the shorter render's text {short!r} is a prefix of the longer one's {long!r}, but "
+                    "its tokens are not (a BPE merge across the end of the prompt), which no rewrite of the "
+                    "template's branches changes"
+                )
+            common = len(os.path.commonprefix([short, long]))
+            if name == "tool_append" and common < len(short):
+                return (
+                    f"{name}: the generation prompt ends with {short[common:]!r}, which the assistant turn does not "
+                    f"render once tool results follow it ({long[common : common + 40]!r}...): the prompt prefills "
+                    "text the turn's own render leaves out, which no if-test on position decides"
+                )
+            return (
+                f"{name}: {c.reason}; the shorter render reads {ce['prefix_render']!r} where the longer one reads "
+                f"{ce['longer_render']!r}"
+            )
+    return report.verdicts["tool_loop"].label
+
+
+# -- the newest turn as the original renders it ----------------------------------------------------
+
+
+def _anchors(message: dict[str, Any]) -> list[str]:
+    """Strings of a message that its render shows verbatim (content, call argument values)."""
+    out = [message["content"]] if isinstance(message.get("content"), str) and message["content"].strip() else []
+    for call in message.get("tool_calls") or []:
+        out += [str(v) for v in call["function"]["arguments"].values()]
+    return out
+
+
+def _last_unit_tail(text: str, messages: Sequence[dict[str, Any]]) -> str | None:
+    """The render of the last unit of ``messages`` (and the generation prompt): ``text`` after the last
+    verbatim string of the messages before that unit that the render shows (all of ``text`` when
+    there are none; None when none of them is found, e.g. a template that escapes them)."""
+    grown = units(messages)
+    earlier = [a for m in messages[: len(messages) - len(grown[-1])] for a in _anchors(m)] if grown else []
+    if not earlier:
+        return text
+    for anchor in reversed(earlier):
+        at = text.rfind(anchor)
+        if at >= 0:
+            return text[at + len(anchor) :]
+    return None
+
+
+def newest_differs(chain: Chain, mine: Sequence[str | None], theirs: Sequence[str | None]) -> list[str | None]:
+    """For each render of a growing conversation: how the newest unit (and the generation prompt) renders
+    differently from the original's (None: identical, or nothing to compare).
+
+    After the last verbatim string before the newest unit, the fixed render must read: the previous
+    render's text from there (the previous message as it rendered when it was last), then a text
+    that ends the original's render too (the newest unit, identically).
+    """
+    out: list[str | None] = []
+    for j, (messages, _) in enumerate(chain):
+        a, b = theirs[j], mine[j]
+        if a is None:
+            out.append(None)
+            continue
+        if b is None:
+            out.append("the fixed template raises")
+            continue
+        if j == 0:
+            out.append(None if a == b else f"renders {b[:160]!r}, the original {a[:160]!r}")
+            continue
+        want, got = _last_unit_tail(a, messages), _last_unit_tail(b, messages)
+        prev = mine[j - 1]
+        before = _last_unit_tail(prev, messages) if prev is not None else None
+        if want is None or got is None or before is None:
+            out.append(None)
+            continue
+        newest = got[len(before) :] if got.startswith(before) else got
+        out.append(None if want.endswith(newest) else f"renders {newest[:160]!r}, the original {want[:160]!r}")
+    return out
+
+
+def _texts(tpl: ChatTemplate, chain: Chain) -> list[str | None]:
+    """Each render of a growing conversation (None where the template raises)."""
+    out: list[str | None] = []
+    for messages, gen in chain:
+        try:
+            out.append(tpl.renderer.text(messages, tools=PROBE_TOOLSET, add_generation_prompt=gen))
+        except TmplError:
+            out.append(None)
+    return out
+
+
+def same_last_turn(original: ChatTemplate, fixed: ChatTemplate, max_calls: int) -> ProofStep:
+    """Each newest message (and the generation prompt) renders as in the original, on the growing
+    probe conversations (full renders through transformers, compared as text)."""
+    compared = 0
+    for chain, _ in proof_chains(max_calls):
+        theirs = _texts(original, chain)
+        diffs = newest_differs(chain, _texts(fixed, chain), theirs)
+        for (messages, _), diff in zip(chain, diffs):
+            if diff is not None:
+                return ProofStep(
+                    "last turn as the original", False, f"the newest {messages[-1]['role']} message {diff}"
+                )
+        compared += sum(1 for t in theirs if t is not None)
+    if not compared:
+        return ProofStep("last turn as the original", False, "the original renders none of the probe conversations")
+    return ProofStep(
+        "last turn as the original", True, f"{compared} renders: the newest message and generation prompt identical"
+    )
+
+
+# -- suffixes, the date, the assistant mask --------------------------------------------------------
+
+
+def suffix_contract(fixed: ChatTemplate, max_calls: int) -> ProofStep:
+    """``prompt + completion + suffix`` equals the full render's tokens on every probe tool round."""
+    checked = 0
+    for case in proof_tool_rounds(max_calls):
+        history, a, results = case["history"], case["assistant"], case["results"]
+        try:
+            text = fixed.renderer.text(history + [a] + results, tools=PROBE_TOOLSET, add_generation_prompt=True)
+            prompt = fixed.prompt_ids(history, tools=PROBE_TOOLSET)
+        except TmplError:
+            continue
+        full, offsets = fixed.codec.encode_with_offsets(text)
+        if full[: len(prompt)] != prompt:
+            return ProofStep("suffix contract", False, "the prompt is not a prefix of the full render")
+        last_arg = max(
+            text.rfind(str(v)) + len(str(v)) for c in a["tool_calls"] for v in c["function"]["arguments"].values()
+        )
+        j = next(
+            (t for t in range(len(prompt), len(full)) if offsets[t][0] >= last_arg and full[t] in fixed.stop_token_ids),
+            None,
+        )
+        if j is None:
+            return ProofStep("suffix contract", False, "no stop token closes the assistant turn in the full render")
+        try:
+            suffix = fixed.suffix_ids(
+                results, completion_ids=full[len(prompt) : j + 1], tools=PROBE_TOOLSET, history=history
+            )
+        except TmplError as exc:
+            return ProofStep("suffix contract", False, str(exc))
+        if suffix != full[j + 1 :]:
+            return ProofStep(
+                "suffix contract",
+                False,
+                f"suffix {fixed.codec.decode(suffix)!r} != {fixed.codec.decode(full[j + 1 :])!r}",
+            )
+        checked += 1
+    if not checked:
+        return ProofStep("suffix contract", False, "no probe tool round renders")
+    return ProofStep("suffix contract", True, f"{checked} tool rounds: prompt + completion + suffix == full render")
+
+
+def date_step(original: ChatTemplate, fixed: ChatTemplate, kwarg: str) -> ProofStep:
+    """``kwarg`` makes renders on two days identical; without it the fixed template renders as the original."""
+    pinned = [renders_on(fixed, d, **{kwarg: "TmPlDaTe"}) for d in DAYS]
+    if pinned[0] is None or pinned[0] != pinned[1]:
+        return ProofStep("date pinned", False, f"renders on two dates still differ with {kwarg}= given")
+    same = all(renders_on(fixed, d) == renders_on(original, d) for d in DAYS)
+    if not same:
+        return ProofStep("date pinned", False, f"without {kwarg}= the render differs from the original's")
+    return ProofStep(
+        "date pinned", True, f"{kwarg}= makes renders on different days identical; without it, as the original"
+    )
+
+
+def assistant_mask_step(fixed: ChatTemplate) -> ProofStep:
+    """What ``return_assistant_tokens_mask=True`` marks on the fixed template, against the generated
+    tokens of a plain answer and of a tool-call turn (both must be marked)."""
+    history = [{"role": "user", "content": "TmPlUsEr: weather in Paris?"}]
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "TmPlCiTy"}}}
+    plain = _mask_of(fixed, history, {"role": "assistant", "content": "TmPlMaSkEd answer."})
+    calls = _mask_of(fixed, history, {"role": "assistant", "content": "", "tool_calls": [{"id": "c00000001", **call}]})
+    if not plain.ok or not calls.ok:
+        bad = plain if not plain.ok else calls
+        return ProofStep(bad.name, False, f"{bad.detail} ({'an answer' if bad is plain else 'a tool-call turn'})")
+    return ProofStep(plain.name, True, f"{plain.detail} (answers and tool-call turns)")
+
+
+def _mask_of(fixed: ChatTemplate, history: list[dict[str, Any]], reply: dict[str, Any]) -> ProofStep:
+    """The assistant mask of ``history + [reply]`` against the tokens generated after the prompt."""
+    try:
+        out = fixed.tokenizer.apply_chat_template(
+            history + [reply],
+            tools=PROBE_TOOLSET,
+            chat_template=fixed.template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            **fixed.template_kwargs,
+        )
+        prompt = fixed.prompt_ids(history, tools=PROBE_TOOLSET)
+    except Exception as exc:  # noqa: BLE001 - any failure means no usable mask
+        return ProofStep("assistant mask", False, f"rendering with the mask fails: {exc}")
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    stop = next((t for t in range(len(prompt), len(ids)) if ids[t] in fixed.stop_token_ids), None)
+    if ids[: len(prompt)] != prompt or stop is None:
+        return ProofStep("assistant mask", False, "the reply does not follow the prompt up to a stop token")
+    generated = set(range(len(prompt), stop + 1))
+    marked = {t for t, m in enumerate(mask) if m}
+    if not generated <= marked:
+        return ProofStep("assistant mask", False, "some generated tokens are not marked")
+    extra = sorted(marked - generated)
+    before = [t for t in extra if t < len(prompt)]
+    if marked == generated:
+        return ProofStep("assistant mask", True, "marks exactly the generated tokens (through the stop token)")
+    lead = fixed.codec.decode([ids[t] for t in before])
+    trail = fixed.codec.decode([ids[t] for t in extra if t > stop])
+    if any(t < len(prompt) - len(before) for t in before) or lead.count("TmPlUsEr"):
+        return ProofStep("assistant mask", False, "it marks tokens of other messages")
+    return ProofStep(
+        "assistant mask",
+        True,
+        f"marks the generated tokens, plus the turn header {lead!r} and {trail!r} after the stop token",
+    )
