@@ -71,6 +71,8 @@ class CaseResult:
     detail: str = ""
     #: whether a render showed the reasoning of an assistant turn
     reasoning_rendered: bool = False
+    #: the first failure of each use
+    failures: dict[str, Failure] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,22 +134,30 @@ class _Case:
         return out
 
     def _run(self) -> CaseResult:
+        """Play the conversation through; after a failing step the stream restarts from the template's
+        render, so one conversation can show a failure of each use."""
         steps = {c: 0 for cs in USES.values() for c in cs}
+        failures: dict[str, Failure] = {}
+
+        def found(f: Failure | None) -> bool:
+            if f is not None:
+                failures.setdefault(f.use, f)
+            return f is not None
+
         assistants = [i for i, m in enumerate(self.msgs) if m["role"] == "assistant"]
         stream: list[int] | None = None
         spans: list[tuple[int, int, int]] = []  # (start, end, message index) of each completion in the stream
-        prev: int | None = None
+        prev = -1
         for i in assistants:
             _, prompt = self.render(i, True)
             if stream is not None:
-                assert prev is not None
-                fail = self._compare(stream, prompt, spans, prev, (i, True), steps)
-                if fail:
-                    return CaseResult("broken", steps, fail)
+                found(self._compare(stream, prompt, spans, prev, (i, True), steps))
             _, own = self.render(i + 1, False)
             at = _divergence(prompt, own)
             if at < len(prompt):
-                return CaseResult("broken", steps, self._own_failure(prompt, own, at, spans, i))
+                found(self._own_failure(prompt, own, at, spans, i))
+                stream, spans = None, []
+                continue
             stop = next((t for t in range(len(prompt), len(own)) if own[t] in self.stops), None)
             if stop is None:
                 return CaseResult(
@@ -155,13 +165,13 @@ class _Case:
                     steps,
                     detail=f"assistant message {i} renders no stop token when last (the model's turn has no end)",
                 )
-            spans.append((len(prompt), stop + 1, i))
+            spans = [s for s in spans if s[1] <= len(prompt)] + [(len(prompt), stop + 1, i)]
             stream, prev = own[: stop + 1], i
-        if prev is not None and stream is not None and prev < len(self.msgs) - 1:
+        if stream is not None and prev < len(self.msgs) - 1:
             _, longer = self.render(len(self.msgs), True)
-            fail = self._compare(stream, longer, spans, prev, (len(self.msgs), True), steps)
-            if fail:
-                return CaseResult("broken", steps, fail)
+            found(self._compare(stream, longer, spans, prev, (len(self.msgs), True), steps))
+        if failures:
+            return CaseResult("broken", steps, next(iter(failures.values())), failures=failures)
         return CaseResult("ok", steps)
 
     # -- failures -----------------------------------------------------------------------------
@@ -306,6 +316,17 @@ def _error(tpl: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str | Non
 
 
 _THINK_CLOSE = re.compile(r"</\w*(think|thought|reason)\w*>\s*$", re.IGNORECASE)
+_THINK_OPEN = re.compile(r"<\w*(think|thought|reason)\w*>\s*$", re.IGNORECASE)
+
+
+def _thinking_mode(prompt: str | None) -> str:
+    """How a generation prompt leaves thinking: "closed" (an empty block prefilled: the model writes no
+    reasoning), "open" (a block opened: the model must write reasoning) or "" (free)."""
+    if prompt is None:
+        return ""
+    if _THINK_CLOSE.search(prompt):
+        return "closed"
+    return "open" if _THINK_OPEN.search(prompt) else ""
 
 
 def space_for(tpl: Any, max_calls: int = 3) -> Probed:
@@ -343,7 +364,7 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
     plain = _renders(tpl, base)
     header = _renders(tpl, base[:1])
     kwargs: dict[str, tuple[Any, ...]] = {}
-    thinking_off: list[tuple[str, Any]] = []
+    thinking: dict[str, list[tuple[str, Any]]] = {"closed": [], "open": []}
     for name, values in reads.kwargs.items():
         if name in tpl.template_kwargs:
             continue
@@ -351,9 +372,9 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
         if changed:
             kwargs[name] = changed
         for v in changed:
-            prompt = _renders(tpl, base[:1], **{name: v})
-            if prompt is not None and prompt != header and _THINK_CLOSE.search(prompt):
-                thinking_off.append((name, v))
+            mode = _thinking_mode(_renders(tpl, base[:1], **{name: v}))
+            if mode:
+                thinking[mode].append((name, v))
     note = (
         "tool-call turns render their calls with content " + ", ".join(_CONTENT_WORDS[c] for c in contents)
         if contents
@@ -364,7 +385,9 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
         call_contents=tuple(contents) or ("text",),
         kwargs=kwargs,
         max_calls=calls,
-        thinking_off=tuple(thinking_off),
+        thinking_off=tuple(thinking["closed"]),
+        thinking_on=tuple(thinking["open"]),
+        thinking_default=_thinking_mode(header),
     )
     return Probed(space, refused, note)
 
@@ -415,8 +438,9 @@ def search(tpl: Any, probed: Probed, *, n: int = 24, seed: int = 0) -> SearchRes
             result.steps[k] += v
         if r.status == "ok":
             checked.append(spec)
-        elif r.status == "broken" and r.failure is not None:
-            broken.setdefault(r.failure.use, spec)
+        elif r.status == "broken":
+            for use in r.failures:
+                broken.setdefault(use, spec)
             checked.append(spec)
         elif r.status == "refused":
             refused.setdefault(r.detail, spec)
@@ -427,13 +451,10 @@ def search(tpl: Any, probed: Probed, *, n: int = 24, seed: int = 0) -> SearchRes
     for use, spec in broken.items():
 
         def still(s: Spec, use: str = use) -> bool:
-            f = run_case(tpl, s, space).failure
-            return f is not None and f.use == use
+            return use in run_case(tpl, s, space).failures
 
         small = shrink(spec, space, still)
-        failure = run_case(tpl, small, space).failure
-        assert failure is not None
-        result.failures[use] = failure
+        result.failures[use] = run_case(tpl, small, space).failures[use]
     for n_kind, (error, spec) in enumerate(refused.items()):
         if n_kind < SHRUNK_REFUSALS:
 

@@ -168,6 +168,19 @@ class Space:
     #: kwarg settings under which the generation prompt closes the thinking block (thinking off):
     #: a model cannot generate reasoning there, so turns of such specs carry none
     thinking_off: tuple[tuple[str, Any], ...] = ()
+    #: kwarg settings under which the generation prompt opens a thinking block the model must close:
+    #: every turn of such specs carries reasoning (where the template reads a field for it)
+    thinking_on: tuple[tuple[str, Any], ...] = ()
+    #: the same without kwargs: "open", "closed" or "" (the default generation prompt leaves it free)
+    thinking_default: str = ""
+
+    def thinking(self, kwargs: dict[str, Any]) -> str:
+        """Under ``kwargs``: "closed" (no reasoning), "open" (reasoning on every turn) or "" (free)."""
+        if any(kwargs.get(k, _UNSET) == v for k, v in self.thinking_off):
+            return "closed"
+        if any(kwargs.get(k, _UNSET) == v for k, v in self.thinking_on):
+            return "open"
+        return self.thinking_default
 
     @property
     def plain_content(self) -> str:
@@ -220,18 +233,25 @@ def _spec(space: Space, rng: random.Random, force: dict[str, Any]) -> Spec:
     kwargs = {name: rng.choice(values) for name, values in space.kwargs.items() if rng.random() < 0.5}
     if "kwarg" in force:
         kwargs[force["kwarg"][0]] = force["kwarg"][1]
-    if any(kwargs.get(k, _UNSET) == v for k, v in space.thinking_off):
-        exchanges = [without_reasoning(ex) for ex in exchanges]
+    mode = space.thinking(kwargs)
+    if mode == "closed":
+        exchanges = [with_reasoning(ex, None) for ex in exchanges]
+    elif mode == "open" and space.reasoning_fields:
+        exchanges = [with_reasoning(ex, space.reasoning_fields[0]) for ex in exchanges]
     return Spec(tuple(exchanges), system=rng.random() < 0.5, kwargs=tuple(sorted(kwargs.items())))
 
 
 _UNSET = object()
 
 
-def without_reasoning(ex: Exchange) -> Exchange:
-    """``ex`` with no reasoning on any turn."""
-    rounds = tuple(replace(t, reasoning=None) for t in ex.rounds)
-    return Exchange(rounds, replace(ex.final, reasoning=None) if ex.final is not None else None)
+def with_reasoning(ex: Exchange, field: str | None) -> Exchange:
+    """``ex`` with no reasoning on any turn (``field`` None), or reasoning on every turn (under ``field``
+    where a turn has none)."""
+
+    def fix(t: Turn) -> Turn:
+        return replace(t, reasoning=None if field is None else (t.reasoning or field))
+
+    return Exchange(tuple(fix(t) for t in ex.rounds), fix(ex.final) if ex.final is not None else None)
 
 
 def generate(space: Space, seed: int = 0, n: int = 24) -> list[Spec]:
@@ -326,7 +346,17 @@ def _simpler_turns(t: Turn, space: Space) -> Iterator[Turn]:
 
 
 def smaller(spec: Spec, space: Space) -> Iterator[Spec]:
-    """Specs one step simpler than ``spec``, biggest cuts first."""
+    """Specs one step simpler than ``spec``, biggest cuts first (each a shape the space allows)."""
+    for s in _smaller(spec, space):
+        mode = space.thinking(dict(s.kwargs))
+        if mode == "closed":
+            s = replace(s, exchanges=tuple(with_reasoning(ex, None) for ex in s.exchanges))
+        elif mode == "open" and space.reasoning_fields:
+            s = replace(s, exchanges=tuple(with_reasoning(ex, space.reasoning_fields[0]) for ex in s.exchanges))
+        yield s
+
+
+def _smaller(spec: Spec, space: Space) -> Iterator[Spec]:
     exs = spec.exchanges
     for i in range(len(exs)):
         if len(exs) > 1:
