@@ -437,3 +437,90 @@ class HTTPConnectionError(BackendError, ConnectionError):
         self.url = url
         self.reason = reason
         super().__init__(f"{url}: {reason}", backend="VLLMServer")
+
+
+class BudgetExceededError(TemplateError):
+    """Checking a template ran out of its budget (:class:`tmpl.report.budget.Budget`): ``budget`` names
+    which (``"seconds"``, ``"memory_mb"`` or ``"output_chars"``), ``limit`` says it in words and
+    ``detail`` what hit it. Reports turn it into the verdict ``UNPROVEN (budget exceeded: ...)``.
+
+    >>> raise BudgetExceededError("loops.jinja", "seconds", "3 s of wall time", "the check did not finish in time")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.BudgetExceededError: chat template 'loops.jinja': budget exceeded: 3 s of wall time (seconds): the check did not finish in time
+    """
+
+    def __init__(self, template: str, budget: str, limit: str, detail: str = "") -> None:
+        self.budget = budget
+        self.limit = limit
+        self.detail = detail
+        super().__init__(template, f"budget exceeded: {limit} ({budget})" + (f": {detail}" if detail else ""))
+
+
+class TemplateSourceError(TemplateError, ValueError):
+    """Where a template, or the tokenizer it renders with, should come from cannot be used: ``source`` is the
+    argument as given (a path, a hub id; it is also the ``template`` attribute), ``reason`` says what is wrong
+    there and what was expected.
+
+    >>> raise TemplateSourceError("qwen9", "is neither Jinja template text nor an existing file")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TemplateSourceError: qwen9: is neither Jinja template text nor an existing file
+    """
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.template = source
+        self.reason = reason
+        TmplError.__init__(self, f"{source}: {reason}")
+
+
+class SourceNotFoundError(TemplateSourceError, FileNotFoundError):
+    """A path given as a template file or a tokenizer folder does not exist (and is not a hub id).
+
+    >>> raise SourceNotFoundError("/no/such.jinja", "does not exist; expected a chat template file")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.SourceNotFoundError: /no/such.jinja: does not exist; expected a chat template file
+    """
+
+
+class NotATemplateError(TemplateSourceError):
+    """A path exists but holds no chat template: a binary or non-UTF-8 file, text without Jinja syntax,
+    JSON that is not a tokenizer config, a folder without tokenizer files.
+
+    >>> raise NotATemplateError("/etc/hostname", "has no Jinja syntax; expected a chat template file")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.NotATemplateError: /etc/hostname: has no Jinja syntax; expected a chat template file
+    """
+
+
+class HubUnreachableError(TemplateSourceError, ConnectionError):
+    """A hub id was given, it is not in the local hub cache, and the hub did not answer in time (or
+    ``HF_HUB_OFFLINE=1`` forbids asking). ``timeout`` is the seconds waited per try (None when offline).
+
+    >>> raise HubUnreachableError("org/model", "the hub did not answer", timeout=5.0)
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.HubUnreachableError: org/model: the hub did not answer
+    """
+
+    def __init__(self, source: str, reason: str, *, timeout: float | None = None) -> None:
+        self.timeout = timeout
+        super().__init__(source, reason)
+
+
+class ToolsFileError(ToolError, ValueError):
+    """A file of tool schemas (``tmpl replay --tools``) does not exist or is not a JSON list; ``path`` names it.
+
+    >>> raise ToolsFileError("tools.json", "holds a JSON dict; expected a JSON file with a list of tool schemas")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ToolsFileError: tools.json: holds a JSON dict; expected a JSON file with a list of tool schemas
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        ToolError.__init__(self, f"{path}: {reason}")
+        self.reason = reason
