@@ -1,18 +1,164 @@
-"""``check`` (a template's report, kept per fingerprint) and ``training_safe`` (a shipped variant)."""
+"""``check`` (a template's report, kept per fingerprint), ``training_safe`` (a shipped variant) and the
+budgeted forms of both checks and fixes for templates tmpl did not ship (see :mod:`tmpl.report.budget`)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
 from .. import templates
 from ..chat_template import ChatTemplate
-from .report import TemplateReport, build_report
+from ..errors import BudgetExceededError, TemplateError
+from .budget import DEFAULT_BUDGET, Budget, in_worker, run_budgeted, worker_crashed
+from .report import UNPROVEN, TemplateReport, Verdict, build_report
+
+if TYPE_CHECKING:
+    from .fix import FixResult
 
 
-def check(tpl: ChatTemplate) -> TemplateReport:
+@lru_cache(maxsize=1)
+def _shipped_texts() -> frozenset[str]:
+    return frozenset(templates.load(info.name) for info in templates.available())
+
+
+def is_shipped(tpl: ChatTemplate) -> bool:
+    """Whether ``tpl``'s template text is one tmpl ships (trusted: checked without a budget by default)."""
+    return tpl.template in _shipped_texts()
+
+
+class _Missing(Exception):
+    pass
+
+
+def _missing() -> Any:
+    raise _Missing
+
+
+def _known(tpl: ChatTemplate, key: str) -> Any:
+    """The value memoized under ``key`` for ``tpl``'s fingerprint, or None (computes nothing)."""
+    try:
+        return tpl.engine.state.memo(key, _missing)
+    except _Missing:
+        return None
+
+
+#: reports that ran out of a budget, per (fingerprint, budget): the same budget is not tried twice
+_EXCEEDED: OrderedDict[tuple[str, Budget], TemplateReport] = OrderedDict()
+
+
+def check(tpl: ChatTemplate, budget: Budget | None = None) -> TemplateReport:
     """Probe ``tpl`` and judge it for token-in/token-out training (kept per template fingerprint).
 
-    >>> print(check(tpl).to_markdown())  # doctest: +SKIP
+    A template tmpl does not ship is checked in a worker process under ``budget`` (default
+    :data:`~tmpl.report.budget.DEFAULT_BUDGET`: 60 s, 4 GB, 10M characters per render); a shipped one
+    in this process unless a ``budget`` is given. When the budget runs out, the report's verdicts are
+    ``UNPROVEN (budget exceeded: ...)`` and its notes say which budget and its limit; a larger budget
+    checks again. A template that raises or hits Jinja's sandbox gets its usual report.
+
+    >>> print(check(tpl).to_markdown())                         # doctest: +SKIP
+    >>> check(tpl, budget=Budget.parse("5s,1GB")).verdicts       # doctest: +SKIP
     """
-    return tpl.engine.state.memo("report", lambda: build_report(tpl))
+    if budget is None and (in_worker() or is_shipped(tpl)):
+        return tpl.engine.state.memo("report", lambda: build_report(tpl))
+    found = _known(tpl, "report")
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    budget = budget or DEFAULT_BUDGET
+    key = (tpl.fingerprint, budget)
+    if key in _EXCEEDED:
+        return _EXCEEDED[key]
+    try:
+        report = run_budgeted(build_report, tpl, budget=budget, name=tpl.name)
+    except BudgetExceededError as exc:
+        report = exceeded_report(tpl, exc)
+        _EXCEEDED[key] = report
+        while len(_EXCEEDED) > 256:
+            _EXCEEDED.popitem(last=False)
+        return report
+    except TemplateError as exc:
+        if not worker_crashed(exc):
+            raise
+        return exceeded_report(tpl, exc)  # the worker crashed (native code): nothing was proven
+    return tpl.engine.state.memo("report", lambda: report)
+
+
+def template_info(tpl: ChatTemplate) -> tuple[str, str, str]:
+    """``(name, fingerprint, tokenizer)`` of ``tpl``: what a report says about a template it could not check."""
+    return tpl.name, tpl.fingerprint, str(getattr(tpl.tokenizer, "name_or_path", "") or type(tpl.tokenizer).__name__)
+
+
+def exceeded_report(tpl: ChatTemplate, error: TemplateError) -> TemplateReport:
+    """The report of a template whose check did not finish (``error``: a
+    :class:`~tmpl.errors.BudgetExceededError` or a crashed worker): every verdict ``UNPROVEN``, with why."""
+    return unproven_report(*template_info(tpl), error)
+
+
+def unproven_report(name: str, fingerprint: str, tokenizer: str, error: TemplateError) -> TemplateReport:
+    """:func:`exceeded_report` from the template's ``name``, ``fingerprint`` and ``tokenizer`` alone."""
+    reason = error.reason
+    verdict = Verdict(UNPROVEN, reason)
+    return TemplateReport(
+        name=name,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer,
+        plain_renders=False,
+        plain_error=None,
+        tool_renders=False,
+        tool_error=None,
+        calls_visible=None,
+        results_visible=None,
+        max_parallel_calls=0,
+        parser=None,
+        plain_close=None,
+        tool_close=None,
+        close_is_eos=None,
+        after_close=None,
+        generation_prompt=None,
+        generation_prompt_ids=[],
+        stop_tokens=[],
+        stability={},
+        date_injected=False,
+        reasoning_rendered=False,
+        fast_path={},
+        per_call_classes=[],
+        history_dependence=None,
+        splice_safe=False,
+        splice_detail=None,
+        assistant_mask=False,
+        verdicts={"tool_loop": verdict, "multi_user": dataclasses.replace(verdict)},
+        notes=[f"the check did not finish: {reason}; nothing below was found out"],
+    )
+
+
+def _fix_in_worker(tpl: ChatTemplate) -> Any:
+    from .fix import make_training_safe
+
+    result = make_training_safe(tpl)
+    return dataclasses.replace(result, template=None)  # type: ignore[arg-type]  # rebuilt in the parent
+
+
+def make_training_safe_budgeted(tpl: ChatTemplate, budget: Budget | None = None) -> FixResult:
+    """:func:`tmpl.report.make_training_safe` under ``budget`` (default
+    :data:`~tmpl.report.budget.DEFAULT_BUDGET`) in a worker process, as ``tmpl fix`` runs it.
+
+    Raises what ``make_training_safe`` raises (:class:`~tmpl.errors.TemplateFixError` on a refusal)
+    and :class:`~tmpl.errors.BudgetExceededError` when the budget runs out.
+    """
+    from .fix import make_training_safe
+
+    if in_worker():
+        return make_training_safe(tpl)
+    result = run_budgeted(_fix_in_worker, tpl, budget=budget or DEFAULT_BUDGET, name=tpl.name)
+    fixed = ChatTemplate(
+        tpl.tokenizer,
+        result.source,
+        name=f"{tpl.name} (training-safe)",
+        extra_stop_token_ids=tpl.extra_stop_token_ids,
+        **tpl.template_kwargs,
+    )
+    return dataclasses.replace(result, template=fixed)  # type: ignore[no-any-return]
 
 
 def training_safe(tpl: ChatTemplate, use: str = "tool_loop") -> ChatTemplate:

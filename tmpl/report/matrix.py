@@ -8,8 +8,13 @@ Sources:
 - a model folder (tokenizer files with a chat template);
 - a ``*.jinja`` file or a folder of them, rendered with ``--tokenizer``.
 
+Each template is checked in its own budgeted worker process (:mod:`tmpl.report.budget`), two at a
+time; a template that hangs, fails or runs out of budget gets a row saying why and holds up no other.
+
 >>> rows = run_matrix(sources_from_paths(["catalog.json"]))  # doctest: +SKIP
 >>> print(to_markdown(rows))                                  # doctest: +SKIP
+>>> for index, row in iter_matrix(sources):                   # doctest: +SKIP
+...     print(row_line(row))                                  # as each finishes
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ from __future__ import annotations
 import html
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import TmplError
-from .api import check
-from .report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, TemplateReport
+from ..errors import BudgetExceededError, TemplateError, TmplError
+from .api import check, template_info, unproven_report
+from .budget import Budget, Outcome, imap_budgeted, progress, worker_crashed
+from .report import SAFE, SAFE_WITH, UNPROVEN, UNSAFE, UNSUPPORTED, TemplateReport
 
 
 @dataclass
@@ -34,6 +40,7 @@ class Source:
     name: str
     load: Callable[[], Any]  # returns a ChatTemplate
     origin: str  # shown in the table (a relative path or "shipped")
+    group: str = ""  # sources with the same group share a tokenizer (the matrix checks them in one worker)
 
 
 @dataclass
@@ -98,7 +105,7 @@ def catalog_sources(path: Path) -> list[Source]:
                 raise TmplError(f"host tokenizer folder {host.name!r} not found next to the catalog")
             return _template(host, template, name)
 
-        out.append(Source(template.name, load, f"{folder} @ {entry['host_tokenizer']}"))
+        out.append(Source(template.name, load, f"{folder} @ {entry['host_tokenizer']}", str(host)))
     return out
 
 
@@ -124,14 +131,69 @@ def sources_from_paths(paths: Sequence[str | Path], tokenizer: str | None = None
                     f"{path}: .jinja templates need --tokenizer (a folder with the tokenizer to render with)"
                 )
             for f in files:
-                out.append(Source(f.name, lambda f=f: _template(tokenizer, f, f.name), f.name))
+                out.append(Source(f.name, lambda f=f: _template(tokenizer, f, f.name), f.name, str(tokenizer)))
         else:
             raise TmplError(f"{path}: not a catalog .json, a model folder, a .jinja file or a folder of them")
     return out
 
 
-def run_matrix(sources: Iterable[Source], *, progress: bool | None = None) -> list[Row]:
-    """Report on every source; errors (a missing tokenizer, a broken template) become rows."""
+def _row(source: Source, outcome: Outcome[Any]) -> Row:
+    """A source's row from its job: a report, an UNPROVEN one when the budget ran out, or why it failed."""
+    error = outcome.error
+    if error is None:
+        return Row(source.name, source.origin, outcome.value)
+    if isinstance(error, BudgetExceededError) or worker_crashed(error):
+        assert isinstance(error, TemplateError)
+        if outcome.info is not None:  # the template was loaded: a report that says what ran out
+            name, fingerprint, tokenizer = outcome.info
+            return Row(source.name, source.origin, unproven_report(name, fingerprint, tokenizer, error))
+        return Row(source.name, source.origin, None, f"{type(error).__name__} while loading: {error}")
+    if isinstance(error, (TmplError, OSError, ValueError)):
+        return Row(source.name, source.origin, None, f"{type(error).__name__}: {error}")
+    return Row(source.name, source.origin, None, f"{type(error).__name__}: {error} (an error inside tmpl)")
+
+
+def _check_in_worker(source: Source) -> TemplateReport:
+    """In a worker: load the template (its tokenizer stays loaded for the worker's next template)
+    and check it, under the job's budget."""
+    tpl = source.load()
+    progress(template_info(tpl))
+    return check(tpl)
+
+
+def _group(source: Source) -> str:
+    return source.group or source.name
+
+
+def iter_matrix(
+    sources: Iterable[Source], *, budget: Budget | None = None, workers: int = 2
+) -> Iterator[tuple[int, Row]]:
+    """``(index, row)`` for every source, as each finishes (not in order).
+
+    Each template is loaded and checked in a budgeted worker process (:mod:`tmpl.report.budget`;
+    default :data:`~tmpl.report.budget.DEFAULT_BUDGET`), ``workers`` at a time; templates that share
+    a tokenizer go to the worker that loaded it. A template that fails, crashes its worker or runs
+    out of budget gets a row that says why (``SKIPPED (...)`` or ``UNPROVEN (budget exceeded: ...)``)
+    and never holds up the others.
+    """
+    listed = list(sources)
+    for index, source, outcome in imap_budgeted(
+        listed, _check_in_worker, budget=budget, name=lambda s: s.name, group=_group, workers=workers
+    ):
+        yield index, _row(source, outcome)
+
+
+def run_matrix(
+    sources: Iterable[Source],
+    *,
+    progress: bool | None = None,
+    budget: Budget | None = None,
+    workers: int = 2,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """Report on every source, ``workers`` budgeted jobs at a time (see :func:`iter_matrix`); errors
+    (a missing tokenizer, a broken template, a budget that ran out) become rows. Rows come back in
+    the sources' order; ``on_row`` is called with each as it finishes."""
     sources = list(sources)
     if progress is None:
         progress = sys.stderr.isatty()
@@ -143,18 +205,25 @@ def run_matrix(sources: Iterable[Source], *, progress: bool | None = None) -> li
             bar = tqdm(total=len(sources), desc="templates", unit="tpl", file=sys.stderr)
         except ImportError:  # pragma: no cover - tqdm comes with transformers
             bar = None
-    rows = []
-    for source in sources:
-        try:
-            rows.append(Row(source.name, source.origin, check(source.load())))
-        except (TmplError, OSError, ValueError) as exc:
-            rows.append(Row(source.name, source.origin, None, f"{type(exc).__name__}: {exc}"))
+    rows: list[Row | None] = [None] * len(sources)
+    try:
+        for index, row in iter_matrix(sources, budget=budget, workers=workers):
+            rows[index] = row
+            if on_row is not None:
+                on_row(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(row.name[:30])
+    finally:
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(source.name[:30])
-    if bar is not None:
-        bar.close()
-    return rows
+            bar.close()
+    return [row for row in rows if row is not None]
+
+
+def row_line(row: Row) -> str:
+    """One row in a line of text (what ``tmpl matrix`` prints as each template finishes)."""
+    cells = _cells(row)
+    return f"{cells[0]} ({cells[1]}): tool loop {cells[2]}" + (f"; several user turns {cells[3]}" if cells[3] else "")
 
 
 COLUMNS = ("template", "source", "tool loop", "several user turns", "turn close", "calls", "parser", "suffix path")
@@ -186,7 +255,7 @@ def _summary(rows: Sequence[Row]) -> str:
     for row in rows:
         level = row.report.verdicts["tool_loop"].level if row.report else "SKIPPED"
         counts[level] = counts.get(level, 0) + 1
-    order = [SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, "SKIPPED"]
+    order = [SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, UNPROVEN, "SKIPPED"]
     return ", ".join(f"{counts[k]} {k}" for k in order if k in counts)
 
 
@@ -219,7 +288,7 @@ def to_json(rows: Sequence[Row]) -> str:
     return json.dumps([r.to_dict() for r in rows], ensure_ascii=False, indent=1)
 
 
-_CLASS = {SAFE: "safe", SAFE_WITH: "safewith", UNSAFE: "unsafe", UNSUPPORTED: "unsupported"}
+_CLASS = {SAFE: "safe", SAFE_WITH: "safewith", UNSAFE: "unsafe", UNSUPPORTED: "unsupported", UNPROVEN: "unproven"}
 
 
 def to_html(rows: Sequence[Row], title: str = "tmpl compatibility matrix") -> str:
@@ -255,6 +324,7 @@ td.safe {{ background: #d9f2d9 !important; }}
 td.safewith {{ background: #e3ecfb !important; }}
 td.unsafe {{ background: #fde2c8 !important; }}
 td.unsupported {{ background: #f6d2d2 !important; }}
+td.unproven {{ background: #ececec !important; }}
 td.skipped {{ color: #777; }}
 input {{ margin: 8px 0 12px; padding: 4px 8px; width: 320px; }}
 </style></head><body>
