@@ -140,7 +140,7 @@ def kwargs_refused(tpl: tmpl.ChatTemplate, kwargs: dict[str, Any]) -> bool:
 
 def as_generated(tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """What a model can generate under ``kwargs``: no reasoning where the generation prompt closes an
-    empty thinking block, reasoning on every turn where it opens one."""
+    empty thinking block (where it opens one, the model may write reasoning or close it empty)."""
     prompt = tpl.tokenizer.apply_chat_template(
         [{"role": "user", "content": "x"}],
         chat_template=tpl.template,
@@ -148,15 +148,9 @@ def as_generated(tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dic
         add_generation_prompt=True,
         **{**tpl.template_kwargs, **kwargs},
     ).rstrip()
-    closed, opened = prompt.endswith("</think>"), prompt.endswith("<think>")
-    out = []
-    for m in msgs:
-        if m["role"] == "assistant" and (closed or opened):
-            m = {k: v for k, v in m.items() if k not in REASONING_FIELDS}
-            if opened:
-                m["reasoning_content"] = m["thinking"] = "HyPrEaSoN forced"
-        out.append(m)
-    return out
+    if not prompt.endswith("</think>"):
+        return msgs
+    return [{k: v for k, v in m.items() if k not in REASONING_FIELDS} for m in msgs]
 
 
 def first_failure(tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dict[str, Any]) -> str | None:

@@ -45,6 +45,9 @@ from .space import (
 
 #: checks by use: the tool loop (appends within one user turn) and several user turns
 USES = {"tool_loop": ("tool_append", "assistant_kept"), "multi_user": ("user_append",)}
+PREFILL = "the generation prompt prefills text the turn's own render leaves out"
+GENERIC = "earlier turns render differently when messages are appended"
+EMPTY_THINK = "empty thinking block rendered only when the assistant turn is last"
 #: at most this many simulations while shrinking one failure
 SHRINK_STEPS = 60
 #: kinds of refusal shrunk to a minimal shape (the rest are listed with their first spec)
@@ -211,7 +214,10 @@ class _Case:
             m = self.msgs[i]
             use = "tool_loop" if m.get("tool_calls") or self.msgs[i - 1]["role"] == "tool" else "multi_user"
             check = "user_append" if use == "multi_user" else "tool_append"
-        return self._failure(use, check, prompt, (i, False), own, (i + 1, False), at, inside)
+        fail = self._failure(use, check, prompt, (i, False), own, (i + 1, False), at, inside)
+        if inside is None and at >= len(prompt) - 8 and fail.reason in (GENERIC, EMPTY_THINK):
+            fail.reason = fail.counterexample["reason"] = PREFILL
+        return fail
 
     def _failure(
         self,
@@ -226,7 +232,7 @@ class _Case:
     ) -> Failure:
         codec = self.tpl.codec
         short_text, long_text = codec.decode(short), codec.decode(long)
-        reason = classify(short_text, long_text, short, at, inside)
+        reason = classify(short_text, long_text, at, inside)
         upto, completion = short_key
         ce = {
             "check": check,
@@ -260,7 +266,7 @@ def around(before: str, short_text: str, long_text: str, width: int = 80) -> dic
     }
 
 
-def classify(short: str, long: str, short_ids: Sequence[int], at: int, inside: tuple[int, int, int] | None) -> str:
+def classify(short: str, long: str, at: int, inside: tuple[int, int, int] | None) -> str:
     """Why the token-in/token-out stream is not a prefix of the longer render (best explanation)."""
 
     def dropped(marker: str) -> bool:
@@ -277,14 +283,12 @@ def classify(short: str, long: str, short_ids: Sequence[int], at: int, inside: t
     if dropped("TmPlArG"):
         return "tool calls of earlier turns dropped"
     if dropped("<think>") or dropped("</think>"):
-        return "empty thinking block rendered only when the assistant turn is last"
+        return EMPTY_THINK
     if inside is not None and at == inside[1] - 1:
         return "the turn's closing token changes once messages follow it"
-    if inside is None and at >= len(short_ids) - 8 and long.startswith(short[: max(len(short) - 40, 0)]):
-        return "the generation prompt prefills text the turn's own render leaves out"
     if long.startswith(short):
         return "the text is a prefix but its tokens are not (a BPE merge across the boundary)"
-    return "earlier turns render differently when messages are appended"
+    return GENERIC
 
 
 # -- the space one template gets -----------------------------------------------------------------
@@ -364,7 +368,7 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
     plain = _renders(tpl, base)
     header = _renders(tpl, base[:1])
     kwargs: dict[str, tuple[Any, ...]] = {}
-    thinking: dict[str, list[tuple[str, Any]]] = {"closed": [], "open": []}
+    thinking_off: list[tuple[str, Any]] = []
     for name, values in reads.kwargs.items():
         if name in tpl.template_kwargs:
             continue
@@ -372,9 +376,8 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
         if changed:
             kwargs[name] = changed
         for v in changed:
-            mode = _thinking_mode(_renders(tpl, base[:1], **{name: v}))
-            if mode:
-                thinking[mode].append((name, v))
+            if _thinking_mode(_renders(tpl, base[:1], **{name: v})) == "closed":
+                thinking_off.append((name, v))
     note = (
         "tool-call turns render their calls with content " + ", ".join(_CONTENT_WORDS[c] for c in contents)
         if contents
@@ -385,9 +388,8 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
         call_contents=tuple(contents) or ("text",),
         kwargs=kwargs,
         max_calls=calls,
-        thinking_off=tuple(thinking["closed"]),
-        thinking_on=tuple(thinking["open"]),
-        thinking_default=_thinking_mode(header),
+        thinking_off=tuple(thinking_off),
+        thinking_closed=_thinking_mode(header) == "closed",
     )
     return Probed(space, refused, note)
 

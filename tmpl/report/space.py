@@ -168,19 +168,15 @@ class Space:
     #: kwarg settings under which the generation prompt closes the thinking block (thinking off):
     #: a model cannot generate reasoning there, so turns of such specs carry none
     thinking_off: tuple[tuple[str, Any], ...] = ()
-    #: kwarg settings under which the generation prompt opens a thinking block the model must close:
-    #: every turn of such specs carries reasoning (where the template reads a field for it)
-    thinking_on: tuple[tuple[str, Any], ...] = ()
-    #: the same without kwargs: "open", "closed" or "" (the default generation prompt leaves it free)
-    thinking_default: str = ""
+    #: whether the generation prompt without kwargs prefills a closed thinking block
+    thinking_closed: bool = False
 
     def thinking(self, kwargs: dict[str, Any]) -> str:
-        """Under ``kwargs``: "closed" (no reasoning), "open" (reasoning on every turn) or "" (free)."""
+        """Under ``kwargs``: "closed" (the model can write no reasoning) or "" (reasoning or none: a model
+        whose prompt opens a thinking block may still close it empty)."""
         if any(kwargs.get(k, _UNSET) == v for k, v in self.thinking_off):
             return "closed"
-        if any(kwargs.get(k, _UNSET) == v for k, v in self.thinking_on):
-            return "open"
-        return self.thinking_default
+        return "closed" if self.thinking_closed and not kwargs else ""
 
     @property
     def plain_content(self) -> str:
@@ -210,9 +206,13 @@ def _forced(space: Space) -> list[dict[str, Any]]:
             out.append({"content": content, "reasoning": f})
     for k in range(2, space.max_calls + 1):
         out.append({"calls": k, "same_tool": k == 2})
-    for name, values in space.kwargs.items():
-        for v in values:
-            out.append({"kwarg": (name, v)})
+    settings: list[tuple[str, Any] | None] = [None]
+    settings += [(name, v) for name, values in space.kwargs.items() for v in values]
+    for setting in settings:
+        kw = {"kwarg": setting} if setting else {}
+        # plain chat: answers right after user messages, without reasoning (a thinking block closed empty)
+        out.append({**kw, "exchanges": space.max_exchanges, "rounds": 0, "answer_reasoning": None})
+        out.append({**kw, "exchanges": space.max_exchanges, "rounds": 1})
     out.append({"exchanges": space.max_exchanges, "rounds": 2})
     out.append({"ends_on_results": True})
     return out
@@ -224,20 +224,20 @@ def _spec(space: Space, rng: random.Random, force: dict[str, Any]) -> Spec:
     for e in range(n_ex):
         rounds = force.get("rounds", rng.choice((0, 1, 1, 2, 2, 3)[: space.max_rounds + 3]))
         rounds = max(rounds, 1) if e == 0 and ("content" in force or "calls" in force) else rounds
+        rounds = min(rounds, 1) if e > 0 and force.get("rounds") == 0 else rounds
         turns = tuple(_turn(space, rng, True, force if r == 0 and e == 0 else {}) for r in range(rounds))
         last = e == n_ex - 1
-        final: Turn | None = _turn(space, rng, False, {})
+        final: Turn | None = _turn(
+            space, rng, False, {"reasoning": force["answer_reasoning"]} if "answer_reasoning" in force else {}
+        )
         if last and turns and (force.get("ends_on_results") or rng.random() < 0.2):
             final = None
         exchanges.append(Exchange(turns, final))
     kwargs = {name: rng.choice(values) for name, values in space.kwargs.items() if rng.random() < 0.5}
     if "kwarg" in force:
         kwargs[force["kwarg"][0]] = force["kwarg"][1]
-    mode = space.thinking(kwargs)
-    if mode == "closed":
+    if space.thinking(kwargs) == "closed":
         exchanges = [with_reasoning(ex, None) for ex in exchanges]
-    elif mode == "open" and space.reasoning_fields:
-        exchanges = [with_reasoning(ex, space.reasoning_fields[0]) for ex in exchanges]
     return Spec(tuple(exchanges), system=rng.random() < 0.5, kwargs=tuple(sorted(kwargs.items())))
 
 
@@ -348,11 +348,8 @@ def _simpler_turns(t: Turn, space: Space) -> Iterator[Turn]:
 def smaller(spec: Spec, space: Space) -> Iterator[Spec]:
     """Specs one step simpler than ``spec``, biggest cuts first (each a shape the space allows)."""
     for s in _smaller(spec, space):
-        mode = space.thinking(dict(s.kwargs))
-        if mode == "closed":
+        if space.thinking(dict(s.kwargs)) == "closed":
             s = replace(s, exchanges=tuple(with_reasoning(ex, None) for ex in s.exchanges))
-        elif mode == "open" and space.reasoning_fields:
-            s = replace(s, exchanges=tuple(with_reasoning(ex, space.reasoning_fields[0]) for ex in s.exchanges))
         yield s
 
 
