@@ -28,6 +28,8 @@ derive from ``ValueError`` so that ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TmplError(Exception):
     """Base class of every error raised by tmpl."""
@@ -400,8 +402,10 @@ class ExportError(TmplError, ValueError):
 class TemplateFixError(TemplateError):
     """:func:`tmpl.report.make_training_safe` could not prove a training-safe rewrite of a template.
 
-    ``reason`` says what could not be proven; ``attempted`` lists the rewrites tried (one line each) and
-    ``source`` is the rewritten template the proof failed on (None when no rewrite was tried).
+    ``reason`` says what could not be proven; ``attempted`` lists the rewrites tried (one line each),
+    ``source`` is the rewritten template the proof failed on (None when no rewrite was tried) and
+    ``counterexample`` the conversation that breaks it (the search's, JSON-able; None when there is
+    none: an unsupported template, a close that is not a token).
 
     >>> raise TemplateFixError("GLM-4.6.jinja", "the turn close is not a single token of this tokenizer")
     Traceback (most recent call last):
@@ -412,6 +416,7 @@ class TemplateFixError(TemplateError):
     def __init__(self, template: str, reason: str, attempted: tuple[str, ...] = ()) -> None:
         self.attempted = attempted
         self.source: str | None = None
+        self.counterexample: dict[str, Any] | None = None
         super().__init__(template, f"cannot make it training-safe: {reason}")
         self.reason = reason
 
