@@ -41,6 +41,9 @@ def test_matrix_json_and_errors(tmp_path, capsys):
     assert {r["name"] for r in rows} == {t.name for t in tmpl.templates.available()}
     assert all(r["report"]["verdicts"]["tool_loop"]["level"] == "SAFE" for r in rows)
     assert main(["matrix", str(tmp_path / "nothing.txt")]) == 2
+    assert "nothing.txt: does not exist; expected a catalog .json" in capsys.readouterr().err
+    (tmp_path / "nothing.txt").write_text("x", encoding="utf-8")
+    assert main(["matrix", str(tmp_path / "nothing.txt")]) == 2
     assert "not a catalog" in capsys.readouterr().err
     assert main(["matrix", str(REPO / "tmpl" / "templates")]) == 2  # bare .jinja files need --tokenizer
     assert "--tokenizer" in capsys.readouterr().err
@@ -51,8 +54,9 @@ def test_check_one_model_folder(tokenizer_of, capsys):
     assert main(["check", str(DATA / "qwen2.5-instruct"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verdicts"]["tool_loop"]["label"] == "SAFE" and report["tool_close"] == "<|im_end|>"
-    assert main(["check", str(DATA / "qwen3")]) == 0
-    assert "SAFE WITH tmpl TEMPLATE qwen3" in capsys.readouterr().out
+    assert main(["check", str(DATA / "qwen3")]) == 1  # not safe itself: tmpl ships a safe one
+    out, err = capsys.readouterr()
+    assert "SAFE WITH tmpl TEMPLATE qwen3" in out and "tmpl ships a safe template for it: qwen3" in err
 
 
 def test_training_safe_picks_the_shipped_template(tokenizer_of):
