@@ -385,6 +385,16 @@ def test_fix_exit_statuses(capsys, tmp_path):
         assert status == EXIT_USAGE and "--tokenizer" in one_line_error(err, "fix")
 
 
+def test_a_refused_fix_prints_its_counterexample(capsys):
+    """Gemma 4's content + calls break (issue 21): refused with the conversation that breaks the rewrite,
+    status 1; a proven rewrite (status 0) would print its proof instead."""
+    status, out, err = run(capsys, "fix", folder("gemma-4-it"))
+    if status == EXIT_SAFE:
+        pytest.skip("gemma-4-it's rewrite is proven now: nothing refused to print")
+    assert status == EXIT_UNSAFE and out == "" and "tmpl fix: refused: chat template 'gemma-4-it'" in err
+    assert "counterexample (" in err and "messages = [" in err and "first difference at token" in err
+
+
 def test_matrix_exit_status_is_the_worst_row(capsys, tmp_path, latin1):
     assert run(capsys, "matrix", "-q")[0] == EXIT_SAFE  # the shipped templates
     status, out, err = run(capsys, "matrix", "-q", folder("qwen2.5-instruct"), folder("qwen3"))

@@ -182,6 +182,10 @@ def _fix(args: argparse.Namespace) -> int:
         print(f"tmpl fix: refused: {exc}", file=sys.stderr)
         for line in exc.attempted:
             print(f"  tried: {line}", file=sys.stderr)
+        if exc.counterexample is not None:
+            from .report.search import counterexample_text
+
+            print(counterexample_text(exc.counterexample), file=sys.stderr)
         try:  # the template's own verdict says which: unsafe (1), or unsupported / unproven (3)
             level = gated_level(check(tpl, budget=args.budget).verdicts["tool_loop"])
         except (TmplError, ValueError):
