@@ -370,6 +370,15 @@ def test_a_budget_that_runs_out_is_unproven(capsys, tmp_path):
     assert "tool_loop is UNPROVEN (budget exceeded" in one_line_error(err, "check")
     status, _, err = run(capsys, "check", folder("qwen2.5-instruct"), "--budget", "fast")
     assert status == EXIT_USAGE and "argument --budget: budget 'fast'" in err
+    # the matrix row and the fix of the same template end within their budget too, status 3
+    start = time.perf_counter()
+    status, out, err = run(
+        capsys, "matrix", "-q", "--tokenizer", folder("qwen2.5-instruct"), str(loops), "--budget", "3s"
+    )
+    assert status == EXIT_UNPROVEN and "UNPROVEN (budget exceeded" in out and "1 UNPROVEN" in err
+    status, out, err = run(capsys, "fix", str(loops), "--tokenizer", folder("qwen2.5-instruct"), "--budget", "3s")
+    assert status == EXIT_UNPROVEN and out == "" and "budget exceeded" in one_line_error(err, "fix")
+    assert time.perf_counter() - start < 40
 
 
 def test_fix_exit_statuses(capsys, tmp_path):
