@@ -22,9 +22,12 @@ import tmpl
 from tmpl.errors import SpliceError, TemplateError, TemplateFixError
 from tmpl.report import SAFE, SAFE_WITH, UNSAFE, check, make_training_safe
 from tmpl.report import jinja_source as js
+from tmpl.report.search import space_for
+from tmpl.report.space import SPACE_TOOLS, generate, messages_of
 
 from .conftest import DATA, catalog
 from .contract import HARD_CONTENTS, HISTORIES, TOOLS, assistant_turn, check_turn, marker, tool_results
+from .counterexamples import reproduces
 
 ENTRIES = catalog()  # every one is reported; the fixer runs where the tool loop is UNSAFE
 FAMILIES = ("qwen2.5-instruct", "qwen3", "llama-3.2-instruct", "gemma-4-it", "mistral-nemo-instruct-2407", "gpt-oss")
@@ -60,14 +63,16 @@ def _fix(key: str) -> tmpl.report.FixResult | TemplateFixError:
         return exc
 
 
-def _render(tpl: tmpl.ChatTemplate, messages: list[dict], gen: bool, template: str | None = None) -> str:
+def _render(
+    tpl: tmpl.ChatTemplate, messages: list[dict], gen: bool, template: str | None = None, tools=TOOLS, **kwargs
+) -> str:
     return tpl.tokenizer.apply_chat_template(
         messages,
-        tools=TOOLS,
+        tools=tools,
         chat_template=template or tpl.template,
         tokenize=False,
         add_generation_prompt=gen,
-        **tpl.template_kwargs,
+        **{**tpl.template_kwargs, **kwargs},
     )
 
 
@@ -82,23 +87,6 @@ def _ids(tpl: tmpl.ChatTemplate, messages: list[dict], gen: bool, template: str)
         **tpl.template_kwargs,
     )
     return list(out["input_ids"])
-
-
-def _prefix_breaks(tpl: tmpl.ChatTemplate, template: str, counterexample: dict) -> bool:
-    """The stored counterexample reproduces with transformers: the shorter render's tokens are not a
-    prefix of the longer render's (for ``template``)."""
-    messages = counterexample["messages"]
-    if counterexample["check"] == "tool_append":
-        tail = 0
-        while messages[-1 - tail]["role"] == "tool":
-            tail += 1
-        short = _ids(tpl, messages[: len(messages) - tail - 1], True, template)
-        return _ids(tpl, messages, True, template)[: len(short)] != short
-    upto = [m for m in messages if m["role"] != "tool"] if counterexample["check"] == "assistant_kept" else messages
-    alone, prompt = _ids(tpl, upto, False, template), _ids(tpl, upto[:-1], True, template)
-    full = _ids(tpl, messages, True, template)
-    stop = next(t for t in range(len(prompt), len(alone)) if alone[t] in tpl.stop_token_ids)
-    return full[: stop + 1] != alone[: stop + 1]
 
 
 KEYS = [e["template"] for e in ENTRIES] + list(FAMILIES)
@@ -123,16 +111,15 @@ def test_unsafe_template_is_fixed_or_refused_with_a_reason(key):
         # the refusal names a failure that reproduces with transformers, on the original (nothing was
         # worth rewriting) or on the rewrite the proof rejected
         template = err.source or tpl.template
-        failed = check(tmpl.ChatTemplate(tpl.tokenizer, template, name="attempt", **tpl.template_kwargs))
-        broken = [c for n, c in failed.stability.items() if n in ("tool_append", "assistant_kept") and not c.ok]
-        assert broken and broken[0].counterexample, err.reason
-        assert _prefix_breaks(tpl, template, broken[0].counterexample), err.reason
+        ce = err.counterexample
+        assert ce is not None and ce["use"] == "tool_loop", err.reason
+        assert reproduces(tpl, ce, template), err.reason
         if "BPE merge" in err.reason:
             OUTCOMES[key] = "refused: BPE merge across the end of the prompt"
         elif "prefills" in err.reason:
             OUTCOMES[key] = "refused: the generation prompt prefills text the assistant turn leaves out"
         else:
-            OUTCOMES[key] = f"refused: {broken[0].reason}"
+            OUTCOMES[key] = f"refused: {ce['reason']}"
         return
     result = outcome
     OUTCOMES[key] = f"fixed ({len(result.changes)} changes)"
@@ -195,18 +182,23 @@ def test_a_splice_unsafe_template_is_refused_by_name(tokenizer_of):
     assert "'GLM-4.6.jinja'" in str(info.value) and "not a single token" in info.value.reason
 
 
+MISTRAL_SMALL = "templates/llama.cpp/Mistral-Small-3.2-24B-Instruct-2506.jinja"
+
+
 def test_date_is_pinned_through_a_kwarg_with_the_original_as_default():
-    gpt = _fix("gpt-oss")
-    assert not isinstance(gpt, TemplateFixError), gpt
-    assert any("strftime_now" in c.before and "date_string" in c.after for c in gpt.changes)
-    assert any(p.name == "date pinned" and p.ok for p in gpt.proof)
+    if not (DATA / MISTRAL_SMALL).is_file():
+        pytest.skip(f"{MISTRAL_SMALL} is not in TMPL_TEST_DATA")
+    fixed = _fix(MISTRAL_SMALL)  # writes strftime_now("%Y-%m-%d") into its default system message
+    assert not isinstance(fixed, TemplateFixError), fixed
+    assert any("strftime_now" in c.before and "date_string" in c.after for c in fixed.changes)
+    assert any(p.name == "date pinned" and p.ok for p in fixed.proof)
     messages = [{"role": "user", "content": "hi"}]
-    pinned = gpt.template.tokenizer.apply_chat_template(
-        messages, chat_template=gpt.source, tokenize=False, add_generation_prompt=True, date_string="1999-12-31"
+    pinned = fixed.template.tokenizer.apply_chat_template(
+        messages, chat_template=fixed.source, tokenize=False, add_generation_prompt=True, date_string="1999-12-31"
     )
-    assert "Current date: 1999-12-31" in pinned
-    original = _template("gpt-oss")
-    assert _render(gpt.template, messages, True) == _render(original, messages, True)  # same day, no kwarg
+    assert "The current date is 1999-12-31." in pinned
+    original = _template(MISTRAL_SMALL)
+    assert _render(fixed.template, messages, True) == _render(original, messages, True)  # same day, no kwarg
     llama = _fix("llama-3.2-instruct")
     if not isinstance(llama, TemplateFixError):  # Llama 3.2 already takes date_string: no date edit
         assert not any("strftime_now" in c.before for c in llama.changes)
@@ -222,46 +214,71 @@ SHIPPED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SHIPPED))
+#: hand-written templates whose original no rewrite of if-tests makes safe: the rewrite is refused
+#: with a counterexample (a tool-call turn with content: Gemma 4 renders that content after the tool
+#: responses once they follow; gpt-oss renders it as analysis while last and drops it later)
+REFUSED = {"gemma-4", "gpt-oss"}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_rewrites_are_explained_by_a_counterexample_the_hand_written_template_passes(name):
+    family = SHIPPED[name]
+    result = _fix(family)
+    assert isinstance(result, TemplateFixError), "now proven: move it out of REFUSED"
+    ce = result.counterexample
+    assert ce is not None and ce["use"] == "tool_loop"
+    original = _template(family)
+    assert reproduces(original, ce, result.source)  # breaks the rewrite, with transformers
+    turns = [m for m in ce["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+    assert any(isinstance(m.get("content"), str) and m["content"] for m in turns)  # content next to calls
+    assert not reproduces(original, ce, tmpl.templates.load(name))  # the hand-written template holds there
+
+
+@pytest.mark.parametrize("name", sorted(set(SHIPPED) - REFUSED))
 def test_fixed_original_renders_as_the_hand_written_template(name):
     family = SHIPPED[name]
     result = _fix(family)
     original = _template(family)
-    fixed = original if isinstance(result, TemplateFixError) else result.template
     assert not isinstance(result, TemplateFixError), result
+    fixed = result.template
     hand = tmpl.ChatTemplate(original.tokenizer, tmpl.templates.load(name), name=name)
     compared = 0
-    for hname, history in HISTORIES.items():
+    for messages, gen, tools, kwargs in _suite_and_search_renders(hand):
+        try:
+            want = _render(hand, messages, gen, tools=tools, **kwargs)
+        except Exception:  # noqa: BLE001 - compared below
+            want = None
+        try:
+            got = _render(fixed, messages, gen, tools=tools, **kwargs)
+        except Exception:  # noqa: BLE001
+            got = None
+        if want == got:
+            compared += want is not None
+            continue
+        raise AssertionError(f"{name} {kwargs} gen={gen} {messages}:\n fixed {got!r}\n hand  {want!r}")
+    assert compared >= 100
+
+
+def _suite_and_search_renders(hand: tmpl.ChatTemplate):
+    """The renders compared: this suite's conversations, then each growth step of the search's conversations
+    for ``hand`` (every prompt before an assistant turn, the turn rendered last, the whole conversation)."""
+    for history in HISTORIES.values():
         for k in (1, 2):
             assistant = assistant_turn(k)
             results = tool_results(assistant, ["sunny", " 21 C\n"][:k])
             final = {"role": "assistant", "content": "Done."}
-            for messages, gen in (
-                (list(history), True),
-                (history + [assistant], False),
-                (history + [assistant] + results, True),
-                (history + [assistant] + results + [final], False),
-            ):
-                try:
-                    want = _render(hand, messages, gen)
-                except Exception:  # noqa: BLE001 - compared below
-                    want = None
-                try:
-                    got = _render(fixed, messages, gen)
-                except Exception:  # noqa: BLE001
-                    got = None
-                if want == got:
-                    compared += want is not None
-                    continue
-                # explained differences, by name
-                if name == "gpt-oss" and k == 2:
-                    # the hand-written template raises on two calls in one message (harmony writes one);
-                    # the original, and so the fix, renders the first call and drops the second
-                    assert want is None and got is not None
-                    assert marker(0, 0) in got and marker(0, 1) not in got
-                    continue
-                raise AssertionError(f"{name} {hname} k={k} gen={gen}:\n fixed {got!r}\n hand  {want!r}")
-    assert compared >= 12
+            yield list(history), True, TOOLS, {}
+            yield history + [assistant], False, TOOLS, {}
+            yield history + [assistant] + results, True, TOOLS, {}
+            yield history + [assistant] + results + [final], False, TOOLS, {}
+    probed = space_for(hand)
+    for spec in generate(probed.space, seed=1, n=24):
+        messages, kwargs = messages_of(spec), dict(spec.kwargs)
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                yield messages[:i], True, SPACE_TOOLS, kwargs
+                yield messages[: i + 1], False, SPACE_TOOLS, kwargs
+        yield messages, messages[-1]["role"] != "assistant", SPACE_TOOLS, kwargs
 
 
 def test_expression_printer_round_trips_every_catalog_condition():

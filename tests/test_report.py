@@ -9,10 +9,10 @@ import pytest
 
 import tmpl
 from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, check
-from tmpl.report.space import SPACE_TOOLS
 
 from .conftest import DATA, catalog
 from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, renders_tool_turn, tool_results
+from .counterexamples import reproduces
 
 ENTRIES = catalog()
 
@@ -112,31 +112,7 @@ def _host(folder: str):
 
 
 def _counterexample_fails(tpl, check) -> bool:
-    """Rebuild the stored counterexample's token-in/token-out stream with transformers' own tokenized
-    renders (the prompt before the named turn, plus that turn as rendered last through its first stop
-    token) and confirm it is not a prefix of the longer render it names."""
-    ce = check.counterexample
-    messages, kwargs = ce["messages"], ce["kwargs"]
-
-    def ids(upto: int, gen: bool) -> list[int]:
-        out = tpl.tokenizer.apply_chat_template(
-            messages[:upto],
-            tools=SPACE_TOOLS,
-            chat_template=tpl.template,
-            tokenize=True,
-            add_generation_prompt=gen,
-            **{**tpl.template_kwargs, **kwargs},
-        )
-        return list(out["input_ids"])
-
-    k = ce["stream"]["prompt_messages"]
-    stream = ids(k, True)
-    if ce["stream"]["completion_of"] is not None:
-        own = ids(k + 1, False)
-        assert own[: len(stream)] == stream, "the generation prompt is a prefix of the turn's own render"
-        stream = own[: next(t for t in range(len(stream), len(own)) if own[t] in tpl.stop_token_ids) + 1]
-    longer = ids(ce["longer"]["messages"], ce["longer"]["add_generation_prompt"])
-    return longer[: len(stream)] != stream
+    return reproduces(tpl, check.counterexample)
 
 
 @pytest.mark.skipif(not ENTRIES, reason=f"no templates/catalog.json under TMPL_TEST_DATA={DATA}")

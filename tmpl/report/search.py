@@ -48,6 +48,7 @@ USES = {"tool_loop": ("tool_append", "assistant_kept"), "multi_user": ("user_app
 PREFILL = "the generation prompt prefills text the turn's own render leaves out"
 GENERIC = "earlier turns render differently when messages are appended"
 EMPTY_THINK = "empty thinking block rendered only when the assistant turn is last"
+BPE_MERGE = "the text is a prefix but its tokens are not (a BPE merge across the boundary)"
 #: at most this many simulations while shrinking one failure
 SHRINK_STEPS = 60
 #: kinds of refusal shrunk to a minimal shape (the rest are listed with their first spec)
@@ -287,7 +288,7 @@ def classify(short: str, long: str, at: int, inside: tuple[int, int, int] | None
     if inside is not None and at == inside[1] - 1:
         return "the turn's closing token changes once messages follow it"
     if long.startswith(short):
-        return "the text is a prefix but its tokens are not (a BPE merge across the boundary)"
+        return BPE_MERGE
     return GENERIC
 
 

@@ -46,8 +46,8 @@ from ...chat_template import ChatTemplate
 from ...errors import TemplateEditError, TemplateFixError
 from .. import jinja_source as js
 from ..api import check
-from ..report import SAFE, SAFE_WITH, UNSUPPORTED, TemplateReport, Verdict
-from .prove import assistant_mask_step, prove, where
+from ..report import SAFE, SAFE_WITH, UNSUPPORTED, TemplateReport, Verdict, build_report
+from .prove import assistant_mask_step, prove, tool_loop_counterexample, where
 from .rewrite import add_generation_markers, has_generation_markers, pin_date, pin_positions
 from .types import Change, FixResult, ProofStep
 
@@ -98,9 +98,14 @@ def _make(tpl: ChatTemplate) -> FixResult:
     proof, verdicts_after = prove(tpl, fixed, report.max_parallel_calls, draft.date_kwarg, mask)
     failed = [p for p in proof if not p.ok]
     if failed:
-        raise _refuse(
-            tpl, "; ".join(f"{p.name} fails ({p.detail})" for p in failed) + _also(draft.unresolved), draft.changes
+        err = _refuse(
+            tpl,
+            "; ".join(f"{p.name} fails ({p.detail})" for p in failed) + _also(draft.unresolved),
+            draft.changes,
+            build_report(fixed, shipped=False),
         )
+        err.source = fixed.template
+        raise err
     return FixResult(
         name=tpl.name,
         source=fixed.template,
@@ -153,6 +158,7 @@ def _rewrite(tpl: ChatTemplate, report: TemplateReport, tool_loop: Verdict) -> _
             tpl,
             f"the tool loop is unsafe ({tool_loop.reason}) and no if-test reading a message's position is the "
             f"cause (pinning one changes nothing); {where(report)}" + _also(unresolved),
+            report=report,
         )
     return draft
 
@@ -197,8 +203,14 @@ def _also(unresolved: Sequence[str]) -> str:
     return f"; {'; '.join(unresolved)}" if unresolved else ""
 
 
-def _refuse(tpl: ChatTemplate, reason: str, changes: Sequence[Change] = ()) -> TemplateFixError:
-    return TemplateFixError(tpl.name, reason, tuple(str(c) for c in changes))
+def _refuse(
+    tpl: ChatTemplate, reason: str, changes: Sequence[Change] = (), report: TemplateReport | None = None
+) -> TemplateFixError:
+    """The refusal, with the tool-loop counterexample of ``report`` (the original's or the rewrite's)."""
+    err = TemplateFixError(tpl.name, reason, tuple(str(c) for c in changes))
+    found = tool_loop_counterexample(report) if report is not None else None
+    err.counterexample = found[1] if found else None
+    return err
 
 
 __all__ = ["Change", "FixResult", "ProofStep", "make_training_safe"]

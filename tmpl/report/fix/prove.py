@@ -10,13 +10,13 @@ rendered as in the original (:func:`same_last_turn`), suffixes equal to full ren
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from ...chat_template import ChatTemplate
 from ...errors import TmplError
 from ..report import SAFE, TemplateReport, build_report
+from ..search import BPE_MERGE, PREFILL, USES
 from ..stability import PROBE_TOOLSET
 from .probes import DAYS, Chain, proof_chains, proof_tool_rounds, renders_on, units
 from .types import ProofStep
@@ -52,31 +52,28 @@ def _prefix_stability(after: TemplateReport, after_labels: dict[str, str]) -> Pr
     )
 
 
-def where(report: TemplateReport) -> str:
-    """The first tool-loop counterexample of a report, in words."""
-    for name in ("tool_append", "assistant_kept"):
+def tool_loop_counterexample(report: TemplateReport) -> tuple[str, dict[str, Any]] | None:
+    """The failed tool-loop check of a report and its counterexample (None when the tool loop holds)."""
+    for name in USES["tool_loop"]:
         c = report.stability[name]
         if not c.ok and c.counterexample:
-            ce = c.counterexample
-            short, long = ce["prefix_render"], ce["longer_render"]
-            if long.startswith(short.rstrip()) and short != long:
-                return (
-                    f"{name}: the shorter render's text {short!r} is a prefix of the longer one's {long!r}, but "
-                    "its tokens are not (a BPE merge across the end of the prompt), which no rewrite of the "
-                    "template's branches changes"
-                )
-            common = len(os.path.commonprefix([short, long]))
-            if name == "tool_append" and common < len(short):
-                return (
-                    f"{name}: the generation prompt ends with {short[common:]!r}, which the assistant turn does not "
-                    f"render once tool results follow it ({long[common : common + 40]!r}...): the prompt prefills "
-                    "text the turn's own render leaves out, which no if-test on position decides"
-                )
-            return (
-                f"{name}: {c.reason}; the shorter render reads {ce['prefix_render']!r} where the longer one reads "
-                f"{ce['longer_render']!r}"
-            )
-    return report.verdicts["tool_loop"].label
+            return name, c.counterexample
+    return None
+
+
+def where(report: TemplateReport) -> str:
+    """The first tool-loop counterexample of a report, in words (the messages are in the refusal's
+    ``counterexample``)."""
+    found = tool_loop_counterexample(report)
+    if found is None:
+        return report.verdicts["tool_loop"].label
+    name, ce = found
+    renders = f"token-in/token-out reads {ce['stream_render']!r} where the template renders {ce['longer_render']!r}"
+    if ce["reason"] == BPE_MERGE:
+        return f"{name}: {ce['reason']}, which no rewrite of the template's branches changes; {renders}"
+    if ce["reason"] == PREFILL:
+        return f"{name}: {ce['reason']}, which no if-test on position decides; {renders}"
+    return f"{name}: {ce['reason']}; {renders}"
 
 
 # -- the newest turn as the original renders it ----------------------------------------------------
