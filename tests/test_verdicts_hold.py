@@ -27,6 +27,7 @@ import tmpl
 from tmpl.report import SAFE
 
 from .conftest import DATA, catalog
+from .counterexamples import REASONING_FIELDS, as_generated, first_failure, kwargs_refused
 
 TOOLS = [
     {
@@ -48,7 +49,6 @@ TOOLS = [
     )
 ]
 TEXTS = st.sampled_from(["Lyon", 'a "quoted" word', "naïve café ☕ 東京", "two\nlines", "{curly} \\ back"])
-REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 @st.composite
@@ -104,81 +104,6 @@ def conversation(draw: st.DrawFn, max_calls: int) -> tuple[list[dict[str, Any]],
     return msgs, kwargs
 
 
-class Renders:
-    """Tokenized renders of one conversation through transformers."""
-
-    def __init__(self, tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
-        self.tpl, self.msgs, self.kwargs = tpl, msgs, kwargs
-
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - one instance per example
-    def ids(self, upto: int, gen: bool) -> list[int]:
-        out = self.tpl.tokenizer.apply_chat_template(
-            self.msgs[:upto],
-            tools=TOOLS,
-            chat_template=self.tpl.template,
-            tokenize=True,
-            add_generation_prompt=gen,
-            **{**self.tpl.template_kwargs, **self.kwargs},
-        )
-        return list(out["input_ids"])
-
-
-def kwargs_refused(tpl: tmpl.ChatTemplate, kwargs: dict[str, Any]) -> bool:
-    """Whether the template raises on a one-message conversation under ``kwargs``."""
-    try:
-        tpl.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x"}],
-            chat_template=tpl.template,
-            tokenize=False,
-            add_generation_prompt=True,
-            **{**tpl.template_kwargs, **kwargs},
-        )
-    except Exception:  # noqa: BLE001 - any refusal
-        return True
-    return False
-
-
-def as_generated(tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """What a model can generate under ``kwargs``: no reasoning where the generation prompt closes an
-    empty thinking block (where it opens one, the model may write reasoning or close it empty)."""
-    prompt = tpl.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x"}],
-        chat_template=tpl.template,
-        tokenize=False,
-        add_generation_prompt=True,
-        **{**tpl.template_kwargs, **kwargs},
-    ).rstrip()
-    if not prompt.endswith("</think>"):
-        return msgs
-    return [{k: v for k, v in m.items() if k not in REASONING_FIELDS} for m in msgs]
-
-
-def first_failure(tpl: tmpl.ChatTemplate, msgs: list[dict[str, Any]], kwargs: dict[str, Any]) -> str | None:
-    """The use ("tool_loop"/"multi_user") whose token-in/token-out step fails first, or None."""
-    r = Renders(tpl, msgs, kwargs)
-    stream: list[int] | None = None
-    prev = -1
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        between = msgs[prev + 1 : i]
-        use = "multi_user" if any(x["role"] == "user" for x in between) else "tool_loop"
-        prompt = r.ids(i, True)
-        if stream is not None and prompt[: len(stream)] != stream:
-            return use
-        own = r.ids(i + 1, False)
-        if own[: len(prompt)] != prompt:
-            return "tool_loop" if m.get("tool_calls") or msgs[i - 1]["role"] == "tool" else use
-        stop = next((t for t in range(len(prompt), len(own)) if own[t] in tpl.stop_token_ids), None)
-        assert stop is not None, f"assistant message {i} renders no stop token"
-        stream, prev = own[: stop + 1], i
-    if stream is not None and prev < len(msgs) - 1:
-        longer = r.ids(len(msgs), True)
-        if longer[: len(stream)] != stream:
-            return "multi_user" if any(x["role"] == "user" for x in msgs[prev + 1 :]) else "tool_loop"
-    return None
-
-
 def assert_verdicts_hold(tpl: tmpl.ChatTemplate, examples: int) -> None:
     report = tmpl.report.check(tpl)
     safe = {use for use, v in report.verdicts.items() if v.level == SAFE}
@@ -198,7 +123,7 @@ def assert_verdicts_hold(tpl: tmpl.ChatTemplate, examples: int) -> None:
         msgs, kwargs = case
         try:
             msgs = as_generated(tpl, msgs, kwargs)
-            use = first_failure(tpl, msgs, kwargs)
+            use = first_failure(tpl, msgs, kwargs, TOOLS)
         except Exception as exc:  # noqa: BLE001 - a shape the template refuses: the report must list it
             if isinstance(exc, AssertionError):
                 raise
@@ -261,7 +186,7 @@ def test_this_search_finds_what_the_stock_templates_break(family, tokenizer_of):
 
     def breaks(case: tuple[list[dict[str, Any]], dict[str, Any]]) -> bool:
         try:
-            return first_failure(tpl, *case) == "tool_loop"
+            return first_failure(tpl, *case, TOOLS) == "tool_loop"
         except AssertionError:
             raise
         except Exception:  # noqa: BLE001 - a refused shape is not a break
