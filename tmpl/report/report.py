@@ -26,7 +26,8 @@ from typing import Any
 from .. import templates as shipped
 from ..chat_template import ChatTemplate
 from ..errors import SpliceError, TmplError, UnsupportedTemplateError
-from ..suffix.probe import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, count_anchors, dummy_tool_turn
+from ..sentinels import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, dummy_tool_turn
+from ..suffix.probe import count_anchors
 from ..toolcalls.api import parser_for
 from .search import USES, SearchResult, counterexample_text, search, space_for
 from .stability import PROBE_TOOLSET, Check, conversations, date_injected, frozen_date

@@ -17,45 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TmplError
-
-REASONING = "TmPlReAsOnInG about the weather"
-SYSTEM = "TmPlSyStEm: you are a careful assistant."
-ARG_VALUE = "TmPlCiTy"
-
-PROBE_TOOLSET = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "City"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "search_web",
-            "description": "Search the web.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "Query"}},
-                "required": ["query"],
-            },
-        },
-    },
-]
-
-CONTENT_POOL = (
-    "Paris is sunny, 21 C.",
-    'Result: {"temp": 21.5, "ok": true}',
-    "  spaced out  \n",
-    "Zürich — 雨 🌧",
-    "line one\nline two",
-)
+from ..sentinels import ARG_VALUE, CONTENT_POOL, PROBE_TOOLSET, REASONING, SYSTEM
 
 
 @dataclass
