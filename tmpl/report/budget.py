@@ -387,6 +387,8 @@ def _decode_error(payload: Any, text: str) -> BaseException:
 
 
 _FRAME = struct.Struct("<Q")
+_STEAL_MIN = 4  # a worker takes items of a group another worker has loaded when this many wait
+_STUCK_S = 1.0  # ... or when that worker has been on one job this long (a check takes 0.2 s, median)
 _RESPONSE_FD = -1
 
 
@@ -502,7 +504,7 @@ class Worker:
         self.groups: set[Any] = set()
         self.index: int | None = None
         self.name = ""
-        self.deadline = math.inf
+        self.started = self.deadline = math.inf
         self._buffer = bytearray()
         self._info: Any = None
 
@@ -512,7 +514,8 @@ class Worker:
     def submit(self, index: int, name: str) -> None:
         """Start job ``index`` (named ``name`` in errors); its deadline starts now."""
         self.index, self.name, self._info = index, name, None
-        self.deadline = time.monotonic() + self.budget.seconds
+        self.started = time.monotonic()
+        self.deadline = self.started + self.budget.seconds
         os.write(self.requests, struct.pack("<I", index))
 
     def read(self) -> Outcome[Any] | None:
@@ -605,18 +608,21 @@ def worker_crashed(error: BaseException | None) -> bool:
     return bool(getattr(error, "worker_crashed", False))
 
 
-def _wait(busy: list[Worker]) -> list[tuple[int, Outcome[Any]]]:
-    """Block until some jobs are done or past their deadline; return their indexes and outcomes."""
+def _wait(busy: list[Worker], wake: float = math.inf) -> list[tuple[int, Outcome[Any]]]:
+    """Block until some jobs are done or past their deadline, or until ``wake`` (``time.monotonic()``);
+    return the indexes and outcomes of the jobs done."""
     done: list[tuple[int, Outcome[Any]]] = []
     while not done:
         now = time.monotonic()
+        if now >= wake:
+            break
         for worker in busy:
             if worker.deadline <= now and worker.index is not None:
                 index = worker.index
                 done.append((index, worker.expire()))
         if done:
             break
-        timeout = max(0.0, min(w.deadline for w in busy) - now)
+        timeout = max(0.0, min(min(w.deadline for w in busy), wake) - now)
         ready, _, _ = select.select(busy, [], [], timeout)
         for worker in ready:
             started = worker.index
@@ -677,34 +683,55 @@ def imap_budgeted(
     def task(index: int) -> Any:
         return work(items[index])
 
-    def pick(worker: Worker) -> int:
-        if group is not None:
-            others: set[Hashable] = set().union(*(w.groups for w in pool if w is not worker))
-            for at, index in enumerate(pending):  # a group this worker has loaded
-                if group(items[index]) in worker.groups:
+    def pick(mine: set[Hashable], others: set[Hashable], stuck: set[Hashable]) -> int | None:
+        """The next item for an idle worker that has loaded the groups ``mine``: one of those; else one of
+        a group no other worker has; else one of the group with the most items waiting, when at least
+        ``_STEAL_MIN`` wait (loading a tokenizer twice costs more than waiting for a few templates); else
+        one of a group held only by workers ``stuck`` on a slow job (a template running out of its
+        budget holds up nothing for longer than ``_STUCK_S``)."""
+        if group is None:
+            return pending.pop(0) if pending else None
+        for rule in (mine.__contains__, lambda g: g not in others):
+            for at, index in enumerate(pending):
+                if rule(group(items[index])):
                     return pending.pop(at)
-            for at, index in enumerate(pending):  # a group no other worker has
-                if group(items[index]) not in others:
-                    return pending.pop(at)
-        return pending.pop(0)
+        waiting: dict[Hashable, int] = {}
+        for index in pending:
+            waiting[group(items[index])] = waiting.get(group(items[index]), 0) + 1
+        biggest = max(waiting, key=waiting.__getitem__, default=None)
+        if biggest is not None and waiting[biggest] >= _STEAL_MIN:
+            return pick({biggest}, set(), set())
+        if stuck:
+            return pick(set(), others - stuck, set())
+        return None
 
     try:
         while True:
             pool = [w for w in pool if w.alive]
-            for worker in [w for w in pool if w.index is None] + [None] * (max(1, workers) - len(pool)):
-                if not pending:
-                    break
+            now = time.monotonic()
+            slots: list[Worker | None] = [w for w in pool if w.index is None]
+            slots += [None] * (max(1, workers) - len(pool))
+            for worker in slots:
+                mine = worker.groups if worker is not None else set()
+                held = [w for w in pool if w is not worker]
+                others: set[Hashable] = set().union(*(w.groups for w in held))
+                free = set().union(*(w.groups for w in held if w.index is None or now - w.started < _STUCK_S))
+                index = pick(mine, others, others - free)
+                if index is None:
+                    continue
                 if worker is None:
                     worker = Worker(task, budget)
                     pool.append(worker)
-                index = pick(worker)
                 if group is not None:
                     worker.groups.add(group(items[index]))
                 worker.submit(index, name(items[index]))
             busy = [w for w in pool if w.index is not None]
             if not busy:
                 return
-            for index, outcome in _wait(busy):
+            idle = any(w.index is None for w in pool) or len(pool) < workers
+            later = [w.started + _STUCK_S for w in busy if w.started + _STUCK_S > time.monotonic()]
+            wake = min(later) if pending and idle and later else math.inf  # when a busy worker counts as stuck
+            for index, outcome in _wait(busy, wake):
                 yield index, items[index], outcome
     finally:
         for worker in pool:
