@@ -15,8 +15,9 @@ This layer sits above :class:`~tmpl.ChatTemplate`: it takes one and probes it.
 
 from __future__ import annotations
 
-from .api import check, make_training_safe_budgeted, training_safe
+from .api import check, training_safe
 from .budget import DEFAULT_BUDGET, Budget, run_budgeted
+from .budgeted import make_training_safe_budgeted
 from .fix import Change, FixResult, ProofStep, make_training_safe
 from .report import SAFE, SAFE_WITH, UNPROVEN, UNSAFE, UNSUPPORTED, TemplateReport, Verdict, build_report
 

@@ -1,21 +1,18 @@
-"""``check`` (a template's report, kept per fingerprint), ``training_safe`` (a shipped variant) and the
-budgeted forms of both checks and fixes for templates tmpl did not ship (see :mod:`tmpl.report.budget`)."""
+"""``check`` (a template's report, kept per fingerprint; templates tmpl did not ship are checked under a
+budget, see :mod:`tmpl.report.budget`) and ``training_safe`` (a shipped variant)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import templates
 from ..chat_template import ChatTemplate
 from ..errors import BudgetExceededError, TemplateError
 from .budget import DEFAULT_BUDGET, Budget, in_worker, run_budgeted, worker_crashed
 from .report import UNPROVEN, TemplateReport, Verdict, build_report
-
-if TYPE_CHECKING:
-    from .fix import FixResult
 
 
 @lru_cache(maxsize=1)
@@ -28,19 +25,20 @@ def is_shipped(tpl: ChatTemplate) -> bool:
     return tpl.template in _shipped_texts()
 
 
-class _Missing(Exception):
-    pass
+_MISSING = object()
 
 
 def _missing() -> Any:
-    raise _Missing
+    raise KeyError(_MISSING)
 
 
 def _known(tpl: ChatTemplate, key: str) -> Any:
     """The value memoized under ``key`` for ``tpl``'s fingerprint, or None (computes nothing)."""
     try:
         return tpl.engine.state.memo(key, _missing)
-    except _Missing:
+    except KeyError as exc:
+        if exc.args != (_MISSING,):
+            raise
         return None
 
 
@@ -130,35 +128,6 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         verdicts={"tool_loop": verdict, "multi_user": dataclasses.replace(verdict)},
         notes=[f"the check did not finish: {reason}; nothing below was found out"],
     )
-
-
-def _fix_in_worker(tpl: ChatTemplate) -> Any:
-    from .fix import make_training_safe
-
-    result = make_training_safe(tpl)
-    return dataclasses.replace(result, template=None)  # type: ignore[arg-type]  # rebuilt in the parent
-
-
-def make_training_safe_budgeted(tpl: ChatTemplate, budget: Budget | None = None) -> FixResult:
-    """:func:`tmpl.report.make_training_safe` under ``budget`` (default
-    :data:`~tmpl.report.budget.DEFAULT_BUDGET`) in a worker process, as ``tmpl fix`` runs it.
-
-    Raises what ``make_training_safe`` raises (:class:`~tmpl.errors.TemplateFixError` on a refusal)
-    and :class:`~tmpl.errors.BudgetExceededError` when the budget runs out.
-    """
-    from .fix import make_training_safe
-
-    if in_worker():
-        return make_training_safe(tpl)
-    result = run_budgeted(_fix_in_worker, tpl, budget=budget or DEFAULT_BUDGET, name=tpl.name)
-    fixed = ChatTemplate(
-        tpl.tokenizer,
-        result.source,
-        name=f"{tpl.name} (training-safe)",
-        extra_stop_token_ids=tpl.extra_stop_token_ids,
-        **tpl.template_kwargs,
-    )
-    return dataclasses.replace(result, template=fixed)  # type: ignore[no-any-return]
 
 
 def training_safe(tpl: ChatTemplate, use: str = "tool_loop") -> ChatTemplate:
