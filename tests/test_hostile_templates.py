@@ -47,6 +47,20 @@ def timed_check(tokenizer, text: str, name: str, budget: Budget = BUDGET):
     return report, time.monotonic() - start
 
 
+def test_a_budgeted_fix_gives_the_same_rewrite_with_its_template_rebuilt(tokenizer_of):
+    """First in the module: it loads a real tokenizer and fixes in process too, before ``peak_kb``."""
+    from tmpl.report import make_training_safe
+
+    from .conftest import DATA
+
+    tokenizer_of("qwen3")  # skips without the data
+    budgeted = make_training_safe_budgeted(tmpl.ChatTemplate.from_pretrained(DATA / "qwen3"), budget=Budget(seconds=60))
+    direct = make_training_safe(tmpl.ChatTemplate.from_pretrained(DATA / "qwen3"))
+    assert budgeted.source == direct.source and budgeted.verdicts_after == direct.verdicts_after
+    assert budgeted.template.template == direct.template.template
+    assert budgeted.template.name == direct.template.name
+
+
 # -- the budget runs out: UNPROVEN, naming the budget ---------------------------------------------
 
 RUN_OUT = [

@@ -101,9 +101,9 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         name=name,
         fingerprint=fingerprint,
         tokenizer=tokenizer,
-        plain_renders=False,
+        plain_renders=None,  # type: ignore[arg-type]  # not found out: "n/a", not "no"
         plain_error=None,
-        tool_renders=False,
+        tool_renders=None,  # type: ignore[arg-type]
         tool_error=None,
         calls_visible=None,
         results_visible=None,
@@ -117,14 +117,14 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         generation_prompt_ids=[],
         stop_tokens=[],
         stability={},
-        date_injected=False,
-        reasoning_rendered=False,
+        date_injected=None,  # type: ignore[arg-type]
+        reasoning_rendered=None,  # type: ignore[arg-type]
         fast_path={},
         per_call_classes=[],
         history_dependence=None,
-        splice_safe=False,
+        splice_safe=None,  # type: ignore[arg-type]
         splice_detail=None,
-        assistant_mask=False,
+        assistant_mask=None,  # type: ignore[arg-type]
         verdicts={"tool_loop": verdict, "multi_user": dataclasses.replace(verdict)},
         notes=[f"the check did not finish: {reason}; nothing below was found out"],
     )
