@@ -137,6 +137,42 @@ def block_tags(env: jinja2.Environment, source: str) -> list[Span]:
     return out
 
 
+def output_spans(env: jinja2.Environment, source: str) -> list[Span]:
+    """Every output statement ``{{ ... }}``: ``start``/``end`` its expression's text, ``opener``/``closer``
+    the tag's ``{{``/``{{-`` and ``}}``/``-}}``, ``tag_start``/``tag_end`` the whole tag (``keyword`` is
+    ``output``).
+
+    >>> src = "a{{- x + 'y' }}b"
+    >>> [(src[s.start:s.end], s.opener, s.closer) for s in output_spans(environment(), src)]
+    [("x + 'y'", '{{-', '}}')]
+    """
+    toks = tokens(env, source)
+    out = []
+    i = 0
+    while i < len(toks):
+        if toks[i].kind == "variable_begin":
+            j = i + 1
+            while j < len(toks) and toks[j].kind != "variable_end":
+                j += 1
+            inner = [t for t in toks[i + 1 : j] if t.kind != "whitespace"]
+            if inner and j < len(toks):
+                out.append(
+                    Span(
+                        "output",
+                        toks[i].line,
+                        inner[0].start,
+                        inner[-1].end,
+                        opener=toks[i].value,
+                        closer=toks[j].value,
+                        tag_start=toks[i].start,
+                        tag_end=toks[j].end,
+                    )
+                )
+            i = j
+        i += 1
+    return out
+
+
 def call_spans(env: jinja2.Environment, source: str, function: str) -> list[Span]:
     """The text of every call ``function(...)`` (name through the closing parenthesis)."""
     toks = [t for t in tokens(env, source) if t.kind != "whitespace"]

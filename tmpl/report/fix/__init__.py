@@ -169,20 +169,16 @@ def _mark_generation(tpl: ChatTemplate, draft: _Draft) -> tuple[ChatTemplate, Pr
     if has_generation_markers(draft.source):
         fixed = _fixed(tpl, draft.source)
         return fixed, assistant_mask_step(fixed)
-    marked, marker_changes = add_generation_markers(js.environment(), draft.source)
-    if not marker_changes:
-        draft.notes.append(
-            "no {% generation %} markers added: no if-branch inside the messages loop selects the assistant role"
-        )
-        return _fixed(tpl, marked), None
+    unmarked = _fixed(tpl, draft.source)
+    marked, marker_changes, why = add_generation_markers(js.environment(), unmarked)
+    if why is not None:
+        draft.notes.append(f"no {{% generation %}} markers added: {why}")
+        return unmarked, None
     fixed = _fixed(tpl, marked)
     mask = assistant_mask_step(fixed)
     if not mask.ok:
-        draft.notes.append(
-            f"no {{% generation %}} markers added: around the assistant branch {mask.detail}"
-            " (the template renders some assistant messages in another branch)"
-        )
-        return _fixed(tpl, draft.source), None
+        draft.notes.append(f"no {{% generation %}} markers added: {mask.detail}")
+        return unmarked, None
     draft.changes += marker_changes
     return fixed, mask
 

@@ -11,12 +11,14 @@ rendered as in the original (:func:`same_last_turn`), suffixes equal to full ren
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...chat_template import ChatTemplate
 from ...errors import TmplError
 from ..report import SAFE, TemplateReport, build_report
-from ..search import BPE_MERGE, PREFILL, USES
+from ..search import BPE_MERGE, PREFILL, USES, space_for
+from ..space import SPACE_TOOLS, generate, messages_of
 from ..stability import PROBE_TOOLSET
 from .probes import DAYS, Chain, proof_chains, proof_tool_rounds, renders_on, units
 from .types import ProofStep
@@ -220,52 +222,116 @@ def date_step(original: ChatTemplate, fixed: ChatTemplate, kwarg: str) -> ProofS
     )
 
 
-def assistant_mask_step(fixed: ChatTemplate) -> ProofStep:
-    """What ``return_assistant_tokens_mask=True`` marks on the fixed template, against the generated
-    tokens of a plain answer and of a tool-call turn (both must be marked)."""
-    history = [{"role": "user", "content": "TmPlUsEr: weather in Paris?"}]
-    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "TmPlCiTy"}}}
-    plain = _mask_of(fixed, history, {"role": "assistant", "content": "TmPlMaSkEd answer."})
-    calls = _mask_of(fixed, history, {"role": "assistant", "content": "", "tool_calls": [{"id": "c00000001", **call}]})
-    if not plain.ok or not calls.ok:
-        bad = plain if not plain.ok else calls
-        return ProofStep(bad.name, False, f"{bad.detail} ({'an answer' if bad is plain else 'a tool-call turn'})")
-    return ProofStep(plain.name, True, f"{plain.detail} (answers and tool-call turns)")
+#: the search's conversations the assistant mask is decided and proven on (seeded: always the same)
+MASK_SEED, MASK_CASES = 0, 24
 
 
-def _mask_of(fixed: ChatTemplate, history: list[dict[str, Any]], reply: dict[str, Any]) -> ProofStep:
-    """The assistant mask of ``history + [reply]`` against the tokens generated after the prompt."""
+@dataclass(frozen=True)
+class Generated:
+    """A conversation's full render and what the model generated in it: for each assistant turn, the
+    tokens after the generation prompt through the first stop token (the trajectory's mask 1)."""
+
+    messages: list[dict[str, Any]]
+    kwargs: dict[str, Any]
+    text: str
+    ids: list[int]
+    mask: list[int]
+    #: the character span of each assistant turn's generated tokens in ``text``
+    spans: list[tuple[int, int]]
+
+
+def mask_conversations(
+    tpl: ChatTemplate, seed: int = MASK_SEED, n: int = MASK_CASES
+) -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """The search's conversations for ``tpl`` (:func:`~tmpl.report.search.space_for`), with their kwargs."""
+    space = space_for(tpl).space
+    return [(messages_of(spec, space), dict(spec.kwargs)) for spec in generate(space, seed=seed, n=n)]
+
+
+def generated(tpl: ChatTemplate, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> Generated | None:
+    """What the model generated in ``messages`` as a token-in/token-out rollout builds it (None when the
+    template refuses the conversation, or a prompt is not a prefix of the full render, or a turn has no
+    stop token: a conversation that says nothing about the mask)."""
     try:
-        out = fixed.tokenizer.apply_chat_template(
-            history + [reply],
-            tools=PROBE_TOOLSET,
-            chat_template=fixed.template,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-            **fixed.template_kwargs,
-        )
-        prompt = fixed.prompt_ids(history, tools=PROBE_TOOLSET)
+        text = tpl.renderer.text(messages, tools=SPACE_TOOLS, add_generation_prompt=False, **kwargs)
+        ids, offsets = tpl.codec.encode_with_offsets(text)
+        mask = [0] * len(ids)
+        spans = []
+        for i, m in enumerate(messages):
+            if m.get("role") != "assistant":
+                continue
+            prompt = tpl.codec.encode(
+                tpl.renderer.text(messages[:i], tools=SPACE_TOOLS, add_generation_prompt=True, **kwargs)
+            )
+            stop = next((t for t in range(len(prompt), len(ids)) if ids[t] in tpl.stop_token_ids), None)
+            if ids[: len(prompt)] != prompt or stop is None:
+                return None
+            mask[len(prompt) : stop + 1] = [1] * (stop + 1 - len(prompt))
+            spans.append((offsets[len(prompt)][0], offsets[stop][1]))
+    except TmplError:
+        return None
+    return Generated(messages, kwargs, text, list(ids), mask, spans)
+
+
+def mask_of(tpl: ChatTemplate, g: Generated) -> tuple[list[int], list[int]]:
+    """The ids and ``assistant_masks`` transformers gives for ``g``'s conversation on ``tpl``."""
+    out = tpl.tokenizer.apply_chat_template(
+        g.messages,
+        tools=SPACE_TOOLS,
+        chat_template=tpl.template,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        **{**tpl.template_kwargs, **g.kwargs},
+    )
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def mask_difference(tpl: ChatTemplate, g: Generated) -> str | None:
+    """How the assistant mask of ``tpl`` differs from the generated tokens of ``g`` (None: equal)."""
+    try:
+        ids, mask = mask_of(tpl, g)
     except Exception as exc:  # noqa: BLE001 - any failure means no usable mask
-        return ProofStep("assistant mask", False, f"rendering with the mask fails: {exc}")
-    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
-    stop = next((t for t in range(len(prompt), len(ids)) if ids[t] in fixed.stop_token_ids), None)
-    if ids[: len(prompt)] != prompt or stop is None:
-        return ProofStep("assistant mask", False, "the reply does not follow the prompt up to a stop token")
-    generated = set(range(len(prompt), stop + 1))
-    marked = {t for t, m in enumerate(mask) if m}
-    if not generated <= marked:
-        return ProofStep("assistant mask", False, "some generated tokens are not marked")
-    extra = sorted(marked - generated)
-    before = [t for t in extra if t < len(prompt)]
-    if marked == generated:
-        return ProofStep("assistant mask", True, "marks exactly the generated tokens (through the stop token)")
-    lead = fixed.codec.decode([ids[t] for t in before])
-    trail = fixed.codec.decode([ids[t] for t in extra if t > stop])
-    if any(t < len(prompt) - len(before) for t in before) or lead.count("TmPlUsEr"):
-        return ProofStep("assistant mask", False, "it marks tokens of other messages")
+        return f"rendering with the mask fails: {type(exc).__name__}: {exc}"
+    if ids != g.ids:
+        return "the render with markers differs from the render without"
+    if mask == g.mask:
+        return None
+    at = next(t for t in range(len(mask)) if mask[t] != g.mask[t])
+    run = at
+    while run < len(mask) and mask[run] != g.mask[run]:
+        run += 1
+    what = "marks" if mask[at] else "leaves out"
+    return (
+        f"it {what} {tpl.codec.decode(ids[at:run])!r} (after {tpl.codec.decode(ids[max(0, at - 6) : at])!r}), "
+        f"which the model {'did not generate' if mask[at] else 'generated'}"
+    )
+
+
+def assistant_mask_step(fixed: ChatTemplate) -> ProofStep:
+    """``return_assistant_tokens_mask=True`` on the fixed template marks exactly the tokens the model
+    generated (after each generation prompt, through the turn's stop token), on the search's
+    conversations: nothing of the turn header the generation prompt holds, nothing after the stop token."""
+    checked = turns = 0
+    for messages, kwargs in mask_conversations(fixed):
+        g = generated(fixed, messages, kwargs)
+        if g is None:
+            continue
+        diff = mask_difference(fixed, g)
+        if diff is not None:
+            return ProofStep("assistant mask", False, f"{diff} ({_shape(messages, kwargs)})")
+        checked += 1
+        turns += len(g.spans)
+    if not checked:
+        return ProofStep("assistant mask", False, "no conversation of the search renders with its generated tokens")
     return ProofStep(
         "assistant mask",
         True,
-        f"marks the generated tokens, plus the turn header {lead!r} and {trail!r} after the stop token",
+        f"marks exactly the generated tokens (after the generation prompt, through the stop token) of {turns} "
+        f"assistant turns in {checked} conversations",
     )
+
+
+def _shape(messages: Sequence[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    roles = " ".join(str(m.get("role")) for m in messages)
+    return f"messages: {roles}" + (f"; kwargs {kwargs}" if kwargs else "")
