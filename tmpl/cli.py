@@ -170,8 +170,7 @@ def _fix_template(args: argparse.Namespace) -> ChatTemplate | None:
 
 def _fix(args: argparse.Namespace) -> int:
     from .errors import TemplateFixError
-    from .report import SAFE, UNSAFE, check
-    from .report.api import make_training_safe_budgeted
+    from .report import SAFE, UNSAFE, check, make_training_safe_budgeted
 
     tpl = _fix_template(args)
     if tpl is None:
