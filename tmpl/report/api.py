@@ -58,6 +58,12 @@ def check(tpl: ChatTemplate, budget: Budget | None = None) -> TemplateReport:
     >>> print(check(tpl).to_markdown())                         # doctest: +SKIP
     >>> check(tpl, budget=Budget.parse("5s,1GB")).verdicts       # doctest: +SKIP
     """
+    report = _check(tpl, budget)
+    # kept per fingerprint: another template with the same text (and tokenizer) gets its own name
+    return report if report.name == tpl.name else dataclasses.replace(report, name=tpl.name)
+
+
+def _check(tpl: ChatTemplate, budget: Budget | None) -> TemplateReport:
     if budget is None and (in_worker() or is_shipped(tpl)):
         return tpl.engine.state.memo("report", lambda: build_report(tpl))
     found = _known(tpl, "report")
@@ -101,9 +107,9 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         name=name,
         fingerprint=fingerprint,
         tokenizer=tokenizer,
-        plain_renders=None,  # type: ignore[arg-type]  # not found out: "n/a", not "no"
+        plain_renders=None,  # not found out: "n/a", not "no"
         plain_error=None,
-        tool_renders=None,  # type: ignore[arg-type]
+        tool_renders=None,
         tool_error=None,
         calls_visible=None,
         results_visible=None,
@@ -117,14 +123,14 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         generation_prompt_ids=[],
         stop_tokens=[],
         stability={},
-        date_injected=None,  # type: ignore[arg-type]
-        reasoning_rendered=None,  # type: ignore[arg-type]
+        date_injected=None,
+        reasoning_rendered=None,
         fast_path={},
         per_call_classes=[],
         history_dependence=None,
-        splice_safe=None,  # type: ignore[arg-type]
+        splice_safe=None,
         splice_detail=None,
-        assistant_mask=None,  # type: ignore[arg-type]
+        assistant_mask=None,
         verdicts={"tool_loop": verdict, "multi_user": dataclasses.replace(verdict)},
         notes=[f"the check did not finish: {reason}; nothing below was found out"],
     )

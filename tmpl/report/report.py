@@ -65,9 +65,9 @@ class TemplateReport:
     name: str
     fingerprint: str
     tokenizer: str
-    plain_renders: bool
+    plain_renders: bool | None
     plain_error: str | None
-    tool_renders: bool
+    tool_renders: bool | None
     tool_error: str | None
     calls_visible: bool | None
     results_visible: bool | None
@@ -81,14 +81,14 @@ class TemplateReport:
     generation_prompt_ids: list[int]
     stop_tokens: list[str]
     stability: dict[str, Check]
-    date_injected: bool
-    reasoning_rendered: bool
+    date_injected: bool | None
+    reasoning_rendered: bool | None
     fast_path: dict[str, str]
     per_call_classes: list[str]
     history_dependence: str | None
-    splice_safe: bool
+    splice_safe: bool | None
     splice_detail: str | None
-    assistant_mask: bool
+    assistant_mask: bool | None
     verdicts: dict[str, Verdict]
     notes: list[str] = field(default_factory=list)
     probe_ms: float = 0.0

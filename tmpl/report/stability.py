@@ -116,3 +116,16 @@ def date_injected(tpl) -> bool:
     except TmplError:
         return False
     return bool(a != b)
+
+
+__all__ = [
+    "ARG_VALUE",
+    "CONTENT_POOL",
+    "PROBE_TOOLSET",
+    "REASONING",
+    "SYSTEM",
+    "Check",
+    "conversations",
+    "date_injected",
+    "frozen_date",
+]
