@@ -477,7 +477,7 @@ def counterexample_text(ce: dict[str, Any]) -> str:
     what = (
         f"the prompt before message {stream['prompt_messages']} plus that turn as generated"
         if stream["completion_of"] is not None
-        else f"the generation prompt after {stream['prompt_messages']} messages"
+        else f"the generation prompt after the first {stream['prompt_messages']} message(s)"
     )
     longer = ce["longer"]
     lines = [
