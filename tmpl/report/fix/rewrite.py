@@ -6,9 +6,9 @@ place the lexer located, described by a :class:`~tmpl.report.fix.types.Change`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import field as dc_field
 from typing import Any, Literal
 
 import jinja2
@@ -227,13 +227,36 @@ class _Statement:
     text: str
     operands: list[str]
     consts: list[str | None]
-    #: what each rendering of it wrote: operand boundaries (clean offsets), the spec's kwargs
-    seen: list[tuple[list[int], tuple[tuple[str, Any], ...]]] = dc_field(default_factory=list)
+    #: the item of the innermost loop over ``messages`` around it (None outside one)
+    item: str | None = None
+
+
+_FOR = re.compile(r"^\{%[-+]?\s*for\s+(\w+)\s+in\s+(.*?)[-+]?%\}$", re.DOTALL)
+#: the kwargs key under which a rendering records the role of the message it belongs to
+ROLE = "\x00role"
+
+
+def _message_loops(env: jinja2.Environment, source: str) -> list[tuple[int, int, str]]:
+    """``(start, end, item)`` of each ``{% for item in messages... %}`` loop's source."""
+    stack: list[tuple[int, str | None]] = []
+    out = []
+    for t in js.block_tags(env, source):
+        if t.keyword == "for":
+            m = _FOR.match(source[t.tag_start : t.tag_end])
+            stack.append((t.tag_end, m.group(1) if m and "messages" in m.group(2) else None))
+        elif t.keyword == "endfor" and stack:
+            start, item = stack.pop()
+            if item is not None:
+                out.append((start, t.tag_start, item))
+    return out
 
 
 def _statements(env: jinja2.Environment, source: str) -> list[_Statement]:
     out = []
+    loops = _message_loops(env, source)
     for span in js.output_spans(env, source):
+        around = [(b - a, item) for a, b, item in loops if a <= span.tag_start < b]
+        item = min(around)[1] if around else None
         text = source[span.start : span.end]
         body = env.parse("{{ " + text + " }}").body[0]
         expr = body.nodes[0] if isinstance(body, nodes.Output) and len(body.nodes) == 1 else None
@@ -244,9 +267,9 @@ def _statements(env: jinja2.Environment, source: str) -> list[_Statement]:
             printed = []
         if printed:
             consts = [o.value if isinstance(o, nodes.Const) and isinstance(o.value, str) else None for o in ops]
-            out.append(_Statement(span, text, printed, consts))
+            out.append(_Statement(span, text, printed, consts, item))
         else:
-            out.append(_Statement(span, text, [text], [None]))
+            out.append(_Statement(span, text, [text], [None], item))
     return out
 
 
@@ -255,23 +278,26 @@ def _probe_source(source: str, statements: Sequence[_Statement]) -> str:
     edits = []
     for i, st in enumerate(statements):
         ops = ", ".join(st.operands) if len(st.operands) > 1 else "(" + st.text + ")"
-        edits.append((st.span.start, st.span.end, f"{SEEN}({i}, ({st.text}), [{ops}])"))
+        item = f", {st.item}" if st.item else ""
+        edits.append((st.span.start, st.span.end, f"{SEEN}({i}, ({st.text}), [{ops}]{item})"))
     return js.apply_edits(source, edits)
 
 
-def _seen(i: int, whole: Any, ops: list[Any]) -> str:
+def _seen(i: int, whole: Any, ops: list[Any], item: Any = None) -> str:
+    role = item.get("role") if isinstance(item, dict) else None
     text = str(whole)
     parts = [str(o) for o in ops]
     if "".join(parts) != text:
         parts = [text]  # not a concatenation of strings (``1 + 2``): one operand
-    return f"{_BEGIN}{i}{_ID_END}" + _SPLIT.join(parts) + _END
+    return f"{_BEGIN}{i}:{role if isinstance(role, str) else ''}{_ID_END}" + _SPLIT.join(parts) + _END
 
 
-def _parse_probe(text: str) -> tuple[str, list[tuple[int, list[int]]]]:
-    """The clean text of a probe render, and each statement it ran with its operand boundaries."""
+def _parse_probe(text: str) -> tuple[str, list[tuple[int, list[int], str]]]:
+    """The clean text of a probe render, and each statement it ran with its operand boundaries and the
+    role of its message ('' outside the messages loop)."""
     clean: list[str] = []
     pos = 0
-    found: list[tuple[int, list[int]]] = []
+    found: list[tuple[int, list[int], str]] = []
     at = 0
     while True:
         b = text.find(_BEGIN, at)
@@ -281,14 +307,15 @@ def _parse_probe(text: str) -> tuple[str, list[tuple[int, list[int]]]]:
         clean.append(text[at:b])
         pos += b - at
         e = text.index(_ID_END, b)
-        i = int(text[b + 1 : e])
+        sid, _, role = text[b + 1 : e].partition(":")
+        i = int(sid)
         end = text.index(_END, e)
         bounds = [pos]
         for part in text[e + 1 : end].split(_SPLIT):
             clean.append(part)
             pos += len(part)
             bounds.append(pos)
-        found.append((i, bounds))
+        found.append((i, bounds, role))
         at = end + 1
     return "".join(clean), found
 
@@ -318,6 +345,10 @@ class _Placement:
     start: Cut
     end: Cut
     when: tuple[str, Any] | None = None
+
+
+#: the placement that marks nothing
+NOTHING = _Placement((0, 0), (0, 0))
 
 
 def _solve(
@@ -371,6 +402,8 @@ def _emit(st: _Statement, p: _Placement, opener: str, closer: str) -> str:
     """The statement written with ``{% generation %}`` around its marked part; ``opener``/``closer``
     the whitespace control of the whole (``-`` strips, ``+`` keeps)."""
     n = len(st.operands)
+    if p.start == p.end:  # nothing marked
+        return ("{{" + opener + " " + st.text + " " + closer + "}}").replace("{{+", "{{").replace("+}}", "}}")
     if p.start == (0, 0) and p.end == (n, 0):
         pre, mid, post = "", st.text, ""
     else:
@@ -431,12 +464,12 @@ def add_generation_markers(env: jinja2.Environment, tpl: ChatTemplate) -> tuple[
         if clean != g.text:
             return source, [], "the template rewrites its own output (a probe copy renders other text)"
         key = tuple(sorted(g.kwargs.items()))
-        for i, bounds in found:
+        for i, bounds, role in found:
             s, e = bounds[0], bounds[-1]
             hit = [(max(s, a), min(e, b)) for a, b in g.spans if a < e and s < b]
             if len(hit) > 1:
                 return source, [], f"line {statements[i].span.line}: one statement writes two turns' generated text"
-            per[i].append((bounds, hit[0] if hit else None, key))
+            per[i].append((bounds, hit[0] if hit else None, key + (((ROLE, role),) if role else ())))
     decided: list[list[_Placement] | None] = []
     for i, st in enumerate(statements):
         seen = per[i]
@@ -450,8 +483,8 @@ def add_generation_markers(env: jinja2.Environment, tpl: ChatTemplate) -> tuple[
                 [],
                 (
                     f"line {st.span.line}: `{{{{ {' '.join(st.text.split())} }}}}` writes text the model generated in "
-                    "some renders and text it did not in others, at no one place of the statement (it writes them "
-                    "for other roles too, or at a place no kwarg decides)"
+                    "some renders and text it did not in others, and no one place in it parts the two in every "
+                    "rendering (nor one per message role, nor one per value of a kwarg)"
                 ),
             )
         decided.append(placements)
@@ -510,11 +543,16 @@ def add_generation_markers(env: jinja2.Environment, tpl: ChatTemplate) -> tuple[
             cond, other = placements
             assert cond.when is not None
             name, value = cond.when
-            where = f"{name} is {js.literal(value)}"
+            if name == ROLE:
+                test = f"{st.item}.role == {js.literal(value)}"
+                where = f"for {value} messages only"
+            else:
+                test = f"{name} is defined and {name} == {js.literal(value)}"
+                where = f"where {name} is {js.literal(value)}, at another place"
             text = (
                 "{%"
                 + opener
-                + f" if {name} is defined and {name} == {js.literal(value)} %}}"
+                + f" if {test} %}}"
                 + _emit(st, cond, "", "")
                 + "{% else %}"
                 + _emit(st, other, "", "")
@@ -532,7 +570,7 @@ def add_generation_markers(env: jinja2.Environment, tpl: ChatTemplate) -> tuple[
                 " ".join(source[st.span.tag_start : st.span.tag_end].split()),
                 text,
                 "marks what the model generates for return_assistant_tokens_mask, not the turn header before it "
-                "or the text after the stop token" + (f" (where {where}, at another place)" if where else ""),
+                "or the text after the stop token" + (f" ({where})" if where else ""),
             )
         )
     if not edits:
@@ -561,6 +599,10 @@ def _placements(
     for kv in settings:
         under = _solve(st, [(b, m) for b, m, key in seen if kv in key])
         other = _solve(st, [(b, m) for b, m, key in seen if kv not in key])
-        if isinstance(under, _Placement) and isinstance(other, _Placement):
-            return [_Placement(under.start, under.end, kv), other]
+        if under is False or other is False or (under is None and other is None):
+            continue
+        return [
+            _Placement(under.start, under.end, kv) if under is not None else _Placement((0, 0), (0, 0), kv),
+            other if other is not None else NOTHING,
+        ]
     return False
