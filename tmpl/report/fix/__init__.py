@@ -21,8 +21,8 @@ How the fix works (no string patterns for known families):
    atom's text in the condition is then replaced by that constant (:mod:`.rewrite`: a span edit of
    the source, at the exact place the lexer located; the result is parsed again).
 3. ``strftime_now`` calls that no kwarg pins are wrapped as ``(date_string if date_string is
-   defined else strftime_now(...))``; ``{% generation %}`` markers are added around the
-   assistant branch when the assistant mask they give covers the generated tokens.
+   defined else strftime_now(...))``; ``{% generation %}`` markers are added around exactly what
+   the model generated (:func:`.rewrite.add_generation_markers`), when the mask they give is exact.
 4. The proof (:mod:`.prove`): the template's report on the result (tool loop must be ``SAFE``),
    the last turn and the generation prompt identical to the original's on the probe
    conversations (full renders, compared as text), suffixes equal to full renders, the date
@@ -164,7 +164,7 @@ def _rewrite(tpl: ChatTemplate, report: TemplateReport, tool_loop: Verdict) -> _
 
 
 def _mark_generation(tpl: ChatTemplate, draft: _Draft) -> tuple[ChatTemplate, ProofStep | None]:
-    """The fixed template, with ``{% generation %}`` markers around the assistant branch where the mask
+    """The fixed template, with ``{% generation %}`` markers around what the model generated where the mask
     they give is right, and the mask's proof step (None when the result has no markers)."""
     if has_generation_markers(draft.source):
         fixed = _fixed(tpl, draft.source)

@@ -441,8 +441,11 @@ def add_generation_markers(env: jinja2.Environment, tpl: ChatTemplate) -> tuple[
     rendering its marked part. A statement marked whole in every rendering is wrapped; one whose
     marked part starts or ends inside it (the role header and the reasoning in one ``+`` expression,
     ``'<|im_end|>\n'``) is split at an operand or a character of a string constant, the same one in
-    every rendering (or one per value of a kwarg that moves it, such as ``enable_thinking``). The
-    result is kept only when ``return_assistant_tokens_mask`` then equals the generated tokens.
+    every rendering, or one for assistant messages when it writes every role's turn (under
+    ``{% if message.role == 'assistant' %}``), or one per value of a kwarg that moves it (such as
+    ``enable_thinking``). A statement no conversation renders, between two marked whole, is marked
+    whole. The result is kept only when ``return_assistant_tokens_mask`` then equals the generated
+    tokens on every conversation.
     """
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
