@@ -121,3 +121,34 @@ def test_families_the_issue_found_sound_stay_safe(family, tokenizer_of):
     tpl = tmpl.ChatTemplate(tokenizer_of(family), name=family)
     assert {shape: outcome(tpl, shape, "reasoning_content") for shape in SHAPES} == dict.fromkeys(SHAPES, "ok")
     assert tmpl.report.check(tpl).verdicts["tool_loop"].level == SAFE
+
+
+def test_the_report_says_which_content_shape_calls_render_with(tokenizer_of):
+    """Issue 26: tool-call turns are probed with content text, None, "" and absent, and checked under the
+    shapes that render the calls. Qwen3's template reads ``message.content`` on every turn: None and a
+    missing key raise (transformers drops None), text and "" render, and are the shapes searched."""
+    tpl = tmpl.ChatTemplate(tokenizer_of("qwen3"), name="qwen3")
+    report = tmpl.report.check(tpl)
+    assert report.call_content is not None and report.call_content.startswith(
+        'tool-call turns render their calls with content text, ""'
+    )
+    refused = {r["shape"][0]: r["error"] for r in report.refused_shapes}
+    assert "'dict object' has no attribute 'content'" in refused["1 call, content None"]
+    assert refused["1 call, content None"] == refused["1 call, no content key"]
+    assert any("content ''" in s for s in report.shapes) and not any("content None" in s for s in report.shapes)
+
+
+def test_deepseek_v3_gets_a_real_verdict(tokenizer_of):
+    """DeepSeek V3 renders calls only for ``content is none``, which transformers never passes: every
+    shape is tried, each is listed with what happened, and the verdict says the calls do not render."""
+    tpl = tmpl.ChatTemplate(tokenizer_of("deepseek-v3"), name="deepseek-v3")
+    report = tmpl.report.check(tpl)
+    assert report.verdicts["tool_loop"].label == "UNSUPPORTED (tool calls are not rendered)"
+    refused = {r["shape"][0]: r["error"] for r in report.refused_shapes}
+    assert refused["1 call, content text"] == refused["1 call, content ''"] == "the tool calls are not rendered"
+    assert refused["1 call, content None"] == refused["1 call, no content key"]
+    assert "transformers drops `content: None`" in (report.call_content or "")
+    text = tpl.tokenizer.apply_chat_template(  # ground truth: the call's argument is nowhere in the render
+        conversation("calls only", "reasoning_content"), tools=[TOOL], tokenize=False
+    )
+    assert text.count("Oslo") == 2  # the question and the answer; not the call's argument

@@ -384,6 +384,13 @@ def space_for(tpl: Any, max_calls: int = 3) -> Probed:
         if contents
         else "no content shape renders the tool calls"
     )
+    errors = {r.shape[0]: r.error for r in refused}
+    none, absent = errors.get(turn_shape(Turn((Call(0),), "none"))), errors.get(turn_shape(Turn((Call(0),), "absent")))
+    if none is not None and none == absent:
+        note += (
+            " (content None fails exactly as a missing content key: transformers drops `content: None` before "
+            "rendering, so a template that renders calls only for None never sees it)"
+        )
     space = Space(
         reasoning_fields=reads.reasoning_fields,
         call_contents=tuple(contents) or ("text",),
