@@ -71,6 +71,28 @@ def catalog() -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+@functools.lru_cache(maxsize=None)
+def host_tokenizer(folder: str):
+    """The tokenizer of a folder of TMPL_TEST_DATA (cached for the session); skips when absent."""
+    if not (DATA / folder).is_dir():
+        pytest.skip(f"host tokenizer {folder!r} is not in TMPL_TEST_DATA={DATA}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(DATA / folder))
+
+
+def template_under_test(key: str):
+    """A family's own template (``key`` a family folder) or a catalog template on its host tokenizer
+    (``key`` its path in the catalog), as a ChatTemplate; skips when the data is absent."""
+    import tmpl
+
+    if key in FAMILIES:
+        return tmpl.ChatTemplate(host_tokenizer(key), name=key)
+    entry = next(e for e in catalog() if e["template"] == key)
+    text = (DATA / key).read_text(encoding="utf-8")
+    return tmpl.ChatTemplate(host_tokenizer(entry["host_tokenizer"]), text, name=Path(key).name)
+
+
 def catalog_ids() -> list[str]:
     return [Path(e["template"]).name for e in catalog()] or ["<no catalog>"]
 

@@ -25,7 +25,7 @@ from tmpl.report import jinja_source as js
 from tmpl.report.search import space_for
 from tmpl.report.space import SPACE_TOOLS, generate, messages_of
 
-from .conftest import DATA, catalog
+from .conftest import DATA, catalog, template_under_test
 from .contract import HARD_CONTENTS, HISTORIES, TOOLS, assistant_turn, check_turn, marker, tool_results
 from .counterexamples import reproduces
 
@@ -35,24 +35,8 @@ FAMILIES = ("qwen2.5-instruct", "qwen3", "llama-3.2-instruct", "gemma-4-it", "mi
 OUTCOMES: dict[str, str] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _host(folder: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(DATA / folder))
-
-
 def _template(key: str) -> tmpl.ChatTemplate:
-    if key in FAMILIES:
-        if not (DATA / key).is_dir():
-            pytest.skip(f"tokenizer {key!r} is not in TMPL_TEST_DATA={DATA}")
-        return tmpl.ChatTemplate(_host(key), name=key)
-    entry = next(e for e in ENTRIES if e["template"] == key)
-    if not (DATA / entry["host_tokenizer"]).is_dir():
-        pytest.skip(f"host tokenizer {entry['host_tokenizer']!r} is not in TMPL_TEST_DATA")
-    return tmpl.ChatTemplate(
-        _host(entry["host_tokenizer"]), (DATA / key).read_text(encoding="utf-8"), name=Path(key).name
-    )
+    return template_under_test(key)
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,7 +24,7 @@ from tmpl.report.fix.rewrite import has_generation_markers
 from tmpl.report.search import space_for
 from tmpl.report.space import SPACE_TOOLS, generate, messages_of
 
-from .conftest import DATA, catalog
+from .conftest import catalog, template_under_test
 
 FAMILIES = ("qwen3", "mistral-nemo-instruct-2407", "qwen2.5-instruct", "llama-3.2-instruct")
 ENTRIES = catalog()
@@ -33,25 +33,9 @@ KEYS = list(FAMILIES) + [e["template"] for e in ENTRIES]
 SEEDS, CASES = (1, 2), 12
 
 
-@functools.lru_cache(maxsize=None)
-def _host(folder: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(DATA / folder))
-
-
 def _template(key: str) -> tmpl.ChatTemplate:
-    if key in FAMILIES:
-        if not (DATA / key).is_dir():
-            pytest.skip(f"tokenizer {key!r} is not in TMPL_TEST_DATA={DATA}")
-        return tmpl.ChatTemplate(_host(key), name=key)
-    entry = next(e for e in ENTRIES if e["template"] == key)
-    if not (DATA / entry["host_tokenizer"]).is_dir():
-        pytest.skip(f"host tokenizer {entry['host_tokenizer']!r} is not in TMPL_TEST_DATA")
-    tpl = tmpl.ChatTemplate(
-        _host(entry["host_tokenizer"]), (DATA / key).read_text(encoding="utf-8"), name=Path(key).name
-    )
-    if check(tpl).verdicts["tool_loop"].level not in (UNSAFE, SAFE_WITH):
+    tpl = template_under_test(key)
+    if key not in FAMILIES and check(tpl).verdicts["tool_loop"].level not in (UNSAFE, SAFE_WITH):
         pytest.skip("tool loop already SAFE: the catalog's fixes are made where it is not")
     return tpl
 

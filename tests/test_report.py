@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 import tmpl
 from tmpl.report import SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED, check
 
-from .conftest import DATA, catalog
+from .conftest import DATA, catalog, template_under_test
 from .contract import HISTORIES, TOOLS, assistant_turn, check_turn, renders_tool_turn, tool_results
 from .counterexamples import reproduces
 
@@ -104,13 +103,6 @@ def test_report_serializes(tokenizer_of):
 # -- every catalog template: its verdict against ground truth --------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _host(folder: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(DATA / folder))
-
-
 def _counterexample_fails(tpl, check) -> bool:
     return reproduces(tpl, check.counterexample)
 
@@ -118,10 +110,7 @@ def _counterexample_fails(tpl, check) -> bool:
 @pytest.mark.skipif(not ENTRIES, reason=f"no templates/catalog.json under TMPL_TEST_DATA={DATA}")
 @pytest.mark.parametrize("entry", ENTRIES, ids=[str(Path(e["template"]).relative_to("templates")) for e in ENTRIES])
 def test_catalog_verdict_matches_ground_truth(entry):
-    if not (DATA / entry["host_tokenizer"]).is_dir():
-        pytest.skip(f"host tokenizer {entry['host_tokenizer']!r} is not in TMPL_TEST_DATA")
-    text = (DATA / entry["template"]).read_text(encoding="utf-8")
-    tpl = tmpl.ChatTemplate(_host(entry["host_tokenizer"]), text, name=Path(entry["template"]).name)
+    tpl = template_under_test(entry["template"])
     report = check(tpl)
     for use, verdict in report.verdicts.items():
         assert verdict.label and (verdict.level == SAFE or verdict.reason), (use, verdict)

@@ -14,7 +14,6 @@ refused.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 import tmpl
 from tmpl.report import SAFE
 
-from .conftest import DATA, catalog
+from .conftest import DATA, catalog, template_under_test
 from .counterexamples import REASONING_FIELDS, as_generated, first_failure, kwargs_refused
 
 TOOLS = [
@@ -159,20 +158,10 @@ def test_shipped_templates_hold(family, name, tokenizer_of):
 ENTRIES = catalog()
 
 
-@functools.lru_cache(maxsize=None)
-def _host(folder: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(DATA / folder))
-
-
 @pytest.mark.skipif(not ENTRIES, reason=f"no templates/catalog.json under TMPL_TEST_DATA={DATA}")
 @pytest.mark.parametrize("entry", ENTRIES, ids=[str(Path(e["template"]).relative_to("templates")) for e in ENTRIES])
 def test_catalog_safe_verdicts_hold(entry):
-    if not (DATA / entry["host_tokenizer"]).is_dir():
-        pytest.skip(f"host tokenizer {entry['host_tokenizer']!r} is not in TMPL_TEST_DATA")
-    text = (DATA / entry["template"]).read_text(encoding="utf-8")
-    tpl = tmpl.ChatTemplate(_host(entry["host_tokenizer"]), text, name=Path(entry["template"]).name)
+    tpl = template_under_test(entry["template"])
     assert_verdicts_hold(tpl, examples=12)
 
 

@@ -24,20 +24,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..sentinels import PROBE_TOOLSET
+
 #: the probe's tools: a string argument; a string and a nested object; a string and an integer
 SPACE_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "City"}},
-                "required": ["city"],
-            },
-        },
-    },
+    PROBE_TOOLSET[0],  # get_weather(city)
     {
         "type": "function",
         "function": {
