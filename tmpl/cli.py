@@ -245,7 +245,7 @@ def _matrix(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from .export import from_jsonl
-    from .rollout.drift import DriftCause, rerender_drift
+    from .rollout.drift import DriftCause, DriftDetail, rerender_drift
 
     expected = "a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl"
     if not Path(args.file).is_file():
@@ -258,11 +258,22 @@ def _replay(args: argparse.Namespace) -> int:
         raise ExportError(args.file, f"cannot be read ({_one_line(exc)}); expected {expected}") from exc
     rows = []
     if args.model:
+        from .report.budget import DEFAULT_BUDGET, run_budgeted
+
         tpl = _load(args.model, args.template, args.hub_timeout)
         tools = _tools(args.tools) if args.tools else None
-        for r in results:
-            drift, detail = rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
-            rows.append((r, drift, detail))
+
+        def rerender_all() -> list[tuple[bool | None, DriftDetail | None]]:  # in a worker: untrusted template
+            return [
+                rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
+                for r in results
+            ]
+
+        try:
+            drifts = run_budgeted(rerender_all, budget=DEFAULT_BUDGET, name=tpl.name)
+        except TmplError as exc:  # a budget that ran out
+            return _could_not_run("replay", exc)
+        rows = [(r, drift, detail) for r, (drift, detail) in zip(results, drifts)]
     else:
         rows = [(r, r.drift, r.drift_detail) for r in results]
     print("| index | sample | status | drift | cause | token | ours | re-rendered |")
