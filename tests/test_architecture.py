@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tmpl.trajectory",
         "tmpl.templates",
         "tmpl.sentinels",
+        "tmpl.sources",
     ),
     ("tmpl.suffix",),
     ("tmpl.chat_template",),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tmpl
-from tmpl.chat_template import ChatTemplate, is_hub_id, looks_like_path, resolve_template
+from tmpl.chat_template import ChatTemplate
 from tmpl.cli import EXIT_SAFE, EXIT_UNPROVEN, EXIT_UNSAFE, EXIT_USAGE, main
 from tmpl.errors import (
     HubUnreachableError,
@@ -23,6 +23,7 @@ from tmpl.errors import (
     TemplateSourceError,
     TmplError,
 )
+from tmpl.sources import is_hub_id, looks_like_path, resolve_template
 
 from .conftest import DATA, PRISTINE_ENV, REPO
 
@@ -296,13 +297,13 @@ def test_an_unreachable_hub_falls_back_to_the_local_cache(tmp_path):
 
 
 def test_the_api_raises_a_typed_error_for_an_unreachable_hub(monkeypatch):
-    from tmpl import chat_template
+    from tmpl import sources
 
-    monkeypatch.setattr(chat_template, "_hub_endpoint", lambda: "http://127.0.0.1:9")
-    monkeypatch.setattr(chat_template, "_hub_offline", lambda: False)
+    monkeypatch.setattr(sources, "_hub_endpoint", lambda: "http://127.0.0.1:9")
+    monkeypatch.setattr(sources, "_hub_offline", lambda: False)
     start = time.perf_counter()
     with pytest.raises(HubUnreachableError) as info:
-        chat_template.load_tokenizer("tmpl-tests/no-such-model", hub_timeout=1.0, hub_retries=0)
+        sources.load_tokenizer("tmpl-tests/no-such-model", hub_timeout=1.0, hub_retries=0)
     assert time.perf_counter() - start < 5
     assert isinstance(info.value, ConnectionError) and info.value.timeout == 1.0
     assert info.value.source == "tmpl-tests/no-such-model" and "HF_HUB_OFFLINE=1" in str(info.value)

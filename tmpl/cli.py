@@ -149,7 +149,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _fix_template(args: argparse.Namespace) -> ChatTemplate | None:
     """The template to fix: a SOURCE, or a template file with ``--tokenizer`` (None: a usage error, printed)."""
-    from .chat_template import ChatTemplate, is_hub_id, load_tokenizer, read_template_file
+    from .chat_template import ChatTemplate
+    from .sources import is_hub_id, load_tokenizer, read_template_file
 
     source = Path(args.source)
     expected = "a tokenizer folder, a hub id like owner/name, or a chat template file (with --tokenizer)"
@@ -205,8 +206,8 @@ def _fix(args: argparse.Namespace) -> int:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from .chat_template import tokenizer_folder
     from .report import matrix
+    from .sources import tokenizer_folder
 
     for raw in args.sources:
         if not Path(raw).exists():
