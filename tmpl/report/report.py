@@ -441,7 +441,10 @@ def _try_shipped(tpl, report: TemplateReport) -> None:
         candidate = ChatTemplate(tpl.tokenizer, shipped.load(info.name), name=info.name, **tpl.template_kwargs)
         if not renders_same_last_turn(tpl, candidate, max_calls=report.max_parallel_calls):
             continue
-        verdicts = build_report(candidate, shipped=False).verdicts
+        # kept per fingerprint: every template on this tokenizer that it fits asks the same question
+        verdicts = candidate.engine.state.memo(
+            "report:own", lambda c=candidate: build_report(c, shipped=False)
+        ).verdicts
         for use, verdict in report.verdicts.items():
             if verdict.level in (UNSAFE, UNSUPPORTED) and verdicts[use].level == SAFE:
                 report.verdicts[use] = Verdict(SAFE_WITH, verdict.label, info.name)
