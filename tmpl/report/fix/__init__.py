@@ -46,7 +46,7 @@ from ...chat_template import ChatTemplate
 from ...errors import TemplateEditError, TemplateFixError
 from .. import jinja_source as js
 from ..api import check
-from ..report import SAFE, SAFE_WITH, UNSUPPORTED, TemplateReport, Verdict, build_report
+from ..report import SAFE, SAFE_WITH, UNSUPPORTED, TemplateReport, Verdict
 from .prove import assistant_mask_step, prove, tool_loop_counterexample, where
 from .rewrite import add_generation_markers, has_generation_markers, pin_date, pin_positions
 from .types import Change, FixResult, ProofStep
@@ -95,14 +95,14 @@ def _make(tpl: ChatTemplate) -> FixResult:
     tool_loop = _fixable_tool_loop(tpl, report)
     draft = _rewrite(tpl, report, tool_loop)
     fixed, mask = _mark_generation(tpl, draft)
-    proof, verdicts_after = prove(tpl, fixed, report.max_parallel_calls, draft.date_kwarg, mask)
+    proof, after = prove(tpl, fixed, report.max_parallel_calls, draft.date_kwarg, mask)
     failed = [p for p in proof if not p.ok]
     if failed:
         err = _refuse(
             tpl,
             "; ".join(f"{p.name} fails ({p.detail})" for p in failed) + _also(draft.unresolved),
             draft.changes,
-            build_report(fixed, shipped=False),
+            after,
         )
         err.source = fixed.template
         raise err
@@ -113,7 +113,7 @@ def _make(tpl: ChatTemplate) -> FixResult:
         changes=sorted(draft.changes, key=lambda c: c.line),
         proof=proof,
         verdicts_before={use: v.label for use, v in report.verdicts.items()},
-        verdicts_after=verdicts_after,
+        verdicts_after={use: v.label for use, v in after.verdicts.items()},
         template=fixed,
         notes=draft.notes,
     )

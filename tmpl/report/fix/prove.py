@@ -26,9 +26,9 @@ from .types import ProofStep
 
 def prove(
     original: ChatTemplate, fixed: ChatTemplate, max_calls: int, date_kwarg: str | None, mask: ProofStep | None
-) -> tuple[list[ProofStep], dict[str, str]]:
+) -> tuple[list[ProofStep], TemplateReport]:
     """Every proof step on ``fixed`` (the date step when ``date_kwarg`` pins one, ``mask`` when given),
-    and the verdict labels of ``fixed``'s own report."""
+    and ``fixed``'s own report (its verdicts, and the counterexample a refusal carries)."""
     proof = [ProofStep("valid Jinja", True, "the rewritten source parses")]
     after = build_report(fixed, shipped=False)
     after_labels = {use: v.label for use, v in after.verdicts.items()}
@@ -39,7 +39,7 @@ def prove(
         proof.append(date_step(original, fixed, date_kwarg))
     if mask is not None:
         proof.append(mask)
-    return proof, after_labels
+    return proof, after
 
 
 def _prefix_stability(after: TemplateReport, after_labels: dict[str, str]) -> ProofStep:
