@@ -163,11 +163,13 @@ class _Case:
                 stream, spans = None, []
                 continue
             stop = next((t for t in range(len(prompt), len(own)) if own[t] in self.stops), None)
-            if stop is None:
+            if stop is None:  # the failures found before this turn still count
                 return CaseResult(
                     "unproven",
                     steps,
+                    next(iter(failures.values()), None),
                     detail=f"assistant message {i} renders no stop token when last (the model's turn has no end)",
+                    failures=failures,
                 )
             spans = [s for s in spans if s[1] <= len(prompt)] + [(len(prompt), stop + 1, i)]
             stream, prev = own[: stop + 1], i
@@ -454,8 +456,11 @@ def search(tpl: Any, probed: Probed, *, n: int = 24, seed: int = 0) -> SearchRes
             checked.append(spec)
         elif r.status == "refused":
             refused.setdefault(r.detail, spec)
-        elif r.status == "unproven" and r.detail not in result.unproven:
-            result.unproven.append(r.detail)
+        elif r.status == "unproven":
+            for use in r.failures:  # a failure before the step that could not be checked
+                broken.setdefault(use, spec)
+            if r.detail not in result.unproven:
+                result.unproven.append(r.detail)
     result.checked_cases = len(checked)
     result.shapes = describe(checked)
     for use, spec in broken.items():
