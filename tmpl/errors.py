@@ -300,6 +300,24 @@ class ToolboxError(ToolError, ValueError):
         ToolError.__init__(self, reason, tool=tool)
 
 
+class ToolIsolationError(ToolboxError):
+    """A tool cannot run in a worker process (``Toolbox(isolation="process")``); ``tool`` names it.
+
+    Workers start clean (not forked from the caller), so each tool reaches them by pickle: a
+    function or class defined at module level (pickled by its importable name), or built there
+    by the ``worker_tools`` factory. A lambda, a nested function or a closure cannot be sent.
+
+    >>> raise ToolIsolationError("lambda", "a lambda cannot be pickled")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ToolIsolationError: tool 'lambda' cannot run in a worker process: a lambda cannot be pickled
+    """
+
+    def __init__(self, tool: str, reason: str) -> None:
+        ToolError.__init__(self, f"tool {tool!r} cannot run in a worker process: {reason}", tool=tool)
+        self.reason = reason
+
+
 class BackendError(TmplError):
     """A backend failed in a way that affects every request (misconfiguration, missing package).
 
@@ -314,6 +332,22 @@ class BackendError(TmplError):
     def __init__(self, *args: object, backend: str | None = None) -> None:
         self.backend = backend
         super().__init__(*args)
+
+
+class WeightUpdateError(BackendError):
+    """A weight update (``Rollout.update_weights``) failed on one engine; ``engine`` names it.
+
+    ``step`` says which step failed (pause, apply, reset_prefix_cache, label, resume).
+
+    >>> raise WeightUpdateError("http://node1:8000", "apply", "HTTP 500 from /collective_rpc")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.WeightUpdateError: weight update on http://node1:8000 failed at apply: HTTP 500 from /collective_rpc
+    """
+
+    def __init__(self, engine: str, step: str, detail: str) -> None:
+        self.engine, self.step, self.detail = engine, step, detail
+        super().__init__(f"weight update on {engine} failed at {step}: {detail}", backend=engine)
 
 
 class IntegrationError(TmplError):
@@ -350,6 +384,36 @@ class UnsupportedTrlVersionError(IntegrationError):
             f"TRL {installed} is installed; tmpl.integrations.trl supports trl{supported} (pip install 'tmpl[trl]'), "
             "or set TMPL_TRL_SKIP_VERSION_CHECK=1 to try it anyway"
         )
+
+
+class IntegrationNotInstalledError(IntegrationError, ImportError):
+    """An integration (``tmpl.integrations.verl``, ``.slime``) was used without its trainer installed.
+
+    >>> raise IntegrationNotInstalledError("verl", "pip install verl==0.9.1")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.IntegrationNotInstalledError: tmpl.integrations.verl needs verl, which is not installed: pip install verl==0.9.1
+    """
+
+    def __init__(self, package: str, install: str, detail: str = "") -> None:
+        self.package = package
+        message = f"tmpl.integrations.{package} needs {package}, which is not installed: {install}"
+        super().__init__(message + (f" ({detail})" if detail else ""))
+
+
+class ContinuousTokenError(IntegrationError, ValueError):
+    """tmpl cannot give exact IDs for a verl Continuous Token merge and was told not to fall back.
+
+    >>> raise ContinuousTokenError("gemma-2-it", "a 'tool' message raises in the template")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ContinuousTokenError: gemma-2-it: a 'tool' message raises in the template
+    """
+
+    def __init__(self, template: str, reason: str) -> None:
+        self.template = template
+        self.reason = reason
+        super().__init__(f"{template}: {reason}")
 
 
 class TrainerConfigError(IntegrationError, ValueError):
