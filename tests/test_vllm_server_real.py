@@ -183,6 +183,19 @@ async def wait_for(condition, what: str, limit: float = 120.0, task=None) -> Non
 RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
 
 
+class LongServer(VLLMServer):
+    """A client whose requests cannot stop before ``min_tokens`` (vLLM's own sampling parameter): a
+    generation that is still running when the test looks is then certain, not a property of the weights
+    and of CPU batching (CI saw every sample of three seeds stop before two ran at once)."""
+
+    min_tokens = 600
+
+    def _payload(self, req, rid):
+        path, payload = super()._payload(req, rid)
+        (payload["sampling_params"] if "sampling_params" in payload else payload)["min_tokens"] = self.min_tokens
+        return path, payload
+
+
 @pytest.mark.parametrize("api, which", [("generate", "scale_out"), ("completions", "stock")])
 def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, api, which):
     """Rollout.run_async cancelled while long generations run: the server aborts each request that
@@ -192,7 +205,7 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
     seen = log.stat().st_size
 
     async def go(seed: int) -> tuple[VLLMServer, list[str]] | None:
-        backend = VLLMServer(url, api=api, timeout=300)
+        backend = LongServer(url, api=api, timeout=300)
         rollout = tmpl.Rollout(
             tpl,
             backend,
@@ -205,6 +218,10 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
         try:
             await wait_for(lambda: metric(url, "vllm:num_requests_running") >= 2, "2 requests running", task=task)
         except EndedEarly:
+            if not task.cancelled() and task.exception() is not None:
+                raise AssertionError(
+                    f"the rollout failed before two requests ran: {task.exception()!r}"
+                ) from task.exception()
             return None
         in_flight = backend.in_flight
         task.cancel()
@@ -213,8 +230,8 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
         await wait_for(lambda: metric(url, "vllm:num_requests_running") == 0, "the server to stop them", 30)
         return backend, in_flight
 
-    # the fixture model rambles for hundreds of tokens on RAMBLE, but vLLM's CPU batching is not bit-exact
-    # across runs: a run whose samples all stopped before two ran at once shows nothing; another seed does
+    # min_tokens keeps every request running for 600 tokens; should the server still be too slow to admit two
+    # at once while the metric is read, another seed runs
     for seed in (7, 11, 13):
         ran = asyncio.run(go(seed))
         if ran is not None:
