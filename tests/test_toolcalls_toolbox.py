@@ -144,7 +144,15 @@ def test_results_errors_and_order_per_sample():
     assert result.messages[2] == []
     m = result.metrics
     assert (m.calls, m.ok, m.failed, m.samples, m.samples_with_calls) == (7, 3, 4, 3, 2)
-    assert m.failures == {"malformed_call": 1, "unknown_tool": 1, "bad_arguments": 1, "exception": 1, "timeout": 0}
+    assert m.failures == {
+        "malformed_call": 1,
+        "unknown_tool": 1,
+        "bad_arguments": 1,
+        "exception": 1,
+        "timeout": 0,
+        "crashed": 0,
+        "refused": 0,
+    }
     assert set(m.failures) == set(FAILURE_KINDS)
     assert m.as_dict()["tools/failures/unknown_tool"] == 1 and m.mean_latency >= 0
 

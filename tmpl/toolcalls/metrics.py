@@ -19,8 +19,10 @@ from typing import Any
 
 #: Why a call failed. ``malformed_call``: the model's call could not be read (nothing ran);
 #: ``unknown_tool``: no tool has that name; ``bad_arguments``: the arguments do not fit the
-#: tool's signature; ``exception``: the tool raised; ``timeout``: the tool did not return in time.
-FAILURE_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "exception", "timeout")
+#: tool's signature; ``exception``: the tool raised; ``timeout``: the tool did not return in time;
+#: ``crashed``: its worker process died (exit, signal, memory or CPU limit; ``isolation="process"``);
+#: ``refused``: not run, because earlier calls of the tool still hang in their threads (``max_hung``).
+FAILURE_KINDS = ("malformed_call", "unknown_tool", "bad_arguments", "exception", "timeout", "crashed", "refused")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,9 @@ class CallOutcome:
     """What became of one call: the tool message content, and why it failed (``error`` None if it ran fine).
 
     ``latency`` is the seconds the tool ran (the timeout for a timeout; None when it never ran);
-    ``output`` is the tool's return value (None on failure).
+    ``output`` is the tool's return value (None on failure, or when the output was cut in a worker
+    process). ``chars``: the content's length before it was cut (None: not cut; the content then
+    ends with a marker, see :mod:`tmpl.toolcalls.outputs`).
     """
 
     call_id: str
@@ -37,6 +41,7 @@ class CallOutcome:
     content: str
     latency: float | None
     output: Any = None
+    chars: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -63,6 +68,7 @@ class ToolMetrics:
     samples_with_calls: int = 0
     samples_stopped: int = 0
     hung_threads: int = 0
+    outputs_cut: int = 0
     per_tool: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
@@ -107,6 +113,7 @@ class ToolMetrics:
             samples_with_calls=sum(1 for s in outcomes if s),
             samples_stopped=stopped,
             hung_threads=hung_threads,
+            outputs_cut=sum(1 for o in flat if o.chars is not None),
             per_tool=per_tool,
         )
 
@@ -124,6 +131,7 @@ class ToolMetrics:
             f"{prefix}samples_with_calls": self.samples_with_calls,
             f"{prefix}samples_stopped": self.samples_stopped,
             f"{prefix}hung_threads": self.hung_threads,
+            f"{prefix}outputs_cut": self.outputs_cut,
         }
         for kind, n in self.failures.items():
             out[f"{prefix}failures/{kind}"] = n

@@ -18,7 +18,12 @@ the default); with ``on_error="stop"`` the sample is also flagged to stop.
 A sync tool that hangs cannot be killed from Python: at its timeout the call is answered with
 a timeout message and the batch goes on; the thread keeps running until the function returns
 (it is a daemon thread, so it does not keep the process alive). :attr:`Toolbox.hung_threads`
-counts such threads. An async tool is cancelled at its timeout.
+counts such threads; once ``max_hung`` calls of one tool hang, its further calls are refused
+with a message instead of starting more threads. An async tool is cancelled at its timeout.
+
+``isolation="process"`` runs every call in a fixed pool of worker processes instead
+(:mod:`.procpool`): killed at its timeout, limited in memory and CPU time, a crash answered as a
+message; see docs/tools.md for what each mode guarantees and costs.
 """
 
 from __future__ import annotations
@@ -29,20 +34,26 @@ import concurrent.futures
 import functools
 import inspect
 import json
+import os
+import pickle
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ToolboxError
+from ..errors import ToolboxError, ToolIsolationError
 from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
+from .outputs import cut_chars
+from .procpool import Answer, ProcessPool
+from .procworker import content_of
 from .schema import tool_name, tool_schema
 from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
 from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
+ISOLATION = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -88,18 +99,6 @@ class BatchResult:
         return len(self.messages)
 
 
-def _content(value: Any) -> str:
-    """A tool's return value as message content: text as is, None as "", the rest as JSON."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def _short(text: str, n: int = 300) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -111,6 +110,20 @@ class Toolbox:
     ``get_json_schema`` builds it) or ``(callable, schema)`` pairs. ``timeout``: seconds per call
     (``timeouts`` overrides it per tool name). ``max_concurrency``: calls running at once.
     ``on_error``: ``"message"`` (errors become tool messages) or ``"stop"`` (also flag the sample).
+    ``max_output_chars``: a result longer than this is cut to it, with a marker the model sees
+    (None: never; the rollout also cuts each result to its sample's remaining token budget).
+
+    ``isolation``: ``"thread"`` (the default: sync tools on reused threads of this process, a
+    few microseconds a call; for tools you trust) or ``"process"`` (a pool of ``workers``
+    processes, default ``max(2, cpu_count)``; ~0.1-0.3 ms a call; each call killed at its
+    timeout, ``memory_mb`` of address space per worker, ``cpu_seconds`` of CPU per call (default
+    its timeout), a crash or an exit answered as a message: for code the model chose). With
+    processes the tools reach the workers pickled, so each must be a module-level function (or
+    picklable object) of an importable module; otherwise pass ``worker_tools``, a module-level
+    function returning the tools, called once in each worker (``tools`` then only give the
+    schemas). What cannot be sent raises :class:`~tmpl.errors.ToolIsolationError` naming the
+    tool. ``max_hung`` (threads only): calls of one tool that may hang past their timeout before
+    its next calls are refused with a message.
 
     >>> def add(a: int, b: int) -> int:
     ...     '''Add two numbers.
@@ -136,7 +149,23 @@ class Toolbox:
         max_concurrency: int = 64,
         on_error: str = "message",
         timeouts: Mapping[str, float] | None = None,
+        isolation: str = "thread",
+        workers: int | None = None,
+        worker_tools: Callable[[], Sequence[Any]] | None = None,
+        memory_mb: int | None = 1024,
+        cpu_seconds: float | None = None,
+        max_hung: int = 8,
+        max_output_chars: int | None = 1_000_000,
     ) -> None:
+        if isolation not in ISOLATION:
+            raise ToolboxError(f"isolation must be one of {ISOLATION}, not {isolation!r}")
+        for what, value in (("workers", workers), ("memory_mb", memory_mb), ("max_output_chars", max_output_chars)):
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ToolboxError(f"{what} must be a positive integer or None, not {value!r}")
+        if not (isinstance(max_hung, int) and max_hung >= 1):
+            raise ToolboxError(f"max_hung must be a positive integer, not {max_hung!r}")
+        if cpu_seconds is not None and not (isinstance(cpu_seconds, (int, float)) and cpu_seconds > 0):
+            raise ToolboxError(f"cpu_seconds must be a positive number or None, not {cpu_seconds!r}")
         if on_error not in ON_ERROR:
             raise ToolboxError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -148,6 +177,9 @@ class Toolbox:
         self.timeout = float(timeout)
         self.max_concurrency = max_concurrency
         self.on_error = on_error
+        self.isolation = isolation
+        self.max_hung = max_hung
+        self.max_output_chars = max_output_chars
         self._tools: dict[str, _Tool] = {}
         timeouts = dict(timeouts or {})
         for i, item in enumerate(tools):
@@ -172,8 +204,14 @@ class Toolbox:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
-        self._hung: set[concurrent.futures.Future[Any]] = set()
+        self._hung: dict[str, set[concurrent.futures.Future[Any]]] = {}  # by tool: calls hung in threads
         self._workers = WorkerPool()  # sync calls: reused daemon threads, grown when all are stuck
+        self._processes: ProcessPool | None = None
+        if isolation == "process":
+            size = workers or min(max_concurrency, max(2, os.cpu_count() or 2))
+            blob = _worker_blob(self._tools, worker_tools)
+            self._processes = ProcessPool(blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
+            self._processes.check(list(self._tools))
 
     # -- tools ------------------------------------------------------------------------
     @property
@@ -196,9 +234,18 @@ class Toolbox:
 
     @property
     def hung_threads(self) -> int:
-        """Sync calls that timed out and are still running in their threads."""
-        self._hung = {f for f in self._hung if not f.done()}
-        return len(self._hung)
+        """Sync calls that timed out and are still running in their threads (0 with processes: they are killed)."""
+        return sum(self._hung_calls(name) for name in list(self._hung))
+
+    @property
+    def pool(self) -> ProcessPool | None:
+        """The worker processes with ``isolation="process"`` (None with threads)."""
+        return self._processes
+
+    def _hung_calls(self, name: str) -> int:
+        live = {f for f in self._hung.get(name, ()) if not f.done()}
+        self._hung[name] = live
+        return len(live)
 
     # -- running ------------------------------------------------------------------------
     def run_batch(self, samples: Sequence[Any]) -> BatchResult:
@@ -225,6 +272,8 @@ class Toolbox:
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
         self._workers.close()
+        if self._processes is not None:
+            self._processes.close()
 
     def __enter__(self) -> Toolbox:
         return self
@@ -376,7 +425,7 @@ class Toolbox:
             except BaseException as exc:  # noqa: BLE001 - as above: the awaited value raised, a message
                 return _raised(call, exc, time.perf_counter() - began)
             latency = time.perf_counter() - began
-        return CallOutcome(call.id, call.name, None, _content(value), latency, value)
+        return _ok(call, value, latency, self.max_output_chars)
 
 
 class _Batch:
@@ -402,9 +451,17 @@ class _Batch:
             out.set_result(checked)
             return out
         tool, call, args = checked
-        launch = functools.partial(
-            self._launch_sync if not tool.is_async else self._launch_async, tool, call, args, out
-        )
+        box = self.box
+        if box._processes is not None:
+            how = self._launch_process
+        elif tool.is_async:
+            how = self._launch_async
+        elif box._hung_calls(tool.name) >= box.max_hung:
+            out.set_result(_refused(call, box.max_hung))
+            return out
+        else:
+            how = self._launch_sync
+        launch = functools.partial(how, tool, call, args, out)
         if self.free > 0:
             self.free -= 1
             launch()
@@ -433,6 +490,22 @@ class _Batch:
             self._finish(out, t.exception() or t.result())
 
         task.add_done_callback(done)
+
+    # -- worker processes -------------------------------------------------------------
+    def _launch_process(
+        self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]
+    ) -> None:
+        box, loop = self.box, self.loop
+        assert box._processes is not None
+        future = box._processes.submit(tool.name, args, tool.timeout, box.max_output_chars)
+
+        def answered(f: concurrent.futures.Future[Answer]) -> None:  # in the pool's thread
+            try:
+                loop.call_soon_threadsafe(self._finish, out, _from_worker(call, tool, f.result()))
+            except RuntimeError:  # the loop is gone: nothing waits for the call
+                pass
+
+        future.add_done_callback(answered)
 
     # -- sync tools -------------------------------------------------------------------
     def _launch_sync(self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]) -> None:
@@ -489,7 +562,7 @@ class _SyncCall:
         if future is None:
             return
         if not future.cancel() and not future.done():  # running: its thread hangs on
-            self.batch.box._hung.add(future)
+            self.batch.box._hung.setdefault(self.tool.name, set()).add(future)
         self.settle(_timed_out(self.call, self.tool))
 
     def on_result(self) -> None:
@@ -504,7 +577,7 @@ class _SyncCall:
             return
         value = future.result()
         if not inspect.isawaitable(value):
-            self.settle(CallOutcome(call.id, call.name, None, _content(value), latency, value))
+            self.settle(_ok(call, value, latency, self.batch.box.max_output_chars))
             return
         box, loop = self.batch.box, self.batch.loop
         task = asyncio.ensure_future(box._returned(self.tool, call, value, self.began, latency), loop=loop)
@@ -576,3 +649,60 @@ def _raised(call: ToolCall, exc: BaseException, latency: float | None) -> CallOu
     text = _short(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     exc.__traceback__ = None
     return CallOutcome(call.id, call.name, "exception", f"Error: {call.name} raised {text}", latency)
+
+
+def _ok(call: ToolCall, value: Any, latency: float | None, max_chars: int | None) -> CallOutcome:
+    """The outcome of a call that returned ``value``: its content, cut to ``max_chars`` with a marker."""
+    content = content_of(value)
+    if max_chars is None or len(content) <= max_chars:
+        return CallOutcome(call.id, call.name, None, content, latency, value)
+    return CallOutcome(call.id, call.name, None, cut_chars(content, max_chars), latency, value, chars=len(content))
+
+
+def _refused(call: ToolCall, max_hung: int) -> CallOutcome:
+    return CallOutcome(
+        call.id,
+        call.name,
+        "refused",
+        f"Error: {call.name} was not run: {max_hung} earlier calls of it still hang past their timeout",
+        None,
+    )
+
+
+def _from_worker(call: ToolCall, tool: _Tool, answer: Answer) -> CallOutcome:
+    """A worker process's answer as the call's outcome."""
+    if answer.kind == "ok":
+        if answer.chars > len(answer.content):
+            content = cut_chars(answer.content, len(answer.content), answer.chars)
+            return CallOutcome(call.id, call.name, None, content, answer.latency, None, chars=answer.chars)
+        return CallOutcome(call.id, call.name, None, answer.content, answer.latency, answer.value)
+    if answer.kind == "timeout":
+        return _timed_out(call, tool)
+    if answer.kind == "raised":
+        return CallOutcome(
+            call.id, call.name, "exception", f"Error: {call.name} raised {_short(answer.content)}", answer.latency
+        )
+    return CallOutcome(call.id, call.name, "crashed", f"Error: {call.name} crashed: {answer.content}", answer.latency)
+
+
+def _worker_blob(tools: Mapping[str, _Tool], factory: Callable[[], Sequence[Any]] | None) -> bytes:
+    """What a worker process loads its tools from: the pickled factory, or the tools pickled by name."""
+    if factory is not None:
+        try:
+            return pickle.dumps(factory)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
+            raise ToolIsolationError(
+                getattr(factory, "__qualname__", repr(factory)),
+                f"worker_tools does not pickle ({type(exc).__name__}: {exc}); "
+                "make it a function at module level of an importable module",
+            ) from None
+    for name, tool in tools.items():
+        try:
+            pickle.dumps(tool.fn)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
+            raise ToolIsolationError(
+                name,
+                f"it does not pickle ({type(exc).__name__}: {exc}); define it at module level of an importable "
+                "module, or pass worker_tools=<a module-level function that returns the tools>",
+            ) from None
+    return pickle.dumps({name: tool.fn for name, tool in tools.items()})

@@ -1,0 +1,283 @@
+"""A fixed pool of tool worker processes: each call under its timeout, a worker that fails is replaced.
+
+``size`` slots, each one dispatcher thread and at most one worker process (so never more than
+``size`` of either). A slot takes the next queued call, sends it to its worker and waits for
+the answer until the call's timeout; then
+
+- answer in time: the call's :class:`Answer` is ``"ok"`` / ``"raised"`` (the worker lives on);
+- timeout: the worker is killed (``SIGKILL``: a loop in C stops too) and the answer says so;
+- the worker died (``os._exit``, a segfault, ``SIGXCPU`` at its CPU limit, the kernel killing
+  it, ``MemoryError`` at its memory limit): the answer says how;
+
+and a fresh worker is started for the slot's next call. Workers start clean, from the
+``forkserver`` (nothing of the caller is inherited: not its threads, locks, tokenizers or
+memory), so tools reach them pickled: see :class:`tmpl.errors.ToolIsolationError`.
+
+>>> import pickle
+>>> pool = ProcessPool(pickle.dumps({"pow": pow}), size=1)
+>>> pool.submit("pow", {"base": 2, "exp": 10}, timeout=30).result().content
+'1024'
+>>> pool.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import multiprocessing
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ToolIsolationError
+from .procworker import Reply
+
+#: seconds a new worker may take to load its tools before its call is answered as failed
+START_TIMEOUT = 60.0
+_CONTEXT_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a call ended in a worker: ``kind`` is ``"ok"``, ``"raised"``, ``"timeout"`` or ``"crashed"``.
+
+    ``content``: the result (``"ok"``), ``"Type: message"`` (``"raised"``) or what became of the
+    worker (``"crashed"``). ``chars``: the result's length before the worker cut it.
+    """
+
+    kind: str
+    content: str
+    latency: float | None
+    chars: int = 0
+    value: Any = None
+
+
+def _context() -> Any:
+    """The forkserver context, with this package preloaded there (workers fork from it warm)."""
+    ctx = multiprocessing.get_context("forkserver")
+    with _CONTEXT_LOCK:
+        ctx.set_forkserver_preload(["tmpl.toolcalls.procworker"])
+    return ctx
+
+
+def _death(exitcode: int | None, memory_mb: int | None, cpu_seconds: float | None) -> str:
+    """What became of a worker, in words, from its exit code."""
+    if exitcode is None:
+        return "its worker process stopped answering"
+    if exitcode >= 0:
+        return f"its worker process exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    why = {
+        "SIGXCPU": f" (its CPU time limit of {cpu_seconds:g} s)" if cpu_seconds else " (its CPU time limit)",
+        "SIGKILL": f" (perhaps for memory: its limit is {memory_mb} MB)" if memory_mb else "",
+        "SIGSEGV": " (a crash in native code)",
+        "SIGABRT": f" (native code aborted, perhaps out of memory: its limit is {memory_mb} MB)"
+        if memory_mb
+        else " (native code aborted)",
+    }.get(name, "")
+    return f"its worker process was killed by {name}{why}"
+
+
+class _Job:
+    __slots__ = ("name", "args", "timeout", "max_chars", "future")
+
+    def __init__(self, name: str, args: dict[str, Any], timeout: float, max_chars: int | None) -> None:
+        self.name, self.args, self.timeout, self.max_chars = name, args, timeout, max_chars
+        self.future: concurrent.futures.Future[Answer] = concurrent.futures.Future()
+
+
+class ProcessPool:
+    """``size`` worker processes running pickled tools; :meth:`submit` returns a future of an :class:`Answer`.
+
+    ``blob``: ``pickle.dumps({name: tool})`` or ``pickle.dumps(factory)`` (a module-level callable
+    returning the tools, called once in each worker). ``memory_mb``: address space a worker may
+    add to what it holds after loading its tools (None: no limit). ``cpu_seconds``: CPU time one
+    call may use (None: as many seconds as its timeout).
+    """
+
+    def __init__(
+        self,
+        blob: bytes,
+        *,
+        size: int = 2,
+        memory_mb: int | None = 1024,
+        cpu_seconds: float | None = None,
+        name: str = "tmpl-tool-process",
+    ) -> None:
+        self.blob = blob
+        self.size = size
+        self.memory_mb = memory_mb
+        self.cpu_seconds = cpu_seconds
+        self.name = name
+        self.started = 0  # worker processes started so far (replacements included)
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._slots: list[_Slot] = []
+        self._closed = False
+
+    @property
+    def processes(self) -> int:
+        """Worker processes alive now."""
+        with self._cond:
+            return sum(1 for s in self._slots if s.proc is not None and s.proc.is_alive())
+
+    @property
+    def threads(self) -> int:
+        """Dispatcher threads alive now."""
+        with self._cond:
+            return sum(1 for s in self._slots if s.thread.is_alive())
+
+    def submit(
+        self, name: str, args: dict[str, Any], timeout: float, max_chars: int | None = None
+    ) -> concurrent.futures.Future[Answer]:
+        """Queue a call of tool ``name``; its :class:`Answer` lands in the future (never an exception)."""
+        job = _Job(name, args, timeout, max_chars)
+        with self._cond:
+            self._closed = False
+            self._queue.append(job)
+            self._slots = [s for s in self._slots if s.thread.is_alive()]
+            idle = len(self._slots) - self._busy()
+            if len(self._slots) < self.size and len(self._queue) > idle:
+                slot = _Slot(self)
+                self._slots.append(slot)
+                slot.thread.start()
+            self._cond.notify()
+        return job.future
+
+    def check(self, names: list[str]) -> None:
+        """Start one worker now; raise :class:`~tmpl.errors.ToolIsolationError` if it cannot load
+        the tools or lacks one of ``names`` (rather than answering every call with the failure)."""
+        slot = _Slot(self)
+        failed = slot.start()
+        missing: list[str] = []
+        if failed is None and slot.loaded is not None:
+            missing = [n for n in names if n not in slot.loaded]
+            if missing:
+                failed = f"the worker's tools lack {', '.join(missing)} (loaded: {', '.join(slot.loaded) or 'none'})"
+        if failed is not None:
+            slot.stop()
+            raise ToolIsolationError(missing[0] if missing else ", ".join(names), failed)
+        with self._cond:
+            self._slots.append(slot)
+            slot.thread.start()
+
+    def close(self) -> None:
+        """Stop every worker and dispatcher (queued calls are answered as cancelled first)."""
+        with self._cond:
+            self._closed = True
+            slots, self._slots = self._slots, []
+            queued = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in queued:
+            job.future.set_result(Answer("crashed", "the tool pool was closed before the call ran", None))
+        for slot in slots:
+            slot.thread.join(5)
+            slot.stop()
+
+    def _busy(self) -> int:
+        return sum(1 for s in self._slots if s.busy)
+
+
+class _Slot:
+    """One dispatcher thread and its worker process."""
+
+    def __init__(self, pool: ProcessPool) -> None:
+        self.pool = pool
+        self.proc: Any = None
+        self.conn: Any = None
+        self.busy = False
+        self.loaded: list[str] | None = None  # the tool names its worker loaded
+        self.thread = threading.Thread(target=self.serve, name=pool.name, daemon=True)
+
+    def serve(self) -> None:
+        pool = self.pool
+        while True:
+            with pool._cond:
+                while not pool._queue:
+                    if pool._closed:
+                        return
+                    pool._cond.wait()
+                job = pool._queue.popleft()
+                self.busy = True
+            try:
+                if job.future.set_running_or_notify_cancel():
+                    job.future.set_result(self.run(job))
+            finally:
+                self.busy = False
+
+    def run(self, job: _Job) -> Answer:
+        if self.proc is None or not self.proc.is_alive():
+            failed = self.start()
+            if failed is not None:
+                return Answer("crashed", f"its worker process could not start: {failed}", None)
+        began = time.perf_counter()
+        try:
+            cpu = self.pool.cpu_seconds if self.pool.cpu_seconds is not None else job.timeout
+            self.conn.send((job.name, job.args, job.max_chars, cpu))
+        except (OSError, ValueError) as exc:
+            self.stop()
+            return Answer("crashed", f"its worker process could not take the call: {exc}", None)
+        try:
+            answered = self.conn.poll(job.timeout)
+            reply: Reply | None = self.conn.recv() if answered else None
+        except (EOFError, OSError):
+            reply = None
+            answered = True
+        if not answered:
+            self.stop(wait=0.0)
+            return Answer("timeout", "", job.timeout)
+        if reply is None or reply.kind == "memory":
+            code = self.stop()
+            if reply is not None:
+                return Answer("crashed", f"it ran out of its memory limit of {self.pool.memory_mb} MB", reply.latency)
+            latency = time.perf_counter() - began
+            return Answer("crashed", _death(code, self.pool.memory_mb, self.pool.cpu_seconds), latency)
+        return Answer(reply.kind, reply.content, reply.latency, reply.chars, reply.value)
+
+    def start(self) -> str | None:
+        """Start a worker and wait until it loaded its tools; why it failed, or None."""
+        pool = self.pool
+        from .procworker import serve
+
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=serve, args=(child, pool.blob, pool.memory_mb), name=pool.name, daemon=True)
+        proc.start()
+        child.close()
+        pool.started += 1
+        self.proc, self.conn = proc, parent
+        try:
+            if not parent.poll(START_TIMEOUT):
+                self.stop()
+                return f"it did not load its tools within {START_TIMEOUT:g} s"
+            kind, detail = parent.recv()
+        except (EOFError, OSError):
+            return _death(self.stop(), pool.memory_mb, pool.cpu_seconds)
+        if kind != "ready":
+            self.stop()
+            return str(detail)
+        self.loaded = list(detail)
+        return None
+
+    def stop(self, wait: float = 0.05) -> int | None:
+        """Kill the worker (if any; after ``wait`` s for one already dying) and reap it; its exit code."""
+        proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+        if conn is not None:
+            conn.close()
+        if proc is None:
+            return None
+        if wait and proc.is_alive():
+            proc.join(wait)  # one that is dying already (a crash) keeps its own exit code
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        code: int | None = proc.exitcode
+        if code is not None:
+            proc.close()
+        return code
