@@ -10,6 +10,13 @@ are answered in the same pass get their suffixes from one :meth:`ChatTemplate.su
 ``run_batch_async([parsed])`` and ``suffix_ids`` would give; when a batched suffix fails, each
 is built alone, so one sample's error stays its own.
 
+Given the sample's remaining token budget (``budget``), a tool result longer than it could ever
+hold is cut before the suffix is built (:func:`tmpl.toolcalls.outputs.cut_to_tokens`: on
+characters first, then exactly in tokens, with a marker the model sees), so no sample tokenizes
+megabytes to keep kilobytes and holds up the others on the event loop meanwhile. The count of
+cut results is ``RoundResult.outputs_cut`` (and ``failures["output_cut"]``, which is not a
+failure: ``failed`` leaves it out).
+
 >>> rounds = ToolRounds(tpl, toolbox, schemas)                            # doctest: +SKIP
 >>> done = await rounds.run(parsed, completion_ids, history_before)       # doctest: +SKIP
 >>> done.messages, done.suffix, done.error                                # doctest: +SKIP
@@ -18,11 +25,14 @@ is built alone, so one sample's error stays its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
+
+from ..toolcalls.outputs import body, cut_to_tokens
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
@@ -49,15 +59,19 @@ class RoundResult:
     error: Exception | None = None
     tool_seconds: float = 0.0
     suffix_seconds: float = 0.0
+    outputs_cut: int = 0
 
 
 class _Job:
     """One sample's tool round while it runs."""
 
-    __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited")
+    __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited", "budget")
 
-    def __init__(self, parsed: Any, completion: list[int], before: list[dict[str, Any]], future: Any) -> None:
+    def __init__(
+        self, parsed: Any, completion: list[int], before: list[dict[str, Any]], future: Any, budget: int | None
+    ) -> None:
         self.parsed, self.completion, self.before, self.future = parsed, completion, before, future
+        self.budget = budget
         self.started = 0.0
         self.outcomes: list[CallOutcome] = []
         self.waited = 0.0  # seconds from the start of the calls until all of this sample's were answered
@@ -75,10 +89,15 @@ class ToolRounds:
         self._to_start: list[_Job] = []
         self._to_suffix: list[_Job] = []
 
-    async def run(self, parsed: Any, completion: list[int], before: list[dict[str, Any]]) -> RoundResult:
-        """Run the calls of ``parsed`` and build the suffix after ``completion`` (``before``: the history)."""
+    async def run(
+        self, parsed: Any, completion: list[int], before: list[dict[str, Any]], budget: int | None = None
+    ) -> RoundResult:
+        """Run the calls of ``parsed`` and build the suffix after ``completion`` (``before``: the history).
+
+        ``budget``: tokens the sample may still append (None: no cut beyond the Toolbox's own).
+        """
         loop = asyncio.get_running_loop()
-        job = _Job(parsed, completion, before, loop.create_future())
+        job = _Job(parsed, completion, before, loop.create_future(), budget)
         if not self._to_start:
             loop.call_soon(self._start)
         self._to_start.append(job)
@@ -114,17 +133,20 @@ class ToolRounds:
         jobs, self._to_suffix = self._to_suffix, []
         self.suffix_batches += 1
         n = len(jobs)
+        cuts = [self._bound(job) for job in jobs]
         messages = [[o.message() for o in job.outcomes] for job in jobs]
         start = perf_counter()
         suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
         suffix_seconds = (perf_counter() - start) / n
         stop_on_error = self.toolbox.on_error == "stop"
-        for job, msgs, (suffix, error) in zip(jobs, messages, suffixes):
+        for job, msgs, (suffix, error), cut in zip(jobs, messages, suffixes, cuts):
             failures: dict[str, int] = {}
             for o in job.outcomes:
                 if o.error is not None:
                     failures[o.error] = failures.get(o.error, 0) + 1
             failed = sum(failures.values())
+            if cut:
+                failures["output_cut"] = cut
             result = RoundResult(
                 messages=msgs,
                 calls=len(job.outcomes),
@@ -135,9 +157,19 @@ class ToolRounds:
                 error=error,
                 tool_seconds=job.waited / n,
                 suffix_seconds=suffix_seconds,
+                outputs_cut=cut,
             )
             if not job.future.done():
                 job.future.set_result(result)
+
+    def _bound(self, job: _Job) -> int:
+        """Cut each of ``job``'s results to its budget in tokens; how many results are cut (here or before)."""
+        if job.budget is not None:
+            for i, o in enumerate(job.outcomes):
+                cut = cut_to_tokens(self.tpl.codec, body(o.content, o.chars), job.budget, o.chars)
+                if cut is not None:
+                    job.outcomes[i] = dataclasses.replace(o, content=cut, chars=o.chars or len(o.content))
+        return sum(1 for o in job.outcomes if o.chars is not None)
 
     def _suffixes(
         self,
