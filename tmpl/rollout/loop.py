@@ -356,7 +356,7 @@ class Rollout:
         assert rounds is not None
         before = run.history[:-1]  # the messages before the assistant turn
         with scheduler.working():  # tools and suffix batched with the other samples of this pass
-            done = await rounds.run(parsed, completion, before)
+            done = await rounds.run(parsed, completion, before, run.traj.remaining)  # results cut to it
         run.times.tools += done.tool_seconds
         run.times.suffix += done.suffix_seconds
         tool_messages = done.messages
