@@ -127,7 +127,8 @@ class RolloutMetrics:
         Keys (after ``prefix``): the counts of :meth:`as_dict`; ``drift/measured``,
         ``drift/rate`` and ``drift/rate/<cause>`` for every :class:`DriftCause` (drifted samples
         of that cause / measured samples); ``tool_failures/<kind>`` for every failure kind of
-        ``tmpl.toolcalls.metrics.FAILURE_KINDS``; ``truncated/<code>`` and ``aborted/<code>``
+        ``tmpl.toolcalls.metrics.FAILURE_KINDS``; ``tool_outputs_cut`` (tool results cut to their
+        sample's budget, docs/tools.md); ``truncated/<code>`` and ``aborted/<code>``
         for every :class:`EndCode` of that status; ``time/<phase>`` (seconds summed over
         samples: tokenize, parse, tools, suffix, bookkeeping, drift) plus ``time/engine`` and
         ``time/wall``. A key is present (0.0) even when nothing happened, so logged series
@@ -151,6 +152,7 @@ class RolloutMetrics:
             out[f"{prefix}drift/rate/{cause.value}"] = n / self.drift_measured if self.drift_measured else 0.0
         for kind in FAILURE_KINDS:
             out[f"{prefix}tool_failures/{kind}"] = float(self.tool_failure_kinds.get(kind, 0))
+        out[prefix + "tool_outputs_cut"] = float(self.tool_failure_kinds.get("output_cut", 0))  # not failures
         for code in EndCode:
             if code.status in (Status.TRUNCATED, Status.ABORTED):
                 out[f"{prefix}{code.status.name.lower()}/{code.value}"] = float(self.end_codes.get(code.value, 0))
