@@ -145,6 +145,7 @@ FAMILIES = (
     errors.BackendError,
     errors.IntegrationError,
     errors.ExportError,
+    errors.WorkerError,
 )
 
 
@@ -233,6 +234,12 @@ def test_backend_error_reexported() -> None:
             "GRPOTrainer(tools=...): no",
         ),
         (errors.ExportError("a.jsonl:3", "bad"), errors.ExportError, {"where": "a.jsonl:3"}, "a.jsonl:3: bad"),
+        (
+            errors.WorkerLostError("ray actor 1", "shard 0 (conversations 0-3)", "the actor died", 2),
+            errors.WorkerError,
+            {"worker": "ray actor 1", "shard": "shard 0 (conversations 0-3)", "attempts": 2},
+            "rollout worker ray actor 1: shard 0 (conversations 0-3) lost after 2 attempt(s): the actor died",
+        ),
     ],
 )
 def test_family_catches_member_with_attributes(
