@@ -650,3 +650,33 @@ class RayNotInstalledError(WorkerError, ImportError):
             None,
             "DistributedRollout(mode='ray') needs ray, which is not installed: pip install 'tmpl[ray]' (ray==2.60.0)",
         )
+
+
+class ImageInputError(MessageError):
+    """An image content part cannot be read; ``part`` names it (e.g. ``"tool_messages[0].content[1]"``).
+
+    >>> raise ImageInputError(0, "tool_messages[0].content[1]", "no such file 'shot.png'", where="tool_messages")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ImageInputError: tool_messages[0]: content part tool_messages[0].content[1]: no such file 'shot.png'
+    """
+
+    def __init__(self, index: int, part: str, reason: str, *, where: str = "messages") -> None:
+        super().__init__(index, f"content part {part}: {reason}", where=where)
+        self.part = part
+        self.reason = reason
+
+
+class ImagePlaceholderError(TemplateError):
+    """The images of some messages did not become one placeholder run each in the processor's
+    output (e.g. a template that drops images in tool results); ``parts`` names the images.
+
+    >>> raise ImagePlaceholderError("gemma-4", ("tool_messages[0].content[0]",), "1 image, 0 placeholders")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ImagePlaceholderError: chat template 'gemma-4': images tool_messages[0].content[0]: 1 image, 0 placeholders
+    """
+
+    def __init__(self, template: str, parts: tuple[str, ...], reason: str) -> None:
+        super().__init__(template, f"images {', '.join(parts) or '(none)'}: {reason}")
+        self.parts = parts
