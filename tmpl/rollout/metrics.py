@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class SampleTimes:
@@ -57,6 +59,12 @@ class RolloutMetrics:
     drift_causes: dict[str, int] = field(default_factory=dict)  # drifted samples by DriftCause value
     tool_failure_kinds: dict[str, int] = field(default_factory=dict)  # failed calls by kind
     end_codes: dict[str, int] = field(default_factory=dict)  # samples by EndCode value (all statuses)
+    tokens_by_version: dict[int, int] = field(default_factory=dict)  # sampled tokens by policy version
+    stale: dict[str, int] = field(default_factory=dict)  # samples by what max_staleness did: withhold/drop/mask
+    stale_tokens_off: int = 0  # sampled tokens the staleness policy took out of the loss
+    staleness_max: int = 0  # versions between a sample's oldest token and the version it ended under
+    staleness_mean: float = 0.0
+    resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
 
     @property
     def drift_rate(self) -> float:
@@ -101,6 +109,19 @@ class RolloutMetrics:
             m.tokens_appended += len(mask) - generated
             for k, v in asdict(r.times).items():
                 outside[k] += v
+            versions = getattr(r, "versions", None)
+            if versions is not None:
+                sampled = versions[versions >= 0]
+                for v, count in zip(*np.unique(sampled, return_counts=True)):
+                    m.tokens_by_version[int(v)] = m.tokens_by_version.get(int(v), 0) + int(count)
+                staleness = int(getattr(r, "staleness", 0))
+                m.staleness_max = max(m.staleness_max, staleness)
+                m.staleness_mean += staleness
+                action = getattr(r, "stale_action", None)
+                if action is not None:
+                    m.stale[action] = m.stale.get(action, 0) + 1
+                    m.stale_tokens_off += generated - int(r.loss_mask.sum()) if action != "drop" else 0
+                m.resumed += int(getattr(r, "resumed", 0))
             if r.drift is not None:
                 m.drift_measured += 1
                 m.drift_samples += int(r.drift)
@@ -108,6 +129,7 @@ class RolloutMetrics:
                 if detail is not None:
                     m.drift_causes[detail.cause.value] = m.drift_causes.get(detail.cause.value, 0) + 1
         m.turns_mean = m.turns_mean / len(results) if results else 0.0
+        m.staleness_mean = m.staleness_mean / len(results) if results else 0.0
         m.outside = outside
         return m
 
@@ -119,6 +141,8 @@ class RolloutMetrics:
         out[prefix + "drift_rate"] = self.drift_rate
         for k, v in self.outside.items():
             out[f"{prefix}outside/{k}"] = v
+        for version, n in sorted(self.tokens_by_version.items()):
+            out[f"{prefix}tokens_by_version/{version}"] = float(n)
         return out
 
     def to_dict(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -131,8 +155,11 @@ class RolloutMetrics:
         sample's budget, docs/tools.md); ``truncated/<code>`` and ``aborted/<code>``
         for every :class:`EndCode` of that status; ``time/<phase>`` (seconds summed over
         samples: tokenize, parse, tools, suffix, bookkeeping, drift) plus ``time/engine`` and
-        ``time/wall``. A key is present (0.0) even when nothing happened, so logged series
-        never start late.
+        ``time/wall``; ``stale/<action>`` (samples withheld, dropped or masked by ``max_staleness``),
+        ``stale/tokens_off``, ``staleness/max``, ``staleness/mean`` and ``resumed`` (partial
+        rollouts continued after an abort-mode weight update). A key is present (0.0) even when
+        nothing happened, so logged series never start late (tokens per version, whose keys are
+        the versions, are in :meth:`as_dict`).
 
         >>> sorted(RolloutMetrics().to_dict())[:3]
         ['rollout/aborted', 'rollout/aborted/backend_aborted', 'rollout/aborted/crashed']
@@ -160,6 +187,12 @@ class RolloutMetrics:
             out[f"{prefix}time/{phase}"] = float(self.outside.get(phase, 0.0))
         out[prefix + "time/engine"] = float(self.engine_time)
         out[prefix + "time/wall"] = float(self.wall_time)
+        for action in ("withhold", "drop", "mask"):
+            out[f"{prefix}stale/{action}"] = float(self.stale.get(action, 0))
+        out[prefix + "stale/tokens_off"] = float(self.stale_tokens_off)
+        out[prefix + "staleness/max"] = float(self.staleness_max)
+        out[prefix + "staleness/mean"] = float(self.staleness_mean)
+        out[prefix + "resumed"] = float(self.resumed)
         return out
 
     def summary(self) -> str:
