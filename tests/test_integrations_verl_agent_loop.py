@@ -22,7 +22,10 @@ import time
 
 import pytest
 
-pytest.importorskip("verl.experimental.agent_loop", reason="verl is not installed here; .ci/run runs this in its venv")
+pytest.importorskip(
+    "verl.experimental.agent_loop",
+    reason="verl is not installed here; tests/run_all.sh runs this in build/venv-verl (made by .ci/run)",
+)
 httpx = pytest.importorskip("httpx")
 
 from .conftest import PRISTINE_ENV  # noqa: E402

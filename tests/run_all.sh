@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command of README's Quick start and of .ci/run: the suite in this environment, then the verl
+# tests in verl's own environment (build/venv-verl, made by .ci/run: verl 0.9.1 needs transformers<5.11,
+# tmpl's exactness tests are written for 5.23). Without that environment the verl tests are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pytest -q "$@"
+if [ -x build/venv-verl/bin/python ]; then
+    build/venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_agent_loop.py
+else
+    echo "tests/run_all.sh: build/venv-verl not found: verl tests skipped (bash .ci/run makes it)"
+fi
