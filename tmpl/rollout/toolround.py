@@ -13,7 +13,8 @@ is built alone, so one sample's error stays its own.
 Given the sample's remaining token budget (``budget``), a tool result longer than it could ever
 hold is cut before the suffix is built (:func:`tmpl.toolcalls.outputs.cut_to_tokens`: on
 characters first, then exactly in tokens, with a marker the model sees), so no sample tokenizes
-megabytes to keep kilobytes and holds up the others on the event loop meanwhile. The count of
+megabytes to keep kilobytes; a result that may need the cut is cut on a worker thread (the
+tokenizer releases the GIL), so the event loop serves the other samples meanwhile. The count of
 cut results is ``RoundResult.outputs_cut`` (and ``failures["output_cut"]``, which is not a
 failure: ``failed`` leaves it out).
 
@@ -65,13 +66,14 @@ class RoundResult:
 class _Job:
     """One sample's tool round while it runs."""
 
-    __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited", "budget")
+    __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited", "budget", "cut")
 
     def __init__(
         self, parsed: Any, completion: list[int], before: list[dict[str, Any]], future: Any, budget: int | None
     ) -> None:
         self.parsed, self.completion, self.before, self.future = parsed, completion, before, future
         self.budget = budget
+        self.cut: int | None = None  # results cut to the budget, once :meth:`ToolRounds._bound` ran
         self.started = 0.0
         self.outcomes: list[CallOutcome] = []
         self.waited = 0.0  # seconds from the start of the calls until all of this sample's were answered
@@ -125,6 +127,23 @@ class ToolRounds:
             job.future.set_exception(exc)
             return
         job.outcomes = future.result()
+        budget = job.budget
+        if budget is not None and any(len(o.content) * 4 > budget for o in job.outcomes):
+            # a result that may not fit: cut it on a worker thread (the tokenizer lets go of the GIL),
+            # so the loop keeps serving the other samples meanwhile
+            cutting = asyncio.get_running_loop().run_in_executor(None, self._bound, job)
+            cutting.add_done_callback(functools.partial(self._bounded, job))
+            return
+        self._queue_suffix(job)
+
+    def _bounded(self, job: _Job, cutting: asyncio.Future[int]) -> None:
+        exc = cutting.exception()
+        if exc is not None:
+            job.future.set_exception(exc)
+            return
+        self._queue_suffix(job)
+
+    def _queue_suffix(self, job: _Job) -> None:
         if not self._to_suffix:
             asyncio.get_running_loop().call_soon(self._suffix)
         self._to_suffix.append(job)
@@ -133,7 +152,7 @@ class ToolRounds:
         jobs, self._to_suffix = self._to_suffix, []
         self.suffix_batches += 1
         n = len(jobs)
-        cuts = [self._bound(job) for job in jobs]
+        cuts = [job.cut if job.cut is not None else self._bound(job) for job in jobs]
         messages = [[o.message() for o in job.outcomes] for job in jobs]
         start = perf_counter()
         suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
@@ -169,7 +188,8 @@ class ToolRounds:
                 cut = cut_to_tokens(self.tpl.codec, body(o.content, o.chars), job.budget, o.chars)
                 if cut is not None:
                     job.outcomes[i] = dataclasses.replace(o, content=cut, chars=o.chars or len(o.content))
-        return sum(1 for o in job.outcomes if o.chars is not None)
+        job.cut = sum(1 for o in job.outcomes if o.chars is not None)
+        return job.cut
 
     def _suffixes(
         self,

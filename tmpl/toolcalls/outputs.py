@@ -7,7 +7,7 @@ the event loop. So an output is cut in two steps, each cheap:
 1. :func:`cut_chars`: at most ``max_chars`` characters (the Toolbox's ``max_output_chars``, in
    the worker for process isolation, before the result even crosses the pipe);
 2. :func:`cut_to_tokens`: to the sample's remaining budget in tokens. Only a head of the text is
-   tokenized: ``budget * 8`` characters first, doubled while it still gives fewer than ``budget``
+   tokenized: ``budget * 5`` characters first, doubled while it still gives fewer than ``budget``
    tokens; it never needs more than ``budget * longest`` characters (``longest``: the longest
    token of the vocabulary, so that many characters always make at least ``budget`` tokens).
 
@@ -27,7 +27,7 @@ from typing import Any
 #: how every cut marker starts (a cut text is found again by it)
 MARKER_PREFIX = "\n[tool output cut: "
 #: characters per token tried first when cutting to a token budget (most text: 3-5)
-CHARS_PER_TOKEN = 8
+CHARS_PER_TOKEN = 5
 
 
 def marker(shown: int, total: int) -> str:
@@ -64,7 +64,7 @@ def cut_to_tokens(codec: Any, text: str, budget: int, total: int | None = None) 
     """``text`` cut to at most ``budget`` tokens, marker included; None when it fits already.
 
     ``total``: the output's length before any earlier cut (for the marker). Tokenizes at most
-    ``budget * longest_token`` characters, usually ``budget * 8``. A budget too small for the
+    ``budget * longest_token`` characters, usually ``budget * 5``. A budget too small for the
     marker itself gives the marker alone.
     """
     total = len(text) if total is None else total
@@ -75,12 +75,16 @@ def cut_to_tokens(codec: Any, text: str, budget: int, total: int | None = None) 
     bound = max(1, budget) * longest_token(codec)
     window = min(len(text), max(1, budget) * CHARS_PER_TOKEN)
     while True:
-        ids, offsets = codec.encode_with_offsets(text[:window])
+        ids = codec.encode_many([text[:window]])[0]
         if len(ids) > budget or window >= min(len(text), bound):
             break
         window = min(len(text), bound, window * 2)
     if window >= len(text) and len(ids) <= (budget if uncut else room):
         return None
     keep = min(room, len(ids))
-    end = offsets[keep - 1][1] if keep else 0
+    head = codec.decode(ids[:keep]) if keep else ""
+    if text.startswith(head):
+        end = len(head)
+    else:  # a normalizer, or a cut inside a character: where the token ends in the text
+        end = codec.encode_with_offsets(text[:window])[1][keep - 1][1]
     return text[:end] + marker(end, total)
