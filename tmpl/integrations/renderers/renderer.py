@@ -1,0 +1,451 @@
+"""``TmplRenderer``: the ``renderers.base.Renderer`` protocol on top of :class:`tmpl.ChatTemplate`.
+
+Imports ``renderers`` (go through :mod:`tmpl.integrations.renderers`, which says how to install it
+when it is missing).
+
+>>> from transformers import AutoTokenizer                                        # doctest: +SKIP
+>>> renderer = TmplRenderer(AutoTokenizer.from_pretrained("Qwen/Qwen2.5-1.5B-Instruct"))  # doctest: +SKIP
+>>> prompt = renderer.render_ids(messages, tools=tools, add_generation_prompt=True)    # doctest: +SKIP
+>>> nxt = renderer.bridge_to_next_turn(prompt, completion_ids, tool_messages, tools=tools)  # doctest: +SKIP
+>>> nxt.token_ids[: len(prompt) + len(completion_ids)] == prompt + completion_ids      # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict
+from renderers.base import (
+    Message,
+    ParsedResponse,
+    ParsedToolCall,
+    RenderedTokens,
+    ToolCallParseStatus,
+    ToolSpec,
+    extract_message_tool_names,
+)
+from renderers.configs import BaseRendererConfig
+
+from ... import templates
+from ...chat_template import ChatTemplate
+from ...errors import HistoryRequiredError, NoToolParserError, TmplError, TrainerConfigError
+from ...messages import TOOL_ROLES
+from ...report import SAFE, SAFE_WITH, Budget, check, training_safe
+from ...report.report import TemplateReport
+from ...toolcalls import CallProblem, parse_completion
+
+logger = logging.getLogger(__name__)
+
+#: tmpl's kinds of unreadable calls -> the status renderers gives the same failure
+STATUS_OF_KIND: dict[str, ToolCallParseStatus] = {
+    "malformed": ToolCallParseStatus.MALFORMED_STRUCTURE,
+    "bad_json": ToolCallParseStatus.INVALID_JSON,
+    "missing_name": ToolCallParseStatus.MISSING_NAME,
+    "truncated": ToolCallParseStatus.UNCLOSED_BLOCK,
+}
+
+
+class TmplRendererConfig(BaseRendererConfig):  # type: ignore[misc]  # renderers ships no type information
+    """Config of :class:`TmplRenderer`; every field not named here is a chat-template kwarg
+    (``enable_thinking=False``...), passed to every render.
+
+    - ``chat_template``: template text, a ``.jinja`` path, the name of one of the tokenizer's named
+      templates or of a template tmpl ships (``"qwen3"``...), or None for the tokenizer's own.
+    - ``training_safe``: use the training-safe template tmpl ships where the report says
+      ``SAFE WITH tmpl TEMPLATE X`` (renders the last turn as the original does; see
+      :func:`tmpl.report.training_safe`).
+    - ``budget``: the budget of the check of a template tmpl does not ship (``"60s,4GB"``; see
+      :class:`tmpl.report.Budget`), default tmpl's.
+    - ``parser``: force a tool-call parser by name (default: the one detected for the template).
+
+    >>> TmplRendererConfig(enable_thinking=False).model_extra                 # doctest: +SKIP
+    {'enable_thinking': False}
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    name: Literal["tmpl"] = "tmpl"
+    chat_template: str | None = None
+    training_safe: bool = False
+    budget: str | None = None
+    parser: str | None = None
+
+    _internal_fields: ClassVar[frozenset[str]] = frozenset({"chat_template", "training_safe", "budget", "parser"})
+    _template_fields: ClassVar[frozenset[str]] = frozenset()
+    _allow_opaque_template_kwargs: ClassVar[bool] = True
+
+
+class TmplRenderer:
+    """A ``renderers.base.Renderer`` backed by tmpl (see the module and ``docs/integrations.md``).
+
+    - ``bridge_to_next_turn``: ``previous prompt + completion + tmpl's suffix`` (a truncated
+      completion gets the template's turn close first), which equals the template's full render of
+      the conversation, for every template whose ``tool_loop`` verdict is SAFE. None where tmpl cannot
+      prove it: a verdict other than SAFE, new messages that are not tool results, a template whose
+      tool results depend on earlier messages. :attr:`last_bridge_reason` and the log say why.
+    - ``is_prefix_stable``: both of tmpl's verdicts (``tool_loop``, ``multi_user``) are SAFE.
+    - ``parse_response``: tmpl's parser for the template; unreadable calls get renderers' statuses.
+    - ``get_stop_token_ids``: the template's turn closes (found by probing) and EOS.
+    - ``render``: ``sampled_mask`` is tmpl's loss mask (1 on what the model generated: after each
+      assistant turn's generation prompt, through its stop token); the bridge's is all False, as
+      tmpl's mask is 0 on every appended token.
+
+    >>> renderer = TmplRenderer.from_template(tmpl.ChatTemplate(tokenizer))   # doctest: +SKIP
+    >>> renderer.is_prefix_stable                                             # doctest: +SKIP
+    True
+    """
+
+    config_class: ClassVar[type[TmplRendererConfig]] = TmplRendererConfig
+
+    def __init__(self, tokenizer: Any, config: TmplRendererConfig | None = None) -> None:
+        cfg = config or TmplRendererConfig()
+        if cfg.thinking_retention is not None:
+            raise TrainerConfigError(
+                "TmplRenderer",
+                "thinking_retention",
+                "tmpl bridges exactly what the template renders and never changes which reasoning it keeps; "
+                "leave it unset (pass the template's own kwargs instead)",
+            )
+        kwargs = dict(cfg.model_extra or {})
+        source, name = cfg.chat_template, None
+        named = getattr(tokenizer, "chat_template", None)
+        if source in {info.name for info in templates.available()} and not (
+            isinstance(named, dict) and source in named
+        ):
+            source, name = templates.load(source), source
+        tpl = ChatTemplate(tokenizer, source, name=name, **kwargs)
+        self._init(tpl, cfg)
+
+    @classmethod
+    def from_template(cls, tpl: ChatTemplate, config: TmplRendererConfig | None = None) -> TmplRenderer:
+        """A renderer for an existing :class:`tmpl.ChatTemplate` (its kwargs and stop tokens kept).
+
+        >>> TmplRenderer.from_template(tmpl.ChatTemplate(tokenizer, "qwen3"))  # doctest: +SKIP
+        """
+        self = cls.__new__(cls)
+        self._init(tpl, config or TmplRendererConfig())
+        return self
+
+    def _init(self, tpl: ChatTemplate, cfg: TmplRendererConfig) -> None:
+        self.config = cfg
+        self._budget = Budget.parse(cfg.budget) if cfg.budget else None
+        self.tpl = training_safe(tpl) if cfg.training_safe else tpl
+        self._tokenizer = self.tpl.tokenizer
+        #: why the last ``bridge_to_next_turn`` returned None (None when it bridged)
+        self.last_bridge_reason: str | None = None
+        self._logged: set[str] = set()
+
+    # -- tmpl's verdicts -------------------------------------------------------------------
+    @property
+    def report(self) -> TemplateReport:
+        """tmpl's report on the template (:func:`tmpl.report.check`, kept per fingerprint)."""
+        return check(self.tpl, self._budget)
+
+    @property
+    def is_prefix_stable(self) -> bool:
+        """Whether tmpl proved token-in/token-out appends equal full renders for tool rounds and new user turns."""
+        verdicts = self.report.verdicts
+        return all(verdicts[use].level == SAFE for use in ("tool_loop", "multi_user"))
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> RenderedTokens:
+        """The template's tokens for ``messages`` with per-message attribution and tmpl's loss mask.
+
+        ``message_indices``: a message owns the tokens its render adds to the render of the messages
+        before it (the trailing generation prompt is -1). ``sampled_mask``: tmpl's loss mask (empty when
+        an assistant turn's generation prompt is not a prefix of the full render: no mask can be
+        proven there). ``is_content``: the sampled tokens, and the text of other messages' string
+        contents where it appears verbatim in the render.
+        """
+        msgs = _normalized(messages)
+        text = self.tpl.render(msgs, tools=tools, add_generation_prompt=add_generation_prompt)
+        ids, offsets = self.tpl.codec.encode_with_offsets(text)
+        starts = [a for a, _ in offsets]
+        n = len(ids)
+        # message boundaries (characters): where each prefix render ends, when it is a prefix of this one
+        ends: list[int | None] = []
+        for j in range(len(msgs)):
+            if j == len(msgs) - 1 and not add_generation_prompt:
+                ends.append(len(text))
+                continue
+            try:
+                part = self.tpl.render(msgs[: j + 1], tools=tools, add_generation_prompt=False)
+            except TmplError:
+                ends.append(None)
+                continue
+            ends.append(len(part) if text.startswith(part) else None)
+        indices = [-1] * n
+        t = 0
+        for j, end in enumerate(ends):
+            if end is None:
+                continue  # its tokens go to the next message with a known end
+            while t < n and starts[t] < end:
+                indices[t] = j
+                t += 1
+        if t < n and ends and ends[-1] is None:  # the last message's end is unknown: give it the rest
+            indices[t:] = [len(msgs) - 1] * (n - t)
+        runs = self._generated_runs(msgs, tools, ids)
+        sampled = [False] * n if runs is not None else []
+        content = [False] * n
+        for i, start, end in runs or ():
+            # a sampled token belongs to its assistant turn, even where the next message's render closes it
+            indices[start:end] = [i] * (end - start)
+            sampled[start:end] = content[start:end] = [True] * (end - start)
+        for j, m in enumerate(msgs):
+            body = m.get("content")
+            if m.get("role") == "assistant" or not isinstance(body, str) or not body:
+                continue
+            lo = next((starts[k] for k in range(n) if indices[k] == j), None)
+            if lo is None:
+                continue
+            at = text.find(body, lo)
+            if at < 0:
+                continue
+            for k in range(n):
+                if indices[k] == j and offsets[k][1] > at and offsets[k][0] < at + len(body):
+                    content[k] = True
+        return RenderedTokens(
+            token_ids=list(ids),
+            message_indices=indices,
+            sampled_mask=[bool(x) for x in sampled],
+            is_content=content,
+            message_roles=[str(m.get("role") or "") for m in msgs],
+            message_tool_names=extract_message_tool_names(list(messages)),
+        )
+
+    def _generated_runs(
+        self, msgs: list[dict[str, Any]], tools: Any, ids: list[int]
+    ) -> list[tuple[int, int, int]] | None:
+        """tmpl's trajectory mask over a full render, as ``(assistant index, start, end)`` runs: from
+        after each assistant turn's generation prompt through its first stop token. None when a
+        generation prompt is not a prefix of ``ids`` (token-in/token-out never builds this render)."""
+        runs = []
+        stops = self.tpl.stop_token_ids
+        for i, m in enumerate(msgs):
+            if m.get("role") != "assistant":
+                continue
+            try:
+                prompt = self.tpl.codec.encode(self.tpl.render(msgs[:i], tools=tools, add_generation_prompt=True))
+            except TmplError as exc:
+                self._note(f"no loss mask: rendering the prompt of message {i} failed: {exc}")
+                return None
+            stop = next((t for t in range(len(prompt), len(ids)) if ids[t] in stops), None)
+            if ids[: len(prompt)] != prompt or stop is None:
+                self._note(f"no loss mask: the generation prompt of message {i} is not a prefix of the render")
+                return None
+            runs.append((i, len(prompt), stop + 1))
+        return runs
+
+    def render_ids(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> list[int]:
+        """The template's token IDs for ``messages`` (what ``apply_chat_template(tokenize=True)`` gives)."""
+        text = self.tpl.render(_normalized(messages), tools=tools, add_generation_prompt=add_generation_prompt)
+        return self.tpl.codec.encode(text)
+
+    # -- completions -----------------------------------------------------------------------
+    def parse_response(
+        self,
+        token_ids: list[int],
+        *,
+        tools: list[ToolSpec] | None = None,
+        prompt_ids: list[int] | None = None,  # noqa: ARG002 - the protocol's; tmpl's parser does not need it
+    ) -> ParsedResponse:
+        """The completion read by tmpl's parser: content, reasoning, and one ``ParsedToolCall`` per
+        attempted call in the order written (unreadable ones with renderers' status for the failure).
+        ``prompt_ids`` is not needed: tmpl's parser knows from the template where reasoning starts."""
+        try:
+            parsed = parse_completion(self.tpl, token_ids, tools=tools, parser=self.config.parser)
+        except NoToolParserError as exc:
+            self._note(f"no tool-call parser: {exc}")
+            text = self.tpl.codec.decode([t for t in token_ids if t not in self.tpl.stop_token_ids])
+            return ParsedResponse(content=text.strip(), reasoning_content=None, tool_calls=[], reasoning_complete=None)
+        calls: list[ParsedToolCall] = []
+        for item in parsed.items:
+            if isinstance(item, CallProblem):
+                calls.append(
+                    ParsedToolCall(
+                        raw=item.raw,
+                        name=item.name,
+                        arguments=None,
+                        token_span=item.token_span,
+                        status=STATUS_OF_KIND.get(item.kind, ToolCallParseStatus.MALFORMED_STRUCTURE),
+                    )
+                )
+            else:
+                calls.append(
+                    ParsedToolCall(
+                        raw=item.raw,
+                        name=item.name,
+                        arguments=dict(item.arguments),
+                        token_span=item.token_span,
+                        status=ToolCallParseStatus.OK,
+                        id=None if item.id_generated else item.id,
+                    )
+                )
+        return ParsedResponse(
+            content=parsed.content,
+            reasoning_content=parsed.reasoning or None,
+            tool_calls=calls,
+            reasoning_complete=None,  # tmpl's parser does not say whether reasoning was closed
+        )
+
+    def get_stop_token_ids(self) -> list[int]:
+        """The template's turn closes (plain and tool-call turns, found by probing) and EOS, sorted."""
+        return sorted(self.tpl.stop_token_ids)
+
+    # -- the bridge ------------------------------------------------------------------------
+    def bridge_to_next_turn(
+        self,
+        previous_prompt_ids: list[int],
+        previous_completion_ids: list[int],
+        new_messages: list[Message],
+        *,
+        tools: list[ToolSpec] | None = None,
+    ) -> RenderedTokens | None:
+        """``previous_prompt_ids + previous_completion_ids`` (kept as they are) + tmpl's suffix for the
+        tool results in ``new_messages``, or None where tmpl cannot prove that equals the template's
+        full render (the reason is logged and kept in :attr:`last_bridge_reason`).
+
+        ``message_indices`` over the added tokens: the text before a tool result's content (its
+        opener, the previous one's close) belongs to it, what follows the last content (its close and
+        the generation prompt) is -1; ``is_content`` marks the contents; ``sampled_mask`` is all False.
+        """
+        reason = self._refusal(new_messages)
+        if reason is None:
+            try:
+                suffix = self.tpl.suffix_ids(
+                    _normalized(new_messages), completion_ids=previous_completion_ids, tools=tools
+                )
+            except HistoryRequiredError:
+                reason = (
+                    f"{self.tpl.name}: its tool results render differently after earlier messages, "
+                    "which a bridge is not given"
+                )
+            except TmplError as exc:
+                reason = f"{self.tpl.name}: {type(exc).__name__}: {exc}"
+        if reason is not None:
+            self.last_bridge_reason = reason
+            self._note(f"bridge_to_next_turn returns None (the caller re-renders): {reason}")
+            return None
+        self.last_bridge_reason = None
+        prior = len(previous_prompt_ids) + len(previous_completion_ids)
+        indices, content = self._attribute(suffix, new_messages, truncated=_ends_open(self, previous_completion_ids))
+        return RenderedTokens(
+            token_ids=[*previous_prompt_ids, *previous_completion_ids, *suffix],
+            message_indices=[-1] * prior + indices,
+            sampled_mask=[False] * (prior + len(suffix)),
+            is_content=[False] * prior + content if content is not None else [],
+            message_roles=[str(m.get("role") or "") for m in new_messages],
+            message_tool_names=extract_message_tool_names(list(new_messages)),
+        )
+
+    def _refusal(self, new_messages: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why tmpl cannot bridge ``new_messages`` on this template (None: it can)."""
+        if not new_messages:
+            return "no new messages"
+        roles = sorted({str(m.get("role")) for m in new_messages if m.get("role") not in TOOL_ROLES})
+        if roles:
+            return (
+                f"tmpl bridges tool results only; new {', '.join(roles)} message(s) re-render "
+                "(an assistant message would re-tokenize sampled text)"
+            )
+        verdict = self.report.verdicts["tool_loop"]
+        if verdict.level != SAFE:
+            hint = (
+                f" (TmplRendererConfig(training_safe=True) uses tmpl's template {verdict.template!r}, which is SAFE)"
+                if verdict.level == SAFE_WITH
+                else ""
+            )
+            return f"{self.tpl.name}: tmpl's tool_loop verdict is {verdict.label}, not SAFE{hint}"
+        return None
+
+    def _attribute(
+        self, suffix: list[int], new_messages: Sequence[Mapping[str, Any]], truncated: bool
+    ) -> tuple[list[int], list[bool] | None]:
+        """Message indices and content flags over the suffix, from where each tool result's content
+        is in its text (all -1 and None when a content cannot be found there verbatim)."""
+        n = len(suffix)
+        codec = self.tpl.codec
+        text = codec.decode(suffix)
+        ids, offsets = codec.encode_with_offsets(text)
+        bodies = [m.get("content") for m in new_messages]
+        if ids != suffix or not all(isinstance(b, str) for b in bodies):
+            return [-1] * n, None
+        spans: list[tuple[int, int]] = []
+        lead = 0
+        if truncated:  # the close tmpl put first belongs to the previous turn
+            close = codec.decode(list(self.tpl.tool_close_ids))
+            lead = len(close) if text.startswith(close) else 0
+        pos = lead
+        for body in bodies:
+            assert isinstance(body, str)
+            at = text.find(body, pos)
+            if at < 0:
+                return [-1] * n, None
+            spans.append((at, at + len(body)))
+            pos = at + len(body)
+        indices, content = [-1] * n, [False] * n
+        for k, (a, b) in enumerate(offsets):
+            if a < lead:
+                continue
+            j = next((j for j, (_, end) in enumerate(spans) if a < end), None)
+            if j is None:
+                continue
+            indices[k] = j
+            content[k] = b > spans[j][0] and a < spans[j][1]
+        return indices, content
+
+    def _note(self, message: str) -> None:
+        """Log ``message`` at INFO the first time, at DEBUG after that (a bridge runs every turn)."""
+        if message in self._logged:
+            logger.debug(message)
+            return
+        self._logged.add(message)
+        logger.info(message)
+
+    def __repr__(self) -> str:
+        return f"TmplRenderer({self.tpl!r})"
+
+
+def _ends_open(renderer: TmplRenderer, completion: Sequence[int]) -> bool:
+    return not completion or int(completion[-1]) not in renderer.tpl.stop_token_ids
+
+
+def _normalized(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as templates read them: tool-call ``arguments`` given as JSON text (OpenAI's wire
+    format, what verifiers sends) become dicts, as every template tmpl checks renders them."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        msg = dict(m)
+        calls = msg.get("tool_calls")
+        if calls:
+            fixed = []
+            for call in calls:
+                call = dict(call)
+                fn = call.get("function")
+                if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                    fn = dict(fn)
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                    call["function"] = fn
+                fixed.append(call)
+            msg["tool_calls"] = fixed
+        out.append(msg)
+    return out
