@@ -227,3 +227,22 @@ def test_outputs_are_cut_on_characters_then_exactly_in_tokens(tokenizer_of):
     spaces = " " * 300_000
     cut = cut_to_tokens(codec, spaces, 500)
     assert cut is not None and len(codec.encode(cut)) <= 500
+
+
+def test_queued_calls_keep_their_deadline_and_cpu_hogs_meet_their_limit():
+    # one worker, three hanging calls: the first is killed at its timeout; the other two, still
+    # queued at theirs, are answered as timed out without a worker being started for them
+    with tmpl.Toolbox(hostile.ALL, isolation="process", workers=1, timeout=1.0) as box:
+        out = box.run_batch([[{"name": "hang", "arguments": {"city": "x"}}]] * 3)
+        assert [m[0]["content"] for m in out.messages] == ["Error: hang timed out after 1 s"] * 3
+        assert out.metrics.timeouts == 3 and box.pool.started == 1 and box.pool.processes == 0
+    # CPU time is limited per call, even when the wall-clock timeout is far away
+    spin = [hostile.spins, hostile.get_weather]
+    with tmpl.Toolbox(spin, isolation="process", workers=1, timeout=120.0, cpu_seconds=1) as box:
+        out = box.run_batch(
+            [[{"name": "spins", "arguments": {"city": "x"}}], [{"name": "get_weather", "arguments": {"city": "Rome"}}]]
+        )
+        assert out.messages[0][0]["content"] == (
+            "Error: spins crashed: its worker process was killed by SIGXCPU (its CPU time limit of 1 s)"
+        )
+        assert out.messages[1][0]["content"] == "Rome: 21 C, sunny" and out.outcomes[0][0].error == "crashed"

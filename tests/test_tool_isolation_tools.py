@@ -94,3 +94,13 @@ ALL = [get_weather, *HOSTILE]
 def make_tools() -> list:
     """A worker_tools factory: the same tools, built in the worker."""
     return list(ALL)
+
+
+def spins(city: str) -> str:
+    """Burns CPU forever.
+
+    Args:
+        city: The city.
+    """
+    while True:
+        pass

@@ -2,7 +2,10 @@
 
 ``size`` slots, each one dispatcher thread and at most one worker process (so never more than
 ``size`` of either). A slot takes the next queued call, sends it to its worker and waits for
-the answer until the call's timeout; then
+the answer until the call's deadline (its timeout counted from :meth:`ProcessPool.submit`, so
+time spent waiting for a free worker counts; a call still queued at its deadline is answered as
+timed out without running; starting a replacement worker, milliseconds from the forkserver,
+may add to it); then
 
 - answer in time: the call's :class:`Answer` is ``"ok"`` / ``"raised"`` (the worker lives on);
 - timeout: the worker is killed (``SIGKILL``: a loop in C stops too) and the answer says so;
@@ -84,10 +87,11 @@ def _death(exitcode: int | None, memory_mb: int | None, cpu_seconds: float | Non
 
 
 class _Job:
-    __slots__ = ("name", "args", "timeout", "max_chars", "future")
+    __slots__ = ("name", "args", "timeout", "max_chars", "future", "deadline")
 
     def __init__(self, name: str, args: dict[str, Any], timeout: float, max_chars: int | None) -> None:
         self.name, self.args, self.timeout, self.max_chars = name, args, timeout, max_chars
+        self.deadline = time.monotonic() + timeout  # from submission: waiting for a worker counts
         self.future: concurrent.futures.Future[Answer] = concurrent.futures.Future()
 
 
@@ -212,10 +216,13 @@ class _Slot:
                 self.busy = False
 
     def run(self, job: _Job) -> Answer:
+        if job.deadline <= time.monotonic():  # it waited for a free worker until its time was up: not run
+            return Answer("timeout", "", job.timeout)
         if self.proc is None or not self.proc.is_alive():
             failed = self.start()
             if failed is not None:
                 return Answer("crashed", f"its worker process could not start: {failed}", None)
+        left = max(job.deadline - time.monotonic(), 0.0)
         began = time.perf_counter()
         try:
             cpu = self.pool.cpu_seconds if self.pool.cpu_seconds is not None else job.timeout
@@ -224,7 +231,7 @@ class _Slot:
             self.stop()
             return Answer("crashed", f"its worker process could not take the call: {exc}", None)
         try:
-            answered = self.conn.poll(job.timeout)
+            answered = self.conn.poll(left)
             reply: Reply | None = self.conn.recv() if answered else None
         except (EOFError, OSError):
             reply = None
