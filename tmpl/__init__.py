@@ -6,6 +6,7 @@ The public surface, by subsystem (each a subpackage; see docs/architecture.md):
 - trajectories: :class:`Trajectory`, :class:`Status`, :class:`Span`, :func:`collate`;
 - tool calls: :func:`parse_completion`, :class:`Toolbox`, :class:`ToolCall` (``tmpl.toolcalls``);
 - rollouts: :class:`Rollout`, :class:`RolloutResult`, :class:`Sampling` (``tmpl.backends``);
+  :class:`DistributedRollout` (one rollout over worker processes or Ray actors);
 - reports and shipped templates: ``tmpl.report``, ``tmpl.templates``; trainers: ``tmpl.export``,
   ``tmpl.integrations``; every error: ``tmpl.errors`` (all derive from :class:`TmplError`).
 
@@ -21,7 +22,7 @@ from ._compat import NATIVE
 from .backends import Sampling
 from .chat_template import ChatTemplate
 from .errors import TmplError
-from .rollout import Rollout, RolloutMetrics, RolloutResult
+from .rollout import DistributedRollout, Rollout, RolloutMetrics, RolloutResult
 from .toolcalls import ParsedCompletion, Toolbox, ToolCall, parse_completion
 from .trajectory import Span, Status, Trajectory, collate, collate_arrays
 
@@ -46,6 +47,7 @@ __all__ = [
     "Rollout",
     "RolloutResult",
     "RolloutMetrics",
+    "DistributedRollout",
     "Sampling",
     # errors (every one in tmpl.errors derives from it)
     "TmplError",

@@ -2,7 +2,8 @@
 
 :mod:`.loop` holds :class:`Rollout` and :class:`RolloutResult`; :mod:`.scheduler` batches
 requests for the backend; :mod:`.metrics` counts what happened;
-:mod:`.codes` says how a sample ended; :mod:`.drift` explains drift; :mod:`.timing` times phases.
+:mod:`.codes` says how a sample ended; :mod:`.drift` explains drift; :mod:`.timing` times phases;
+:mod:`.scale` runs one rollout over worker processes or Ray actors (:class:`DistributedRollout`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from .codes import EndCode
 from .drift import DriftCause, DriftDetail, explain_drift
 from .loop import Rollout, RolloutResult
 from .metrics import RolloutMetrics, SampleTimes
+from .scale import DistributedRollout, RolloutSettings
 
 __all__ = [
+    "DistributedRollout",
     "DriftCause",
     "DriftDetail",
     "EndCode",
@@ -20,5 +23,6 @@ __all__ = [
     "Rollout",
     "RolloutMetrics",
     "RolloutResult",
+    "RolloutSettings",
     "SampleTimes",
 ]

@@ -1,0 +1,342 @@
+"""tmpl.DistributedRollout: one rollout sharded over worker processes and Ray actors (a real local cluster).
+
+The rollouts here are scripted (deterministic): what a sample's model writes depends only on its
+conversation's index in the whole input, its sample number and its turn, so a sharded run must give
+exactly what one process gives, token for token, wherever a shard ran, however often it ran.
+Every worker started here is stopped by its test; no process is left behind (checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tmpl
+from tmpl.backends import Backend, GenerationResult, Sampling, Scripted
+from tmpl.errors import RayNotInstalledError, ToolIsolationError, WorkerLostError, WorkerSetupError
+from tmpl.rollout.scale import DistributedRollout, RolloutSettings, merge_metrics
+from tmpl.rollout.scale.worker import Shard, WorkerRuntime
+
+from .conftest import DATA, REPO
+
+QWEN = DATA / "qwen2.5-instruct"
+if not (QWEN / "tokenizer_config.json").is_file():
+    pytest.skip(f"tokenizer data not found at {QWEN} (set TMPL_TEST_DATA)", allow_module_level=True)
+
+
+def get_weather(city: str) -> str:
+    """Current weather in a city.
+
+    Args:
+        city: The city name.
+    """
+    return f"Sunny in {city}, 21 C."
+
+
+def lookup(key: str) -> str:
+    """Look a key up.
+
+    Args:
+        key: The key.
+    """
+    if key.endswith("0"):
+        raise KeyError(f"no entry {key}")
+    return f"{key} = {len(key)}"
+
+
+def conversations(n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"Request {i}: weather and keys, please."}] for i in range(n)]
+
+
+class Policy:
+    """The scripted model: conversation ``i``, sample ``s``, turn ``t`` (read from the request id, which
+    carries the index in the whole input) calls tools until turn ``(i + s) % 4``, then answers.
+
+    ``kill_at``: the request id at which the worker process kills itself with SIGKILL, once (a file
+    ``marker`` remembers it was done, so the shard's second run goes through).
+    """
+
+    def __init__(self, tpl, kill_at: str | None = None, marker: str | None = None):
+        self.tpl, self.kill_at, self.marker = tpl, kill_at, marker
+
+    def __call__(self, req):
+        if req.request_id == self.kill_at and not os.path.exists(self.marker):
+            with contextlib.suppress(OSError):  # a marker that cannot be written: it kills every time
+                Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        i, s, t = (int(x) for x in req.request_id.split("-")[:3])
+        if t < (i + s) % 4:
+            calls = [f'{{"name": "get_weather", "arguments": {{"city": "City{i}-{s}-{t}"}}}}']
+            if (i + t) % 3 == 0:
+                calls.append(f'{{"name": "lookup", "arguments": {{"key": "k{i}{t}"}}}}')
+            text = "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls) + "<|im_end|>"
+        else:
+            text = f"Done with request {i}, sample {s}.<|im_end|>"
+        ids = self.tpl.codec.encode(text)
+        return ids, [-0.01 * ((i + s + t + k) % 7) for k in range(len(ids))]
+
+
+def make_rollout(kill_at: str | None = None, marker: str | None = None, n: int = 2) -> tmpl.Rollout:
+    """The factory each worker calls (module level: it pickles by name)."""
+    tpl = tmpl.ChatTemplate.from_pretrained(str(QWEN))
+    return tmpl.Rollout(
+        tpl,
+        Scripted(Policy(tpl, kill_at, marker), record=False),
+        tools=[get_weather, lookup],
+        max_turns=4,
+        max_length=2048,
+        max_completion_length=1024,
+        measure_drift=0.5,  # chosen by the conversation's global index: the same samples as in one process
+        sampling=Sampling(n=n),
+        progress=False,
+    )
+
+
+def without_call_ids(messages: list[dict]) -> list[dict]:
+    """The messages with the tool-call ids left out (the Toolbox draws them at random)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def fields(r) -> tuple:
+    return (
+        r.index,
+        r.sample,
+        r.trajectory.sample_id,
+        r.prompt_ids.tolist(),
+        r.completion_ids.tolist(),
+        r.mask.tolist(),
+        r.logprobs.tolist(),
+        [tuple(sp) for sp in r.spans],
+        without_call_ids(r.messages),
+        r.status,
+        r.reason,
+        r.code,
+        r.turns,
+        r.tool_calls,
+        r.tool_failures,
+        r.drift,
+        r.drift_detail,
+    )
+
+
+CONVERSATIONS = conversations(10)
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    rollout = make_rollout()
+    results = rollout.run(CONVERSATIONS)
+    assert sum(r.tool_calls for r in results) > 10 and sum(r.tool_failures for r in results) > 0
+    assert any(r.drift is not None for r in results) and any(r.drift is None for r in results)
+    return results, rollout.metrics
+
+
+def gone(pids, limit: float = 30.0) -> bool:
+    """Whether every process in ``pids`` has ended (waits up to ``limit`` seconds: Ray kills asynchronously)."""
+    deadline = time.monotonic() + limit
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    return True
+
+
+def check_equal(results, baseline_results) -> None:
+    assert [(r.index, r.sample) for r in results] == [(r.index, r.sample) for r in baseline_results]
+    for r, b in zip(results, baseline_results):
+        assert fields(r) == fields(b), (r.index, r.sample)
+
+
+def check_metrics(metrics, baseline_metrics) -> None:
+    for name in ("samples", "done", "truncated", "aborted", "turns_mean", "turns_max", "tool_calls"):
+        assert getattr(metrics, name) == pytest.approx(getattr(baseline_metrics, name)), name
+    for name in ("tool_failures", "tokens_generated", "tokens_appended", "drift_measured", "drift_samples"):
+        assert getattr(metrics, name) == getattr(baseline_metrics, name), name
+    for name in ("end_codes", "tool_failure_kinds", "drift_causes"):
+        assert getattr(metrics, name) == getattr(baseline_metrics, name), name
+
+
+def test_processes_give_what_one_process_gives(baseline):
+    with DistributedRollout(make_rollout, workers=2, mode="process", shard_size=3) as runner:
+        results = runner.run(CONVERSATIONS)
+        pids = runner.pids()
+        assert runner.mode == "process" and len(set(pids)) == 2 and os.getpid() not in pids
+        assert runner.attempts == [1, 1, 1, 1] and runner.deaths == []
+        assert runner.fingerprint == make_rollout().tpl.fingerprint
+        check_equal(results, baseline[0])
+        check_metrics(runner.metrics, baseline[1])
+        again = runner.run(CONVERSATIONS[3:5])  # the workers stay up between runs
+        assert runner.pids() == pids
+        assert [(r.index, r.sample) for r in again] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        check_equal(again, make_rollout().run(CONVERSATIONS[3:5]))
+    assert gone(pids)
+
+
+def test_a_killed_worker_process_loses_no_sample(baseline, tmp_path):
+    """SIGKILL inside a worker while it runs a shard (others of its samples mid-way through their turns):
+    the shard runs again on a worker started in its place; every sample once, equal to one process's."""
+    factory = functools.partial(make_rollout, kill_at="4-1-1", marker=str(tmp_path / "killed"))
+    with DistributedRollout(factory, workers=2, mode="process", shard_size=3) as runner:
+        results = runner.run(CONVERSATIONS)
+        killed = int((tmp_path / "killed").read_text())
+        assert [d[:2] for d in runner.deaths] == [(runner.deaths[0][0], "killed by SIGKILL")]
+        assert runner.deaths[0][2] == "shard 1 (conversations 3-5)"
+        assert runner.attempts == [1, 2, 1, 1]
+        assert killed not in runner.pids() and all(runner.pids())  # replaced
+        check_equal(results, baseline[0])
+        check_metrics(runner.metrics, baseline[1])
+        pids = runner.pids()
+    assert gone([*pids, killed])
+
+
+def test_a_shard_that_kills_every_worker_raises_worker_lost(tmp_path):
+    # the marker is a folder that cannot be written: the policy dies before it can remember the kill
+    factory = functools.partial(make_rollout, kill_at="0-0-0", marker=str(tmp_path / "no" / "such" / "dir"))
+    with DistributedRollout(factory, workers=1, mode="process", max_attempts=2) as runner:
+        with pytest.raises(WorkerLostError) as caught:
+            runner.run(CONVERSATIONS[:2])
+        pids = [p for p in runner.pids() if p]
+    assert caught.value.attempts == 2 and "shard 0" in str(caught.value), str(caught.value)
+    assert gone(pids)
+
+
+class SlowBackend(Backend):
+    """A server-like backend whose generations take a minute (they are cancelled long before)."""
+
+    batching = False
+
+    async def agenerate(self, request):
+        await asyncio.sleep(60)
+        return GenerationResult(request.request_id, [], [], "stop")
+
+
+def make_slow_rollout() -> tmpl.Rollout:
+    return tmpl.Rollout(
+        tmpl.ChatTemplate.from_pretrained(str(QWEN)), SlowBackend(), max_turns=2, sampling=Sampling(n=2), progress=False
+    )
+
+
+def test_cancel_reaches_every_worker_and_every_request():
+    with DistributedRollout(make_slow_rollout, workers=2, mode="process", shard_size=2) as runner:
+
+        async def go():
+            task = asyncio.create_task(runner.run_async(CONVERSATIONS[:4]))
+            while runner.attempts.count(1) < 2:  # both workers got a shard
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # and their samples asked for generations
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(go())
+        # each worker's rollout told its backend to cancel each request in flight: 2 conversations x n=2 each
+        assert sorted(runner.cancelled) == ["0-0-0", "0-1-0", "1-0-0", "1-1-0", "2-0-0", "2-1-0", "3-0-0", "3-1-0"]
+        pids = runner.pids()
+        assert all(pids)  # the workers live on: the next run uses them
+    assert gone(pids)
+
+
+def test_tools_and_factories_that_cannot_reach_a_worker_say_so(monkeypatch):
+    settings = RolloutSettings(str(QWEN), "http://127.0.0.1:9", tools=[get_weather, lambda city: city])
+    with pytest.raises(ToolIsolationError, match="'<lambda>' cannot run in a worker process.*module level"):
+        DistributedRollout(settings, mode="process")
+    # a factory of tools is called in the worker instead: nothing to pickle but the factory
+    DistributedRollout(RolloutSettings(str(QWEN), "http://127.0.0.1:9", tools=tools_factory), mode="process").close()
+    local = 1
+    with pytest.raises(WorkerSetupError, match="does not pickle"):
+        DistributedRollout(lambda: make_rollout() if local else None, mode="process")
+    with pytest.raises(WorkerSetupError, match="not a Rollout"):
+        DistributedRollout(make_rollout(), mode="process")
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(RayNotInstalledError, match="pip install"):
+        DistributedRollout(make_rollout, mode="ray")
+    assert DistributedRollout(make_rollout).mode == "process"  # auto without ray: processes
+
+
+def tools_factory():
+    return [get_weather]
+
+
+def broken_factory():
+    raise RuntimeError("no GPU here")
+
+
+def test_a_factory_that_fails_in_the_worker_raises_worker_setup_error():
+    runner = DistributedRollout(broken_factory, workers=1, mode="process")
+    with pytest.raises(WorkerSetupError, match="process 0: cannot set up: the rollout factory raised RuntimeError"):
+        runner.run(CONVERSATIONS[:1])
+    assert runner.pids() == [None]  # closed
+
+
+def test_shards_run_in_one_worker_and_merged_equal_the_whole(baseline):
+    """What a worker does with each shard (global ids, indices and drift choice), in this process."""
+    runtime = WorkerRuntime(make_rollout, "here")
+    outputs = [
+        asyncio.run(runtime.run_shard(Shard(k, start, CONVERSATIONS[start:end])))
+        for k, (start, end) in enumerate([(7, 10), (0, 4), (4, 7)])
+    ]
+    check_equal([r for out in (outputs[1], outputs[2], outputs[0]) for r in out.results], baseline[0])
+    check_metrics(merge_metrics([out.metrics for out in outputs], wall_time=1.0), baseline[1])
+    runtime.close()
+
+
+# -- Ray, a real local cluster ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'tmpl[ray]')")
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is already initialized in this process")
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])  # actors import this test module
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_a_local_ray_cluster_gives_what_processes_give(ray_cluster, baseline):
+    with DistributedRollout(make_rollout, workers=2, shard_size=3) as runner:  # auto: ray is initialized
+        assert runner.mode == "ray"
+        results = runner.run(CONVERSATIONS)
+        pids = runner.pids()
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert runner.attempts == [1, 1, 1, 1]
+        check_equal(results, baseline[0])
+        check_metrics(runner.metrics, baseline[1])
+    assert gone(pids)
+
+
+def test_a_killed_ray_actor_loses_no_sample(ray_cluster, baseline, tmp_path):
+    factory = functools.partial(make_rollout, kill_at="7-0-2", marker=str(tmp_path / "killed"))
+    with DistributedRollout(factory, workers=2, shard_size=3) as runner:
+        results = runner.run(CONVERSATIONS)
+        killed = int((tmp_path / "killed").read_text())
+        assert len(runner.deaths) == 1 and runner.deaths[0][2] == "shard 2 (conversations 6-8)", runner.deaths
+        assert "actor died" in runner.deaths[0][1]
+        assert runner.attempts == [1, 1, 2, 1]
+        check_equal(results, baseline[0])
+        check_metrics(runner.metrics, baseline[1])
+        pids = runner.pids()
+        assert killed not in pids
+    assert gone([*pids, killed])
