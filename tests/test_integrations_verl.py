@@ -1,11 +1,11 @@
 """tmpl's verl Continuous Token builder against full renders and against verl's own builders.
 
-Runs only where verl is installed (``tests/run_all.sh`` runs this file with ``build/venv-verl/bin/python``, made by ``.ci/run``:
-verl 0.9.1 needs transformers<5.11). Ground truth is transformers' full ``apply_chat_template``
+Runs only where verl is installed (``tests/run_all.sh`` runs this file with
+``build/venv-verl/bin/python``, made by ``.ci/run``: verl 0.9.1 needs transformers<5.11). Ground truth is transformers' full ``apply_chat_template``
 render of the whole conversation (``tests/contract.py``), never tmpl's output. For every family
 tokenizer and every catalog template, each tool turn is merged by tmpl's builder and by the builder
-verl itself would pick (by the model's ``config.json`` ``model_type``; verl's default builder for the
-catalog templates, whose models verl has no builder for); the side-by-side table is printed.
+verl itself would pick (by the ``config.json`` ``model_type`` of the family's model; for a catalog
+template, of its host tokenizer's model); the side-by-side table is printed.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ MODEL_TYPES = {
 CONTENTS = list(HARD_CONTENTS.values())
 KEYS = list(FAMILIES) + [e["template"] for e in catalog()]
 TABLE: dict[str, dict[str, int]] = {}
+BUILDER: dict[str, str] = {}  # template -> the verl builder class compared
+#: one wrong merge of verl's per template: what it appended and what the full render has
+VERL_WRONG: list[str] = []
 #: cases verl's builder gets right and tmpl refuses (with tmpl's reason): printed with the table
 REFUSED_WHERE_VERL_EXACT: list[str] = []
 
@@ -85,9 +88,13 @@ def cases():
 def verl_builder(key: str, tpl):
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    kwargs = {} if key in FAMILIES else {"chat_template": tpl.template}
+    if key in FAMILIES:
+        family, kwargs = key, {}
+    else:  # the template on its host tokenizer: verl picks by the host model's model_type
+        family = next(e for e in catalog() if e["template"] == key)["host_tokenizer"]
+        kwargs = {"chat_template": tpl.template}
     return create_continuous_token_builder(
-        tpl.tokenizer, hf_model_type=MODEL_TYPES.get(key), chat_template_kwargs=kwargs
+        tpl.tokenizer, hf_model_type=MODEL_TYPES.get(family), chat_template_kwargs=kwargs
     )
 
 
@@ -96,6 +103,7 @@ def test_builder_equals_full_render_where_verls_may_not(key):
     tpl = template_under_test(key)
     ours = TmplContinuousTokenBuilder(tpl.tokenizer, template=tpl, fallback="error")
     theirs = verl_builder(key, tpl)
+    BUILDER[key] = type(theirs).__name__.replace("ContinuousTokenBuilder", "") or "(default)"
     row = dict.fromkeys(("cases", "tmpl exact", "tmpl refused", "verl exact", "verl wrong", "verl raised"), 0)
     for case, history, assistant, results in cases():
         t = truth(tpl, history, assistant, results)
@@ -129,6 +137,13 @@ def test_builder_equals_full_render_where_verls_may_not(key):
         else:
             exact = theirs_merged.token_ids == runtime + expected
             row["verl exact" if exact else "verl wrong"] += 1
+            if not exact and row["verl wrong"] == 1:
+                got = tpl.codec.decode(
+                    theirs_merged.token_ids[len(runtime) - theirs_merged.removed_prefix_token_count :]
+                )
+                VERL_WRONG.append(
+                    f"{key} ({case}):\n    verl: {got[:160]!r}\n    full: {tpl.codec.decode(expected)[:160]!r}"
+                )
             if exact and refusal is not None:
                 REFUSED_WHERE_VERL_EXACT.append(f"{key} ({case}): {refusal}")
     TABLE[key] = row
@@ -137,20 +152,23 @@ def test_builder_equals_full_render_where_verls_may_not(key):
 def test_print_side_by_side_table(capsys):
     if not TABLE:
         pytest.skip("no template was compared (TMPL_TEST_DATA absent?)")
-    lines = [f"{'template':48} {'cases':>5} {'tmpl':>5} {'refused':>7} {'verl':>5} {'wrong':>5} {'raised':>6}"]
+    lines = [
+        f"{'template':48} {'verl builder':12} {'cases':>5} {'tmpl':>5} {'refused':>7} {'verl':>5} {'wrong':>5} {'raised':>6}"
+    ]
     total = dict.fromkeys(next(iter(TABLE.values())), 0)
     for key, row in TABLE.items():
         name = key if key in FAMILIES else Path(key).name
         lines.append(
-            f"{name[:48]:48} {row['cases']:5} {row['tmpl exact']:5} {row['tmpl refused']:7} "
+            f"{name[:48]:48} {BUILDER[key][:12]:12} {row['cases']:5} {row['tmpl exact']:5} {row['tmpl refused']:7} "
             f"{row['verl exact']:5} {row['verl wrong']:5} {row['verl raised']:6}"
         )
         for k, v in row.items():
             total[k] += v
     lines.append(
-        f"{'TOTAL':48} {total['cases']:5} {total['tmpl exact']:5} {total['tmpl refused']:7} "
+        f"{'TOTAL':48} {'':12} {total['cases']:5} {total['tmpl exact']:5} {total['tmpl refused']:7} "
         f"{total['verl exact']:5} {total['verl wrong']:5} {total['verl raised']:6}"
     )
+    lines += ["verl wrong (first case per template):"] + [f"  {c}" for c in VERL_WRONG or ["(none)"]]
     lines += ["verl exact where tmpl refuses:"] + [f"  {c}" for c in REFUSED_WHERE_VERL_EXACT or ["(none)"]]
     with capsys.disabled():
         print("\n" + "\n".join(lines))
