@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("tmpl.suffix",),
     ("tmpl.chat_template",),
-    ("tmpl.toolcalls",),
+    ("tmpl.toolcalls", "tmpl.vision"),
     ("tmpl.report", "tmpl.backends"),
     ("tmpl.rollout",),
     ("tmpl.export", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),
