@@ -380,35 +380,51 @@ class TmplRenderer:
         """Message indices and content flags over the suffix, from where each tool result's content
         is in its text (all -1 and None when a content cannot be found there verbatim)."""
         n = len(suffix)
-        codec = self.tpl.codec
-        text = codec.decode(suffix)
-        ids, offsets = codec.encode_with_offsets(text)
         bodies = [m.get("content") for m in new_messages]
-        if ids != suffix or not all(isinstance(b, str) for b in bodies):
+        if not all(isinstance(b, str) for b in bodies):
             return [-1] * n, None
-        spans: list[tuple[int, int]] = []
-        lead = 0
-        if truncated:  # the close tmpl put first belongs to the previous turn
-            close = codec.decode(list(self.tpl.tool_close_ids))
-            lead = len(close) if text.startswith(close) else 0
-        pos = lead
-        for body in bodies:
-            assert isinstance(body, str)
-            at = text.find(body, pos)
-            if at < 0:
+        # fast: each token's own text, one call (byte-level pieces of a multibyte character do not join
+        # back to it; the contents are then not found and the offsets of a full encode are used)
+        pieces = self.tpl.codec.backend.decode_batch([[t] for t in suffix], skip_special_tokens=False)
+        offsets, at = [], 0
+        for piece in pieces:
+            offsets.append((at, at + len(piece)))
+            at += len(piece)
+        found = self._spans("".join(pieces), bodies, truncated)
+        if found is None:
+            text = self.tpl.codec.decode(suffix)
+            ids, offsets = self.tpl.codec.encode_with_offsets(text)
+            found = self._spans(text, bodies, truncated) if ids == suffix else None
+            if found is None:
                 return [-1] * n, None
-            spans.append((at, at + len(body)))
-            pos = at + len(body)
+        lead, spans = found
         indices, content = [-1] * n, [False] * n
+        j = 0
         for k, (a, b) in enumerate(offsets):
             if a < lead:
                 continue
-            j = next((j for j, (_, end) in enumerate(spans) if a < end), None)
-            if j is None:
-                continue
+            while j < len(spans) and a >= spans[j][1] and not (spans[j][0] == spans[j][1] == a):
+                j += 1
+            if j == len(spans):
+                break
             indices[k] = j
             content[k] = b > spans[j][0] and a < spans[j][1]
         return indices, content
+
+    def _spans(self, text: str, bodies: list[Any], truncated: bool) -> tuple[int, list[tuple[int, int]]] | None:
+        """Where the close tmpl put first ends (0 unless ``truncated``) and each content's span in ``text``."""
+        lead = 0
+        if truncated:  # the close tmpl put first belongs to the previous turn
+            close = self.tpl.codec.decode(list(self.tpl.tool_close_ids))
+            lead = len(close) if text.startswith(close) else 0
+        spans, pos = [], lead
+        for body in bodies:
+            at = text.find(body, pos)
+            if at < 0:
+                return None
+            spans.append((at, at + len(body)))
+            pos = at + len(body)
+        return lead, spans
 
     def _note(self, message: str) -> None:
         """Log ``message`` at INFO the first time, at DEBUG after that (a bridge runs every turn)."""
