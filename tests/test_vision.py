@@ -182,6 +182,11 @@ def check_tool_turn(name: str, user_img: Any, tool_imgs: list[Any], tool_results
     )
     assert suffix.ids == full_ids[end + 1 :], f"{name}: suffix differs from the processor's full render"
     assert suffix.images.count == len(tool_imgs)
+    # a truncated completion (no stop token): the template's close first, then the same suffix
+    cut = vt.suffix_ids(results, completion_ids=completion[:-1], tools=TOOLS, history=history)
+    extra = len(cut.ids) - len(suffix.ids)
+    assert extra > 0 and cut.ids[extra:] == suffix.ids
+    assert cut.images.spans == suffix.images.shifted(extra).spans
     if start == len(prompt.ids):  # prefix-stable: the whole sequence, and the carriers, rebuild the render
         assert prompt.ids + completion + suffix.ids == full_ids
         carrier = ImageInputs.concat([prompt.images, suffix.images.shifted(end + 1)])
@@ -247,10 +252,8 @@ def test_parallel_tool_results_with_images(name: str) -> None:
     name=st.sampled_from(TOOL_IMAGES),
 )
 def test_tool_image_sizes_hypothesis(w: int, h: int, name: str) -> None:
-    # sizes below the processor's minimum are what the processor itself accepts or refuses
-    ratio = max(w, h) / min(w, h)
-    if ratio > 150:  # Qwen2-VL's processor refuses aspect ratios over 200 (smart_resize)
-        return
+    # at least 28 px a side (below, Qwen2-VL's smart_resize refuses the image); aspect ratios stay
+    # under its limit of 200
     check_tool_turn(name, image(40, 40), [image(max(w, 28), max(h, 28), seed=5)])
 
 
@@ -351,3 +354,15 @@ def test_carrier_rejects_misaligned_ids() -> None:
     assert placeholder_runs(prompt.ids, vt.image_token_id) == [(a, b)]
     with pytest.raises(TrajectoryError, match="image placeholders"):
         prompt.images.model_inputs(prompt.ids[: a + 1] + prompt.ids[b:])  # one placeholder instead of b - a
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import tmpl.vision
+    import tmpl.vision.inputs
+    import tmpl.vision.parts
+
+    for mod in (tmpl.vision, tmpl.vision.inputs, tmpl.vision.parts):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0, mod.__name__
