@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pytest -q "$@"
 if [ -x build/venv-verl/bin/python ]; then
-    build/venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_agent_loop.py
+    # vLLM (for the agent-loop test's server) runs with this environment's python, not verl's
+    TMPL_VLLM_PYTHON="$(python -c 'import sys; print(sys.executable)')" \
+        build/venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_agent_loop.py
 else
     echo "tests/run_all.sh: build/venv-verl not found: verl tests skipped (bash .ci/run makes it)"
 fi
