@@ -7,6 +7,7 @@ asserts: a tool that is not stopped shows up as a test that never ends.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import threading
 import time
@@ -246,3 +247,13 @@ def test_queued_calls_keep_their_deadline_and_cpu_hogs_meet_their_limit():
             "Error: spins crashed: its worker process was killed by SIGXCPU (its CPU time limit of 1 s)"
         )
         assert out.messages[1][0]["content"] == "Rome: 21 C, sunny" and out.outcomes[0][0].error == "crashed"
+
+
+def test_a_dropped_toolbox_leaves_no_workers():
+    box = tmpl.Toolbox([hostile.get_weather], isolation="process", workers=2)
+    box.run_batch([[{"name": "get_weather", "arguments": {"city": "Oslo"}}]] * 4)
+    pool = box.pool
+    assert 1 <= pool.processes <= 2
+    del box
+    gc.collect()
+    assert pool.processes == 0 and pool.threads == 0

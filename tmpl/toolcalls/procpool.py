@@ -40,6 +40,11 @@ from .procworker import Reply
 #: seconds a new worker may take to load its tools before its call is answered as failed
 START_TIMEOUT = 60.0
 _CONTEXT_LOCK = threading.Lock()
+#: why a worker may die while it starts: the forkserver runs the main script again in each worker
+_MAIN_HINT = (
+    " before loading its tools (its stderr says why; a script that builds a process Toolbox needs"
+    " `if __name__ == '__main__':` around it, since each worker imports the main module)"
+)
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,8 @@ class ProcessPool:
         for job in queued:
             job.future.set_result(Answer("crashed", "the tool pool was closed before the call ran", None))
         for slot in slots:
-            slot.thread.join(5)
+            if slot.thread is not threading.current_thread():  # closed from a finalizer run by the slot itself
+                slot.thread.join(5)
             slot.stop()
 
     def _busy(self) -> int:
@@ -214,6 +220,7 @@ class _Slot:
                     job.future.set_result(self.run(job))
             finally:
                 self.busy = False
+                del job  # while idle, hold nothing of the caller's (its callbacks hold its batch)
 
     def run(self, job: _Job) -> Answer:
         if job.deadline <= time.monotonic():  # it waited for a free worker until its time was up: not run
@@ -265,7 +272,7 @@ class _Slot:
                 return f"it did not load its tools within {START_TIMEOUT:g} s"
             kind, detail = parent.recv()
         except (EOFError, OSError):
-            return _death(self.stop(), pool.memory_mb, pool.cpu_seconds)
+            return _death(self.stop(), pool.memory_mb, pool.cpu_seconds) + _MAIN_HINT
         if kind != "ready":
             self.stop()
             return str(detail)

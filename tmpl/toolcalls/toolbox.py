@@ -38,6 +38,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -212,6 +213,7 @@ class Toolbox:
             blob = _worker_blob(self._tools, worker_tools)
             self._processes = ProcessPool(blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
             self._processes.check(list(self._tools))
+            weakref.finalize(self, self._processes.close)  # a Toolbox dropped unclosed leaves no workers
 
     # -- tools ------------------------------------------------------------------------
     @property
