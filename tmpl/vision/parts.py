@@ -125,13 +125,14 @@ def _source_of(part: object) -> object:
 
 
 def split_images(
-    messages: Sequence[Mapping[str, Any]], *, where: str = "messages"
+    messages: Sequence[Mapping[str, Any]], *, where: str = "messages", load: bool = True
 ) -> tuple[list[dict[str, Any]], list[Any], tuple[str, ...]]:
     """``(render_messages, images, parts)``: the messages with each image part replaced by
     ``{"type": "image"}`` (what a chat template renders a placeholder for), the images read as PIL
     images in order, and the name of each image's part (for errors and carriers).
 
-    Messages without image parts are passed through unchanged (the same dict objects).
+    Messages without image parts are passed through unchanged (the same dict objects). With
+    ``load=False`` the images are not read (``images`` is empty): for messages rendered as text only.
     """
     render: list[dict[str, Any]] = []
     images: list[Any] = []
@@ -156,7 +157,8 @@ def split_images(
                     "an image part with no image (expected one of: image, url, path, base64, image_url)",
                     where=where,
                 )
-            images.append(load_image(source, index=i, part=name, where=where))
+            if load:
+                images.append(load_image(source, index=i, part=name, where=where))
             parts.append(name)
             new_content.append({"type": "image"})
             changed = True

@@ -149,7 +149,7 @@ class VisionTemplate:
         does not render one placeholder per image (some drop images in tool results).
         """
         render, images, parts = split_images(tool_messages, where="tool_messages")
-        render_history = split_images(history, where="history")[0] if history is not None else None
+        render_history = split_images(history, where="history", load=False)[0] if history is not None else None
         raw = self.chat.suffix_ids(render, completion_ids=completion_ids, tools=tools, history=render_history)
         if not images:
             return VisionIds(raw, ImageInputs.empty(self.image_token_id))
