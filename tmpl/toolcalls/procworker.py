@@ -115,6 +115,16 @@ def _tools(blob: bytes) -> dict[str, Any]:
     return tools
 
 
+def _describe(exc: BaseException, limit: int = 1000) -> str:
+    """``"Type: message"`` of an exception, at most ``limit`` characters (its ``str`` may fail or be huge)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ still names the type
+        text = ""
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _call(fn: Any, args: dict[str, Any]) -> Any:
     value = fn(**args)
     if inspect.isawaitable(value):
@@ -149,13 +159,7 @@ def serve(conn: Any, blob: bytes, memory_mb: int | None) -> None:
             conn.send(Reply("memory", "MemoryError", time.perf_counter() - began))
             os._exit(0)  # its heap may be in any state: a fresh worker takes over
         except BaseException as exc:  # noqa: BLE001 - the tool raised: its message goes back
-            conn.send(
-                Reply(
-                    "raised",
-                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                    time.perf_counter() - began,
-                )
-            )
+            conn.send(Reply("raised", _describe(exc), time.perf_counter() - began))
             continue
         latency = time.perf_counter() - began
         content = content_of(value)
