@@ -16,8 +16,7 @@ and a fresh worker is started for the slot's next call. Workers start clean, fro
 ``forkserver`` (nothing of the caller is inherited: not its threads, locks, tokenizers or
 memory), so tools reach them pickled: see :class:`tmpl.errors.ToolIsolationError`.
 
->>> import pickle
->>> pool = ProcessPool(pickle.dumps({"pow": pow}), size=1)
+>>> pool = ProcessPool(pack_tools({"pow": pow}), size=1)
 >>> pool.submit("pow", {"base": 2, "exp": 10}, timeout=30).result().content
 '1024'
 >>> pool.close()
@@ -28,9 +27,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import multiprocessing
+import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,36 @@ def _death(exitcode: int | None, memory_mb: int | None, cpu_seconds: float | Non
         else " (native code aborted)",
     }.get(name, "")
     return f"its worker process was killed by {name}{why}"
+
+
+def pack_tools(tools: Mapping[str, Any], factory: Callable[[], Sequence[Any]] | None = None) -> bytes:
+    """What a worker loads its tools from: ``pickle.dumps(factory)``, or ``{name: tool}`` pickled.
+
+    Raises :class:`~tmpl.errors.ToolIsolationError` naming the first tool (or the factory) that
+    does not pickle.
+
+    >>> len(pack_tools({"pow": pow})) > 0
+    True
+    """
+    if factory is not None:
+        try:
+            return pickle.dumps(factory)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
+            raise ToolIsolationError(
+                getattr(factory, "__qualname__", repr(factory)),
+                f"worker_tools does not pickle ({type(exc).__name__}: {exc}); "
+                "make it a function at module level of an importable module",
+            ) from None
+    for name, fn in tools.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
+            raise ToolIsolationError(
+                name,
+                f"it does not pickle ({type(exc).__name__}: {exc}); define it at module level of an importable "
+                "module, or pass worker_tools=<a module-level function that returns the tools>",
+            ) from None
+    return pickle.dumps(dict(tools))
 
 
 class _Job:

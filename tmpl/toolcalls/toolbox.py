@@ -35,7 +35,6 @@ import functools
 import inspect
 import json
 import os
-import pickle
 import threading
 import time
 import weakref
@@ -43,11 +42,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ToolboxError, ToolIsolationError
+from ..errors import ToolboxError
 from .arguments import coerce_arguments, read_arguments
 from .metrics import CallOutcome, ToolMetrics
 from .outputs import cut_chars
-from .procpool import Answer, ProcessPool
+from .procpool import Answer, ProcessPool, pack_tools
 from .procworker import content_of
 from .schema import tool_name, tool_schema
 from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
@@ -210,7 +209,7 @@ class Toolbox:
         self._processes: ProcessPool | None = None
         if isolation == "process":
             size = workers or min(max_concurrency, max(2, os.cpu_count() or 2))
-            blob = _worker_blob(self._tools, worker_tools)
+            blob = pack_tools({name: t.fn for name, t in self._tools.items()}, worker_tools)
             self._processes = ProcessPool(blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
             self._processes.check(list(self._tools))
             weakref.finalize(self, self._processes.close)  # a Toolbox dropped unclosed leaves no workers
@@ -245,7 +244,10 @@ class Toolbox:
         return self._processes
 
     def _hung_calls(self, name: str) -> int:
-        live = {f for f in self._hung.get(name, ()) if not f.done()}
+        hung = self._hung.get(name)
+        if not hung:
+            return 0
+        live = {f for f in hung if not f.done()}
         self._hung[name] = live
         return len(live)
 
@@ -685,26 +687,3 @@ def _from_worker(call: ToolCall, tool: _Tool, answer: Answer) -> CallOutcome:
             call.id, call.name, "exception", f"Error: {call.name} raised {_short(answer.content)}", answer.latency
         )
     return CallOutcome(call.id, call.name, "crashed", f"Error: {call.name} crashed: {answer.content}", answer.latency)
-
-
-def _worker_blob(tools: Mapping[str, _Tool], factory: Callable[[], Sequence[Any]] | None) -> bytes:
-    """What a worker process loads its tools from: the pickled factory, or the tools pickled by name."""
-    if factory is not None:
-        try:
-            return pickle.dumps(factory)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
-            raise ToolIsolationError(
-                getattr(factory, "__qualname__", repr(factory)),
-                f"worker_tools does not pickle ({type(exc).__name__}: {exc}); "
-                "make it a function at module level of an importable module",
-            ) from None
-    for name, tool in tools.items():
-        try:
-            pickle.dumps(tool.fn)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
-            raise ToolIsolationError(
-                name,
-                f"it does not pickle ({type(exc).__name__}: {exc}); define it at module level of an importable "
-                "module, or pass worker_tools=<a module-level function that returns the tools>",
-            ) from None
-    return pickle.dumps({name: tool.fn for name, tool in tools.items()})
