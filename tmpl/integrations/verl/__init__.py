@@ -32,7 +32,7 @@ __all__ = [
     "use_tmpl_builders",
 ]
 
-VERL_INSTALL = "pip install verl==0.9.1 cachetools uvicorn fastapi (verl 0.9.1 needs transformers>=5.5.3,<5.11)"
+VERL_INSTALL = "pip install 'tmpl[verl]' (verl==0.9.1 cachetools uvicorn fastapi; verl 0.9.1 needs transformers<5.11)"
 
 
 def require_verl() -> Any:
