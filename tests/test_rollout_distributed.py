@@ -68,7 +68,8 @@ class Policy:
         self.tpl, self.kill_at, self.marker = tpl, kill_at, marker
 
     def __call__(self, req):
-        if req.request_id == self.kill_at and not os.path.exists(self.marker):
+        turn_id = "-".join(req.request_id.split("-")[:3])  # a shard run again has ids ending -w2, -w3...
+        if turn_id == self.kill_at and not os.path.exists(self.marker):
             with contextlib.suppress(OSError):  # a marker that cannot be written: it kills every time
                 Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
@@ -175,36 +176,29 @@ def check_metrics(metrics, baseline_metrics) -> None:
         assert getattr(metrics, name) == getattr(baseline_metrics, name), name
 
 
-def test_processes_give_what_one_process_gives(baseline):
-    with DistributedRollout(make_rollout, workers=2, mode="process", shard_size=3) as runner:
-        results = runner.run(CONVERSATIONS)
-        pids = runner.pids()
-        assert runner.mode == "process" and len(set(pids)) == 2 and os.getpid() not in pids
-        assert runner.attempts == [1, 1, 1, 1] and runner.deaths == []
-        assert runner.fingerprint == make_rollout().tpl.fingerprint
-        check_equal(results, baseline[0])
-        check_metrics(runner.metrics, baseline[1])
-        again = runner.run(CONVERSATIONS[3:5])  # the workers stay up between runs
-        assert runner.pids() == pids
-        assert [(r.index, r.sample) for r in again] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-        check_equal(again, make_rollout().run(CONVERSATIONS[3:5]))
-    assert gone(pids)
-
-
-def test_a_killed_worker_process_loses_no_sample(baseline, tmp_path):
+def test_processes_give_what_one_process_gives_even_when_a_worker_is_killed(baseline, tmp_path):
     """SIGKILL inside a worker while it runs a shard (others of its samples mid-way through their turns):
-    the shard runs again on a worker started in its place; every sample once, equal to one process's."""
+    the shard runs again on a worker started in its place; every sample once, equal to one process's.
+    The workers stay up for the next run, which runs every shard once."""
     factory = functools.partial(make_rollout, kill_at="4-1-1", marker=str(tmp_path / "killed"))
     with DistributedRollout(factory, workers=2, mode="process", shard_size=3) as runner:
         results = runner.run(CONVERSATIONS)
         killed = int((tmp_path / "killed").read_text())
-        assert [d[:2] for d in runner.deaths] == [(runner.deaths[0][0], "killed by SIGKILL")]
-        assert runner.deaths[0][2] == "shard 1 (conversations 3-5)"
+        assert runner.mode == "process" and runner.fingerprint == make_rollout().tpl.fingerprint
+        assert [d[1:] for d in runner.deaths] == [("killed by SIGKILL", "shard 1 (conversations 3-5)")]
         assert runner.attempts == [1, 2, 1, 1]
-        assert killed not in runner.pids() and all(runner.pids())  # replaced
+        pids = runner.pids()
+        assert killed not in pids and len(set(pids)) == 2 and None not in pids and os.getpid() not in pids
         check_equal(results, baseline[0])
         check_metrics(runner.metrics, baseline[1])
-        pids = runner.pids()
+
+        again = runner.run(CONVERSATIONS)  # the kill was once: this run is undisturbed
+        assert runner.pids() == pids and runner.deaths == [] and runner.attempts == [1, 1, 1, 1]
+        check_equal(again, baseline[0])
+        check_metrics(runner.metrics, baseline[1])
+        fewer = runner.run(CONVERSATIONS[3:5])  # indices are those of this run's input
+        assert [(r.index, r.sample) for r in fewer] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        check_equal(fewer, make_rollout().run(CONVERSATIONS[3:5]))
     assert gone([*pids, killed])
 
 

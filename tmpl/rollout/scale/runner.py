@@ -320,6 +320,7 @@ class DistributedRollout:
                         k = pending.popleft()
                         busy[slot] = k
                         self.attempts[k] += 1
+                        shards[k].attempt = self.attempts[k]
                         pool.submit(slot, shards[k])
                 if not pool.live():
                     k = pending[0] if pending else min(busy.values(), default=0)

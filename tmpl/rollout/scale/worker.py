@@ -49,6 +49,7 @@ class Shard:
     index: int
     offset: int
     conversations: Sequence[Sequence[Mapping[str, Any]]]
+    attempt: int = 1  # 2 and up: run again after its worker died (request ids then end with -w<attempt>)
 
     def describe(self) -> str:
         return f"shard {self.index} (conversations {self.offset}-{self.offset + len(self.conversations) - 1})"
@@ -69,19 +70,22 @@ class ShardBackend(Backend):
 
     ``"2-0-1"`` of a shard at offset 40 reaches the backend as ``"42-0-1"``, and its result comes
     back under ``"2-0-1"``. An id that does not start with an index (none of the loop's) gets a
-    prefix instead. Cancels go through too, and are listed in ``cancelled`` (global ids).
+    prefix instead. When the shard runs again after its worker died (``attempt`` 2 and up), ids end
+    with ``-w<attempt>``: a server that still holds the dead worker's request never sees its id
+    twice. Cancels go through too, and are listed in ``cancelled`` (global ids).
 
     >>> from tmpl.backends import Scripted
     >>> backend = ShardBackend(Scripted(lambda req: [int(req.request_id.split("-")[0])]), offset=40)
-    >>> backend.global_id("2-0-1"), backend.global_id("warm")
-    ('42-0-1', '40+warm')
+    >>> backend.global_id("2-0-1"), backend.global_id("warm"), ShardBackend(backend, 0, attempt=2).global_id("2-0-1")
+    ('42-0-1', '40+warm', '2-0-1-w2')
     >>> backend.generate_batch([GenerationRequest("2-0-1", [1], 4, frozenset())])[0].token_ids
     [42]
     """
 
-    def __init__(self, inner: Backend, offset: int) -> None:
+    def __init__(self, inner: Backend, offset: int, attempt: int = 1) -> None:
         self.inner = inner
         self.offset = offset
+        self.suffix = f"-w{attempt}" if attempt > 1 else ""
         self.batching = inner.batching
         self.threaded = inner.threaded
         self.cancelled: list[str] = []
@@ -90,8 +94,8 @@ class ShardBackend(Backend):
         """The id the backend sees for the loop's ``request_id``."""
         m = _LEADING_INDEX.fullmatch(request_id)
         if m is None:
-            return f"{self.offset}+{request_id}"
-        return f"{int(m.group(1)) + self.offset}{m.group(2)}"
+            return f"{self.offset}+{request_id}{self.suffix}"
+        return f"{int(m.group(1)) + self.offset}{m.group(2)}{self.suffix}"
 
     def _request(self, request: GenerationRequest) -> GenerationRequest:
         return dataclasses.replace(request, request_id=self.global_id(request.request_id))
@@ -177,7 +181,7 @@ class WorkerRuntime:
     async def run_shard(self, shard: Shard) -> ShardOutput:
         """Run the shard's conversations on this worker's rollout; results and metrics with global indices."""
         rollout = self.rollout
-        view = self.current = ShardBackend(self.backend, shard.offset)
+        view = self.current = ShardBackend(self.backend, shard.offset, shard.attempt)
         fraction = rollout.measure_drift
         later = not isinstance(fraction, bool) and 0 < fraction < 1  # chosen by global index, after the run
         rollout.backend = view

