@@ -40,7 +40,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ExportError, SourceNotFoundError, TmplError
 
@@ -277,14 +277,18 @@ def _replay(args: argparse.Namespace) -> int:
         rows = [(r, drift, detail) for r, (drift, detail) in zip(results, drifts)]
     else:
         rows = [(r, r.drift, r.drift_detail) for r in results]
-    print("| index | sample | status | drift | cause | token | ours | re-rendered |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| index | sample | status | drift | cause | token | ours | re-rendered | versions | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r, drift, d in rows:
         shown = "not measured" if drift is None else str(drift).lower()
         cause, where, ours, theirs = (
             (d.cause.value, str(d.position), _cell(d.ours), _cell(d.rendered)) if d else ("",) * 4
         )
-        print(f"| {r.index} | {r.sample} | {r.status.name} | {shown} | {cause} | {where} | {ours} | {theirs} |")
+        stale = f"{r.staleness} ({r.stale_action})" if r.stale_action else str(r.staleness)
+        print(
+            f"| {r.index} | {r.sample} | {r.status.name} | {shown} | {cause} | {where} | {ours} | {theirs} "
+            f"| {_versions_cell(r.versions)} | {stale} |"
+        )
     measured = [d for _, drift, d in rows if drift is not None]
     counts = {c.value: sum(1 for d in measured if d is not None and d.cause is c) for c in DriftCause}
     drifted = sum(1 for _, drift, _ in rows if drift)
@@ -293,6 +297,22 @@ def _replay(args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     )
     return EXIT_UNSAFE if drifted else EXIT_SAFE
+
+
+def _versions_cell(versions: Any) -> str:
+    """The policy versions of a sample's tokens as runs: ``v3 x12, - x40, v4 x7`` (-: appended tokens).
+
+    >>> _versions_cell([3, 3, -1, 4])
+    'v3 x2, - x1, v4 x1'
+    """
+    runs: list[list[int]] = []
+    for v in (int(x) for x in versions):
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    shown = [f"{'-' if v < 0 else f'v{v}'} x{n}" for v, n in runs]
+    return ", ".join(shown[:8]) + (f", ... ({len(shown) - 8} more runs)" if len(shown) > 8 else "")
 
 
 def _tools(path: str) -> list[object]:

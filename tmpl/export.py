@@ -18,6 +18,11 @@ One record per sample (``to_records``), in the order given:
   conversation, for rewards and logs); ``spans`` (``kind``, ``turn``, ``message``, ``start``,
   ``end``); budgets (``max_length``, ``max_completion_length``, ``vocab_size``), ``tokens_cut``,
   ``num_turns``, ``sample_id``; ``times`` (seconds per phase outside the engine);
+- ``versions``: the policy version that sampled each completion token (-1 on appended tokens),
+  ``version`` (the rollout's version when the sample ended), ``staleness``, ``stale_action``
+  (what ``max_staleness`` did: None, ``withhold``, ``drop``, ``mask``), ``loss_mask`` (``mask``
+  after that policy), ``resumed`` (partial rollouts continued after an abort-mode weight update).
+  Records written before versions existed read back with -1 everywhere.
 - ``run_metrics``: the rollout's :class:`tmpl.RolloutMetrics` as flat numbers, when given.
 
 In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
@@ -114,6 +119,12 @@ def to_records(
             "tokens_cut": state["tokens_cut"],
             "num_turns": state["num_turns"],
             "times": asdict(r.times),
+            "versions": r.versions.tolist(),
+            "version": r.version,
+            "staleness": r.staleness,
+            "stale_action": r.stale_action,
+            "loss_mask": r.loss_mask.tolist(),
+            "resumed": r.resumed,
         }
         if run is not None:
             record["run_metrics"] = run
@@ -165,6 +176,16 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
         traj = restore_trajectory(state)
     except Exception as exc:
         raise ExportError(where, f"cannot rebuild the trajectory: {exc}") from exc
+    versions = None
+    if record.get("versions") is not None:
+        versions = np.asarray(record["versions"], dtype=np.int32)
+        if len(versions) != n:
+            raise ExportError(where, f"versions has {len(versions)} entries but completion_ids has {n}")
+    loss_mask = None
+    if record.get("loss_mask") is not None and record.get("stale_action") is not None:
+        loss_mask = np.asarray(record["loss_mask"], dtype=np.uint8)
+        if len(loss_mask) != n:
+            raise ExportError(where, f"loss_mask has {len(loss_mask)} entries but completion_ids has {n}")
     messages = record["messages"]
     if isinstance(messages, str):
         messages = json.loads(messages)
@@ -182,6 +203,11 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
         times=times,
         drift_detail=_drift_detail(record, where),
         tool_failure_kinds={k: int(v) for k, v in (record.get("tool_failure_kinds") or {}).items() if v},
+        _versions=versions,
+        version=int(record.get("version", 0)),
+        stale_action=record.get("stale_action"),
+        resumed=int(record.get("resumed", 0)),
+        _loss_mask=loss_mask,
     )
 
 
@@ -298,6 +324,12 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
         "tokens_cut": V("int64"),
         "num_turns": V("int64"),
         "times": {k: V("float64") for k in first["times"]},
+        "versions": S(V("int32")),
+        "version": V("int64"),
+        "staleness": V("int64"),
+        "stale_action": V("string"),
+        "loss_mask": S(V("uint8")),
+        "resumed": V("int64"),
     }
     if "run_metrics" in first:
         features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}

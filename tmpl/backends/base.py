@@ -10,15 +10,27 @@ as they come: vLLM servers); :class:`Backend` derives whichever is missing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Union
 
-from ..errors import BackendError
+from ..errors import BackendError, WeightUpdateError
 
-__all__ = ["Backend", "BackendError", "GenerationRequest", "GenerationResult", "Sampling"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "GenerationRequest",
+    "GenerationResult",
+    "Sampling",
+    "version_label",
+    "versions_from_spans",
+]
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+UpdateMode = Literal["keep", "abort", "drain"]
+#: what a weight update applies: nothing (a new label only), a folder of weights, or the caller's callable
+WeightSource = Union[None, str, "os.PathLike[str]", Callable[[], Any]]
 LogprobsMode = Literal["raw", "processed"]
 
 
@@ -59,13 +71,18 @@ class Sampling:
 
 @dataclass
 class GenerationRequest:
-    """One generation for one sample: continue ``prompt_ids`` for at most ``max_tokens``."""
+    """One generation for one sample: continue ``prompt_ids`` for at most ``max_tokens``.
+
+    ``version`` is the policy version in effect when the request was submitted (what its tokens
+    are attributed to when the engine does not say which weights sampled them).
+    """
 
     request_id: str
     prompt_ids: Sequence[int]
     max_tokens: int
     stop_token_ids: frozenset[int]
     sampling: Sampling = field(default_factory=Sampling)
+    version: int = 0
 
 
 @dataclass
@@ -74,6 +91,9 @@ class GenerationResult:
 
     ``token_ids`` end with the stop token when ``finish_reason == "stop"``. ``logprobs`` has
     one entry per token (the sampled token's logprob) or is None when the backend gave none.
+    ``versions`` has one policy version per token when the engine says which weights sampled
+    each one (vLLM's ``weight_versions`` spans), else None (the rollout then uses the version in
+    effect when the request was submitted).
     """
 
     request_id: str
@@ -82,10 +102,61 @@ class GenerationResult:
     finish_reason: FinishReason
     logprobs_mode: LogprobsMode = "raw"
     error: str | None = None
+    versions: list[int] | None = None
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> GenerationResult:
         return cls(request_id, [], None, "error", error=error)
+
+
+def version_label(label: Any) -> int | None:
+    """The integer policy version of an engine's weight-version label, or None for any other label.
+
+    Versions are integers the trainer chooses; engines carry them as their decimal string (vLLM's
+    label before any update is ``"default"``, which names no version).
+
+    >>> version_label("7"), version_label(7), version_label("default"), version_label(None)
+    (7, 7, None, None)
+    """
+    if isinstance(label, bool) or label is None:
+        return None
+    if isinstance(label, int):
+        return label
+    text = str(label).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return None
+
+
+def versions_from_spans(spans: Any, n_tokens: int, default: int | None = None) -> list[int] | None:
+    """One version per output token from vLLM's ``weight_versions`` spans ``[{version, start, end}]``.
+
+    Spans may be dicts (the server's JSON) or objects with those attributes (offline vLLM).
+    Tokens of a span whose label names no integer version get ``default``; without spans, or when
+    they do not cover the ``n_tokens`` tokens exactly once, the answer is None (not reported).
+
+    >>> versions_from_spans([{"version": "default", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 5}], 5, 2)
+    [2, 2, 3, 3, 3]
+    >>> versions_from_spans([{"version": "3", "start": 0, "end": 4}], 5) is None
+    True
+    """
+    if not spans:
+        return None
+    out: list[int] = []
+    try:
+        for span in spans:
+            fields = span if isinstance(span, dict) else vars(span)  # JSON, or vLLM's WeightVersionSpan
+            start, end = int(fields["start"]), int(fields["end"])
+            if start != len(out) or end < start:
+                return None
+            label = version_label(fields.get("version"))
+            value = label if label is not None else default
+            if value is None:
+                return None
+            out += [value] * (end - start)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return out if len(out) == n_tokens else None
 
 
 class Backend:
@@ -100,6 +171,8 @@ class Backend:
     #: run ``generate_batch`` in a worker thread (engines that release the GIL while they
     #: compute); False runs it on the event loop (cheap pure-Python backends)
     threaded: bool = True
+    #: the policy version of the weights now loaded (set by :meth:`update_weights`)
+    weight_version: int = 0
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for many requests; one result per request, in order."""
@@ -115,6 +188,32 @@ class Backend:
         """Generate for one request (default: a batch of one in a worker thread)."""
         results = await asyncio.to_thread(self.generate_batch, [request])
         return results[0]
+
+    async def update_weights(
+        self,
+        version: int,
+        apply: WeightSource = None,
+        *,
+        mode: UpdateMode = "keep",  # noqa: ARG002 - matters to engines that pause mid-request
+        reset_prefix_cache: bool = True,  # noqa: ARG002 - matters to engines with a prefix cache
+    ) -> None:
+        """Change the weights to ``version`` (called by :meth:`tmpl.Rollout.update_weights`).
+
+        ``apply``: None (only the version label changes), a folder of weights (engines that can
+        reload from one), or a callable (sync or async, no arguments) that does the transfer. The
+        base class runs a callable and refuses a folder; engines that generate in batches are only
+        called between batches, so ``mode`` changes nothing for them (every token of a batch is
+        sampled by the weights it started with).
+        """
+        if callable(apply):
+            out = apply()
+            if asyncio.iscoroutine(out):
+                await out
+        elif apply is not None:
+            raise WeightUpdateError(
+                type(self).__name__, "apply", f"cannot reload weights from a folder ({apply}); pass apply=a callable"
+            )
+        self.weight_version = version
 
     async def cancel(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Cancel an in-flight request (servers); a no-op for local engines."""

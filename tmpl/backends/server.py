@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import HTTPConnectionError
-from .base import Backend, GenerationRequest, GenerationResult
+from ..errors import BackendError, HTTPConnectionError, WeightUpdateError
+from .base import Backend, GenerationRequest, GenerationResult, UpdateMode, WeightSource, versions_from_spans
 from .http import HTTPClient
 from .vllm import sampling_kwargs
 
@@ -59,10 +59,12 @@ class ServerState:
     aborts: int = 0
     #: ``time.monotonic()`` before which no new request is sent here (after a lost connection)
     down_until: float = 0.0
+    #: why this server gets no request ever again (it missed a weight update: its weights are old)
+    retired: str | None = None
 
     @property
     def healthy(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return self.retired is None and time.monotonic() >= self.down_until
 
 
 @dataclass
@@ -135,8 +137,11 @@ class VLLMServer(Backend):
     # -- routing ----------------------------------------------------------------------
     def _pick(self, avoid: set[str]) -> ServerState:
         """The least loaded healthy server not tried yet; else any not tried; else any."""
-        fresh = [s for s in self.servers if s.url not in avoid]
-        candidates = [s for s in fresh if s.healthy] or fresh or self.servers
+        live = [s for s in self.servers if s.retired is None]
+        if not live:
+            raise BackendError("every server is retired: " + "; ".join(f"{s.url}: {s.retired}" for s in self.servers))
+        fresh = [s for s in live if s.url not in avoid]
+        candidates = [s for s in fresh if s.healthy] or fresh or live
         return min(candidates, key=lambda s: (s.outstanding, s.failures))
 
     def _payload(self, req: GenerationRequest, rid: str) -> tuple[str, dict[str, Any]]:
@@ -163,7 +168,10 @@ class VLLMServer(Backend):
         avoid: set[str] = set()
         last_error = ""
         for attempt in range(self.retries + 1):
-            server = self._pick(avoid)
+            try:
+                server = self._pick(avoid)
+            except BackendError as exc:
+                return GenerationResult.failed(request.request_id, str(exc))
             aid = attempt_id(request.request_id, attempt)
             path, payload = self._payload(request, aid)
             entry = _Attempt(asyncio.current_task(), server, aid)
@@ -237,6 +245,7 @@ class VLLMServer(Backend):
             if logprobs is not None and len(logprobs) != len(ids):
                 logprobs = None
             reason = choice.get("finish_reason") or "stop"
+            versions = versions_from_spans(choice.get("weight_versions"), len(ids), req.version)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             return GenerationResult.failed(req.request_id, f"{url}: malformed response ({exc}): {str(body)[:200]}")
         return GenerationResult(
@@ -245,7 +254,89 @@ class VLLMServer(Backend):
             logprobs,
             reason if reason in ("stop", "length", "abort") else "error",
             logprobs_mode=self.logprobs_mode,
+            versions=versions,
         )
+
+    # -- weight updates ---------------------------------------------------------------
+    async def update_weights(
+        self,
+        version: int,
+        apply: WeightSource = None,
+        *,
+        mode: UpdateMode = "keep",
+        reset_prefix_cache: bool = True,
+    ) -> None:
+        """Pause every server, apply the update, reset the prefix cache, set the label, resume.
+
+        vLLM's RL endpoints (the server started with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause``
+        (``mode`` keep, abort, or wait for drain), ``POST /collective_rpc`` ``reload_weights`` when
+        ``apply`` is a folder (a callable runs once, after every server paused), ``POST
+        /reset_prefix_cache``, ``POST /update_weight_version`` with ``str(version)``, ``POST /resume``.
+        A server that cannot be reached is retired (it would come back with old weights; ``stats``
+        says why) and the others are updated; a server that answers with an error fails the update
+        (WeightUpdateError naming it and the step), after the paused servers were resumed.
+
+        >>> await backend.update_weights(3, "/ckpt/step-3", mode="keep")   # doctest: +SKIP
+        """
+        pause = {"keep": "keep", "abort": "abort", "drain": "wait"}[mode]
+        clear = "true" if reset_prefix_cache else "false"
+        live = [s for s in self.servers if s.retired is None]
+        paused: list[ServerState] = []
+        try:
+            outcomes = await asyncio.gather(
+                *(self._rl(s, "pause", f"/pause?mode={pause}&clear_cache={clear}") for s in live),
+                return_exceptions=True,
+            )
+            paused += [server for server, outcome in zip(live, outcomes) if outcome is None]
+            refused = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+            if refused:
+                raise refused[0]
+            if not paused:
+                raise WeightUpdateError(
+                    ", ".join(s.url for s in live) or "no server", "pause", "no server could be reached"
+                )
+            if callable(apply):
+                out = apply()
+                if asyncio.iscoroutine(out):
+                    await out
+            for server in paused:
+                if apply is not None and not callable(apply):
+                    body = {"method": "reload_weights", "kwargs": {"weights_path": str(apply)}}
+                    await self._rl(server, "apply", "/collective_rpc", body, strict=True)
+                if reset_prefix_cache:
+                    await self._rl(server, "reset_prefix_cache", "/reset_prefix_cache", strict=True)
+                await self._rl(server, "label", "/update_weight_version", {"new_version": str(version)}, strict=True)
+        finally:
+            errors = await asyncio.gather(*(self._rl(s, "resume", "/resume") for s in paused))
+        failed = [(s, e) for s, e in zip(paused, errors) if e is not None]
+        if failed:
+            raise WeightUpdateError(failed[0][0].url, "resume", failed[0][1] or "")
+        self.weight_version = version
+
+    async def _rl(
+        self, server: ServerState, step: str, path: str, body: Any = None, *, strict: bool = False
+    ) -> str | None:
+        """POST to one of vLLM's RL endpoints; None when it answered 200, else why not.
+
+        An unreachable server is retired; an error answer raises WeightUpdateError when ``strict``.
+        """
+        try:
+            status, answer = await self.http.post_json(
+                server.url + path, body if body is not None else {}, timeout=self.timeout
+            )
+        except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+            server.retired = f"unreachable during the weight update to a new version ({step}: {exc})"
+            if strict:
+                raise WeightUpdateError(server.url, step, str(exc)) from exc
+            return str(exc)
+        if status != 200:
+            detail = f"HTTP {status} from {path}: {str(answer)[:300]}"
+            if status == 404:
+                detail += " (start the server with VLLM_SERVER_DEV_MODE=1 for its RL endpoints)"
+            if strict or step == "pause":
+                raise WeightUpdateError(server.url, step, detail)
+            return detail
+        return None
 
     async def cancel(self, request_id: str) -> None:
         """Abort an in-flight request on its server (a no-op once it has finished).
@@ -306,6 +397,7 @@ class VLLMServer(Backend):
                 "lost": s.lost,
                 "aborts": s.aborts,
                 "healthy": s.healthy,
+                "retired": s.retired,
             }
             for s in self.servers
         ]

@@ -27,10 +27,20 @@ weights within 0.25 nats (measured at most 0.10, 0.20 at temperature 0.7); a pro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Backend, BackendError, GenerationRequest, GenerationResult
+from ..errors import WeightUpdateError
+from .base import (
+    Backend,
+    BackendError,
+    GenerationRequest,
+    GenerationResult,
+    UpdateMode,
+    WeightSource,
+    versions_from_spans,
+)
 
 _MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
@@ -183,7 +193,52 @@ class VLLM(Backend):
             sampled_logprobs(ids, completion.logprobs),
             reason if reason in ("stop", "length", "abort") else "error",
             logprobs_mode=self.logprobs_mode,
+            versions=versions_from_spans(getattr(completion, "weight_versions", None), len(ids), req.version),
         )
+
+    async def update_weights(
+        self,
+        version: int,
+        apply: WeightSource = None,
+        *,
+        mode: UpdateMode = "keep",  # noqa: ARG002 - the rollout calls an offline engine between batches only
+        reset_prefix_cache: bool = True,
+    ) -> None:
+        """Reload (a folder: ``collective_rpc("reload_weights")``; a callable: the caller's transfer),
+        reset the prefix cache, and label the engine ``str(version)`` (``update_weight_version``).
+
+        The rollout calls this between two batches (``LLM`` runs one batch at a time), so every
+        token of a batch is sampled by one version whatever ``mode`` says.
+
+        >>> await backend.update_weights(3, "/ckpt/step-3")   # doctest: +SKIP
+        """
+        name = type(self.llm).__name__
+
+        def run() -> None:
+            if callable(apply):
+                return
+            if apply is not None:
+                try:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(apply)})
+                except Exception as exc:  # noqa: BLE001 - reported with the engine and step
+                    raise WeightUpdateError(name, "apply", f"{type(exc).__name__}: {exc}") from exc
+
+        if callable(apply):
+            out = apply()
+            if asyncio.iscoroutine(out):
+                await out
+        await asyncio.to_thread(run)
+        try:
+            if reset_prefix_cache:
+                await asyncio.to_thread(self.llm.reset_prefix_cache)
+            label = getattr(self.llm, "update_weight_version", None)
+            if label is not None:
+                label(str(version))
+            else:
+                self.llm.llm_engine.set_weight_version(str(version))
+        except Exception as exc:  # noqa: BLE001 - reported with the engine and step
+            raise WeightUpdateError(name, "label", f"{type(exc).__name__}: {exc}") from exc
+        self.weight_version = version
 
 
 def _failed(req: GenerationRequest, exc: BaseException | str) -> GenerationResult:

@@ -43,6 +43,8 @@ class EndCode(str, enum.Enum):
     VERIFY_FAILED = "verify_failed"
     #: an unexpected error inside the rollout
     CRASHED = "crashed"
+    #: dropped by ``max_staleness`` with ``stale="drop"``: sampled by weights too many versions old
+    STALE_DROPPED = "stale_dropped"
 
     @property
     def status(self) -> Status:
@@ -69,6 +71,7 @@ _STATUS = {
             EndCode.SUFFIX_FAILED,
             EndCode.VERIFY_FAILED,
             EndCode.CRASHED,
+            EndCode.STALE_DROPPED,
         ),
         Status.ABORTED,
     ),

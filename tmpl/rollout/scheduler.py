@@ -10,6 +10,9 @@ Each sample of a rollout runs as its own coroutine and asks for one generation a
 - A non-batching backend (vLLM servers) gets each request as soon as it is made, with at
   most ``max_concurrency`` in flight.
 
+While the rollout updates the weights (:meth:`Scheduler.hold`), no new batch starts and the one
+running is waited for: every token of a batch is sampled by the weights it started with.
+
 When a sample is aborted, or its task cancelled (the run was cancelled), the backend is told with
 :meth:`Backend.cancel` (a request still queued for a batch is just dropped).
 
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from ..backends.base import Backend, GenerationRequest, GenerationResult
 
@@ -47,6 +50,7 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None  # the max_wait deadline of the waiting requests
         self.cancelled: list[str] = []  # request ids the backend was told to cancel
         self.cancel_failures = 0  # cancels that raised or timed out
+        self._held = 0  # weight updates under way: no batch starts
 
     # -- sample bookkeeping -------------------------------------------------------------
     def start_sample(self) -> None:
@@ -73,6 +77,22 @@ class Scheduler:
         # generations) wakes together all ask before the batch goes, instead of the first alone
         if self._pending:
             asyncio.get_running_loop().call_soon(self._maybe_flush)
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Start no batch inside the block, and enter it only once the running batch has returned.
+
+        A weight update runs inside: a batching engine never has its weights changed under a batch.
+        """
+        self._held += 1
+        try:
+            while self._running:
+                await asyncio.sleep(0.005)
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._pending:
+                asyncio.get_running_loop().call_soon(self._maybe_flush)
 
     # -- generation -----------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -144,7 +164,7 @@ class Scheduler:
     def _force(self) -> None:
         self._timer = None
         loop = asyncio.get_running_loop()
-        if self._pending and not self._running:
+        if self._pending and not self._running and not self._held:
             self._running = True
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             loop.create_task(self._run(batch))
@@ -152,7 +172,7 @@ class Scheduler:
             self._timer = loop.call_later(self.max_wait, self._force)
 
     def _maybe_flush(self) -> None:
-        if self._running or not self._pending:
+        if self._running or self._held or not self._pending:
             return
         ready = self.active - self.busy  # samples waiting for a generation right now
         if len(self._pending) >= min(ready, self.max_batch) or len(self._pending) >= self.max_batch:

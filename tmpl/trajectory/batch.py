@@ -15,6 +15,10 @@ with ``torch.from_numpy`` (no copy) and moves to ``device`` only when one is giv
 ([[11, 12], [0, 21]], [[13, 14, 15], [22, 0, 0]])
 >>> batch["completion_mask"].tolist(), batch["tool_mask"].tolist()
 ([[1, 1, 1], [1, 0, 0]], [[1, 1, 0], [1, 1, 1]])
+
+Given :class:`tmpl.RolloutResult` objects instead, the batch also has ``versions`` (the policy
+version of each token, -1 on appended tokens and padding) and ``tool_mask`` is each result's
+``loss_mask`` (the rollout's staleness policy applied: a withheld sample has no token in the loss).
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ BATCH_KEYS: tuple[str, ...] = (
 )
 
 
+#: The extra key of a batch collated from results.
+VERSIONS_KEY = "versions"
+
+
+def _is_result(item: Any) -> bool:
+    return hasattr(item, "trajectory") and hasattr(item, "versions") and hasattr(item, "loss_mask")
+
+
 def collate_arrays(
     trajectories: Sequence[Any],
     pad_id: int,
@@ -50,14 +62,44 @@ def collate_arrays(
     mask_truncated: bool = False,
     mask_aborted: bool = False,
 ) -> dict[str, np.ndarray]:
-    """``collate`` without torch: the same keys as numpy arrays (int64, logprobs float32)."""
-    return _compat.builder.collate_arrays(
-        trajectories,
+    """``collate`` without torch: the same keys as numpy arrays (int64, logprobs float32).
+
+    >>> import tmpl
+    >>> a = tmpl.Trajectory([1], max_length=8); _ = a.add_completion([2, 3], [-0.1, -0.2])
+    >>> collate_arrays([a], pad_id=0)["completion_ids"].tolist()
+    [[2, 3]]
+    """
+    items = list(trajectories) if not isinstance(trajectories, list) else trajectories
+    results = [_is_result(item) for item in items]
+    if not any(results):
+        return _compat.builder.collate_arrays(
+            items,
+            pad_id,
+            pad_to_multiple_of=pad_to_multiple_of,
+            mask_truncated=mask_truncated,
+            mask_aborted=mask_aborted,
+        )
+    if not all(results):
+        from ..errors import CollateError
+
+        k = results.index(False)
+        raise CollateError(k, None, "mixes trajectories and rollout results; pass one kind")
+    arrays = _compat.builder.collate_arrays(
+        [r.trajectory for r in items],
         pad_id,
         pad_to_multiple_of=pad_to_multiple_of,
         mask_truncated=mask_truncated,
         mask_aborted=mask_aborted,
     )
+    width = arrays["completion_ids"].shape[1]
+    versions = np.full((len(items), width), -1, dtype=np.int64)
+    for row, result in enumerate(items):
+        n = int(arrays["completion_lengths"][row])
+        versions[row, :n] = result.versions[:n]
+        if arrays["completion_mask"][row, :n].any():  # a row not masked whole by mask_truncated/mask_aborted
+            arrays["tool_mask"][row, :n] = result.loss_mask[:n]
+    arrays[VERSIONS_KEY] = versions
+    return arrays
 
 
 def collate(
@@ -80,7 +122,9 @@ def collate(
     - ``prompt_lengths``, ``completion_lengths`` (B,) token counts before padding.
 
     Widths are the batch maxima, rounded up to ``pad_to_multiple_of`` when given. All tensors are
-    int64 except the logprobs. ``mask_truncated`` / ``mask_aborted`` zero the ``completion_mask``
+    int64 except the logprobs. Given :class:`tmpl.RolloutResult` objects, ``versions`` (B, C) is
+    added (-1 on appended tokens and padding) and ``tool_mask`` follows each result's ``loss_mask``
+    (its staleness policy). ``mask_truncated`` / ``mask_aborted`` zero the ``completion_mask``
     and ``tool_mask`` rows of TRUNCATED / ABORTED samples (TRL's ``mask_truncated_completions``);
     an ABORTED sample raises CollateError unless ``mask_aborted`` is set. ``device`` moves the
     tensors (``.to(device)``); without it they share memory with the arrays filled.
@@ -94,7 +138,7 @@ def collate(
         mask_truncated=mask_truncated,
         mask_aborted=mask_aborted,
     )
-    tensors = {key: torch.from_numpy(arrays[key]) for key in BATCH_KEYS}
+    tensors = {key: torch.from_numpy(arrays[key]) for key in (*BATCH_KEYS, VERSIONS_KEY) if key in arrays}
     if device is not None:
         tensors = {key: value.to(device) for key, value in tensors.items()}
     return tensors
