@@ -109,7 +109,7 @@ PROCESSORS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
 DROPS_TOOL_IMAGES = ["gemma-4/gemma-4-it", "gemma-4/llama.cpp-31B-it", "gemma-4/onnxruntime"]
 TOOL_IMAGES = [k for k in PROCESSORS if k.startswith("qwen") or k in ("gemma-4/ollama-31b", "gemma-4/ollama-e2b")]
 
-SIZES = [(28, 28), (100, 80), (333, 517), (1024, 96)]
+SIZES = [(28, 28), (100, 80), (333, 517), (1024, 96), (1100, 960)]  # the last is downscaled (Qwen: over 1003520 px)
 
 
 @cache
