@@ -166,10 +166,22 @@ def assert_same_inputs(rebuilt: dict[str, np.ndarray], truth: dict[str, np.ndarr
         assert np.array_equal(rebuilt[k], truth[k]), (where, k)
 
 
-def check_tool_turn(name: str, user_img: Any, tool_imgs: list[Any], tool_results: list[dict] | None = None) -> None:
-    """prompt + completion + suffix == the processor's full render, and the carriers rebuild its outputs."""
+def check_tool_turn(
+    name: str,
+    user_img: Any,
+    tool_imgs: list[Any],
+    tool_results: list[dict] | None = None,
+    contents: list[list[Any]] | None = None,
+) -> None:
+    """prompt + completion + suffix == the processor's full render, and the carriers rebuild its outputs.
+
+    ``tool_results``: what tmpl is given instead (other image shapes of the same pixels);
+    ``contents``: other contents of the tool messages, for the full render and tmpl alike.
+    """
     processor, vt, kwargs = setup(name)
     history, assistant, results = conversation(user_img, tool_imgs)
+    for message, content in zip(results, contents or []):
+        message["content"] = content
     full = processor_render(processor, history + [assistant] + results, kwargs, add_generation_prompt=True)
     full_ids = full["input_ids"][0].tolist()
     prompt = vt.prompt(history, tools=TOOLS)
@@ -181,7 +193,7 @@ def check_tool_turn(name: str, user_img: Any, tool_imgs: list[Any], tool_results
         tool_results if tool_results is not None else results, completion_ids=completion, tools=TOOLS, history=history
     )
     assert suffix.ids == full_ids[end + 1 :], f"{name}: suffix differs from the processor's full render"
-    assert suffix.images.count == len(tool_imgs)
+    assert suffix.images.count == sum(1 for m in results for part in m["content"] if part.get("type") == "image")
     # a truncated completion (no stop token): the template's close first, then the same suffix
     cut = vt.suffix_ids(results, completion_ids=completion[:-1], tools=TOOLS, history=history)
     extra = len(cut.ids) - len(suffix.ids)
@@ -206,7 +218,7 @@ def check_tool_turn(name: str, user_img: Any, tool_imgs: list[Any], tool_results
         carrier = ImageInputs.concat([prompt.images, suffix.images.shifted(end + 1)])
         arrays = {k: v for k, v in full.items() if k not in ("input_ids", "attention_mask", *carrier.token_type_keys)}
         assert_same_inputs(dict(carrier.arrays), arrays, name)
-        assert len(placeholder_runs(full_ids, vt.image_token_id)) == carrier.count == 1 + len(tool_imgs)
+        assert len(placeholder_runs(full_ids, vt.image_token_id)) == carrier.count == 1 + suffix.images.count
 
 
 # -- prompts (images in user messages) --------------------------------------------------------
@@ -255,6 +267,14 @@ def test_tool_image_sizes_hypothesis(w: int, h: int, name: str) -> None:
     # at least 28 px a side (below, Qwen2-VL's smart_resize refuses the image); aspect ratios stay
     # under its limit of 200
     check_tool_turn(name, image(40, 40), [image(max(w, 28), max(h, 28), seed=5)])
+
+
+@pytest.mark.parametrize("name", TOOL_IMAGES)
+def test_adjacent_images_in_one_tool_result(name: str) -> None:
+    """Two images back to back (no text between) stay two placeholder runs, as the processor renders them."""
+    a, b = image(120, 64, 6), image(64, 120, 7)
+    content = [{"type": "image", "image": a}, {"type": "image", "image": b}, {"type": "text", "text": "two"}]
+    check_tool_turn(name, image(40, 40), [a, b][:1], contents=[content])
 
 
 def _png(img: Any) -> bytes:
