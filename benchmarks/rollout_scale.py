@@ -26,6 +26,15 @@ Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``)
   most any loop could gain over the naive one on this workload.
 
 Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl.
+
+Scale out (``--workers 1,2 --modes process,ray``, in one more fresh process, after the rows
+above; ``--scale-only`` runs only this): sample-turns per second of the same workload run by
+``tmpl.DistributedRollout`` with 1 and 2 workers, local processes then Ray actors (a local
+cluster, ``ray.init(num_cpus=<most workers>)``), beside an in-process ``tmpl.Rollout``, all in
+the same run. Each worker builds the rollout itself (:class:`ScaleFactory`: the template, the
+scripted engine and its script, the tools) and is warmed by a first small run; the timed run's
+wall time covers sharding, the workers' rollouts and shipping every result back. Prints the
+machine's load average before and after (the ratios mean something only on an idle machine).
 """
 
 from __future__ import annotations
@@ -307,6 +316,133 @@ def run_naive(
     return time.perf_counter() - start
 
 
+# -- scale out: the same rollout on 1 and 2 workers (processes, then Ray) -----------------------
+class ScriptPolicy:
+    """The scripted engine's policy: the completion of conversation ``i`` at turn ``t``, from the request id."""
+
+    def __init__(self, script: list[list[list[int]]]) -> None:
+        self.script = script
+
+    def __call__(self, req: Any) -> list[int]:
+        i, _, t = req.request_id.split("-")[:3]
+        return self.script[int(i)][int(t)]
+
+
+class ScaleFactory:
+    """Builds the benchmark's rollout (drift 0) in a worker: picklable, it carries settings only, and
+    the worker encodes the script of every conversation itself (before the clock starts)."""
+
+    def __init__(self, data: str, family: str, samples: int, turns: int) -> None:
+        self.data, self.family, self.samples, self.turns = data, family, samples, turns
+
+    def __call__(self) -> Any:
+        import tmpl
+        from tmpl.backends import Scripted
+
+        tpl = tmpl.ChatTemplate.from_pretrained(Path(self.data) / self.family)
+        ends = [last_turn(i, self.turns) for i in range(self.samples)]
+        script = [
+            [tpl.codec.encode(completion_text(i, t, ends[i])) for t in range(ends[i] + 1)] for i in range(self.samples)
+        ]
+        return tmpl.Rollout(
+            tpl,
+            Scripted(ScriptPolicy(script), record=False),
+            tools=tmpl.Toolbox(TOOLS, timeout=10),
+            max_turns=self.turns,
+            max_length=32768,
+            max_completion_length=None,
+            measure_drift=0,
+            progress=False,
+        )
+
+
+def scale_child(config: dict[str, Any]) -> dict[str, Any]:
+    """Sample-turns per second: an in-process Rollout, then DistributedRollout per mode and worker count."""
+    from rollout_scale import ScaleFactory as Factory  # by its module's name: workers import it, not __main__
+
+    from tmpl.rollout.scale import DistributedRollout
+
+    samples, turns = config["samples"], config["turns"]
+    factory = Factory(config["data"], config["family"], samples, turns)
+    conversations = [conversation(i) for i in range(samples)]
+    expected = sum(last_turn(i, turns) + 1 for i in range(samples))
+    warm = conversations[: min(64, samples)]
+    rows: list[dict[str, Any]] = []
+    load = [os.getloadavg()]
+
+    rollout = factory()
+    rollout.run(warm)
+    start = time.perf_counter()
+    results = rollout.run(conversations)
+    wall = time.perf_counter() - start
+    assert sum(r.turns for r in results) == expected
+    rows.append({"mode": "in-process", "workers": 0, "wall": wall, "sample_turns": expected})
+    del rollout, results
+    for mode in config["modes"]:
+        if mode == "ray":
+            import ray
+
+            path = os.pathsep.join([str(Path(__file__).resolve().parent), str(REPO)])
+            ray.init(
+                num_cpus=max(config["workers"]),
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": path}},
+            )
+        try:
+            for workers in config["workers"]:
+                with DistributedRollout(factory, workers=workers, mode=mode) as runner:
+                    runner.run(warm)  # starts every worker (each builds and encodes its script) and warms it
+                    start = time.perf_counter()
+                    results = runner.run(conversations)
+                    wall = time.perf_counter() - start
+                    m = runner.metrics
+                    assert m is not None and m.aborted == 0, m and m.abort_reasons
+                    assert sum(r.turns for r in results) == expected, "a sample-turn is missing or counted twice"
+                    assert runner.deaths == []
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "workers": workers,
+                            "wall": wall,
+                            "sample_turns": expected,
+                            "shards": len(runner.attempts),
+                        }
+                    )
+                    del results
+        finally:
+            if mode == "ray":
+                ray.shutdown()
+    load.append(os.getloadavg())
+    return {"rows": rows, "load": load, "cores": len(os.sched_getaffinity(0))}
+
+
+def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
+    (b1, b5, _), (a1, a5, _) = out["load"]
+    print(
+        f"scale out: {samples} samples x up to {turns} turns (drift 0), sample-turns per second (wall of the whole run: "
+        f"sharding, the workers' rollouts, every result shipped back); {out['cores']} cores; load average "
+        f"before {b1:.2f} (5 min {b5:.2f}), after {a1:.2f} (5 min {a5:.2f})"
+    )
+    rows = out["rows"]
+    base = rows[0]["sample_turns"] / rows[0]["wall"]
+    single: dict[str, float] = {}
+    for row in rows:
+        rate = row["sample_turns"] / row["wall"]
+        if row["workers"] == 0:
+            label, extra = "in-process tmpl.Rollout", ""
+        else:
+            label = (
+                f"{row['mode']}, {row['workers']} worker{'s' if row['workers'] > 1 else ''} ({row['shards']} shards)"
+            )
+            extra = f"   vs in-process {rate / base:.2f}x"
+            if row["workers"] == 1:
+                single[row["mode"]] = rate
+            elif row["mode"] in single:
+                extra += f"   {row['workers']} workers / 1 worker = {rate / single[row['mode']]:.2f}x"
+        print(f"  {label:<34} {row['sample_turns']} sample-turns in {row['wall']:6.2f} s = {rate:7.0f} /s{extra}")
+
+
 # -- the parent: one subprocess per configuration, one table ---------------------------------
 def spawn(config: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
@@ -326,14 +462,37 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--naive-samples", type=int, default=512, help="the naive loop runs on this many samples")
     parser.add_argument("--drift", default="0,0.0625,1", help="measure_drift values to run, comma-separated")
+    parser.add_argument("--workers", default="1,2", help="worker counts of the scale-out rows ('' for none)")
+    parser.add_argument("--modes", default="process,ray", help="DistributedRollout modes of the scale-out rows")
+    parser.add_argument("--scale-samples", type=int, help="samples of the scale-out rows (default: --samples)")
+    parser.add_argument("--scale-only", action="store_true", help="run only the scale-out rows")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+        config = json.loads(args.child)
+        print(json.dumps(scale_child(config) if config["mode"] == "scale" else child(config)))
         return
     if not (Path(args.data) / args.family).is_dir():
         sys.exit(f"tokenizer data not found at {Path(args.data) / args.family}; pass --data or set TMPL_TEST_DATA")
     base = {"data": str(args.data), "family": args.family, "turns": args.turns}
+    if not args.scale_only:
+        phase_rows(args, base)
+    workers = [int(w) for w in args.workers.split(",") if w]
+    if workers:
+        modes = [m for m in args.modes.split(",") if m]
+        if "ray" in modes:
+            try:
+                import ray  # noqa: F401
+            except ImportError:
+                print("scale out: ray is not installed (pip install 'tmpl[ray]'): Ray rows skipped")
+                modes.remove("ray")
+        n = args.scale_samples or args.samples
+        out = spawn({**base, "mode": "scale", "samples": n, "workers": workers, "modes": modes})
+        print_scale(out, n, args.turns)
+
+
+def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
+    """The rows of one process: naive, tmpl at each drift fraction, the floor."""
     naive_n = min(args.naive_samples, args.samples)
     naive = spawn({**base, "mode": "naive", "samples": naive_n, "drift": 0})
     naive_ms = naive["outside"] * 1e3 / naive["sample_turns"]
