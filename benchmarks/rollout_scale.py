@@ -377,6 +377,7 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start
     assert sum(r.turns for r in results) == expected
     rows.append({"mode": "in-process", "workers": 0, "wall": wall, "sample_turns": expected})
+    traffic = _traffic(results, expected)
     del rollout, results
     for mode in config["modes"]:
         if mode == "ray":
@@ -414,7 +415,29 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
             if mode == "ray":
                 ray.shutdown()
     load.append(os.getloadavg())
-    return {"rows": rows, "load": load, "cores": len(os.sched_getaffinity(0))}
+    return {"rows": rows, "load": load, "cores": len(os.sched_getaffinity(0)), "traffic": traffic}
+
+
+def _traffic(results: list[Any], sample_turns: int) -> dict[str, float]:
+    """Per sample-turn: prompt tokens sent to the engine (token-in: the whole sequence every turn), their
+    size as a JSON list, completion tokens back, and the pickled results a worker ships to the driver."""
+    import pickle
+
+    sent = [len(r.prompt_ids) + sp.start for r in results for sp in r.spans if sp.kind == "completion"]
+    first = results[: max(1, len(results) // 16)]
+    ids = [r.prompt_ids.tolist() + r.completion_ids.tolist() for r in first]
+    json_per_token = sum(len(json.dumps(x)) for x in ids) / sum(len(x) for x in ids)
+    blob = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+    start = time.perf_counter()
+    pickle.loads(blob)
+    loads = time.perf_counter() - start
+    return {
+        "sent_tokens": sum(sent) / sample_turns,
+        "sent_json_bytes": sum(sent) * json_per_token / sample_turns,
+        "generated_tokens": sum(int(r.mask.sum()) for r in results) / sample_turns,
+        "result_bytes": len(blob) / sample_turns,
+        "unpickle_ms": loads * 1e3 / sample_turns,
+    }
 
 
 def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
@@ -441,6 +464,12 @@ def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
             elif row["mode"] in single:
                 extra += f"   {row['workers']} workers / 1 worker = {rate / single[row['mode']]:.2f}x"
         print(f"  {label:<34} {row['sample_turns']} sample-turns in {row['wall']:6.2f} s = {rate:7.0f} /s{extra}")
+    t = out["traffic"]
+    print(
+        f"  traffic per sample-turn: {t['sent_tokens']:.0f} prompt tokens to the engine (token-in, ~{t['sent_json_bytes'] / 1e3:.1f} kB "
+        f"as JSON), {t['generated_tokens']:.0f} tokens generated; {t['result_bytes'] / 1e3:.2f} kB of pickled results "
+        f"from a worker to the driver, which unpickles them in {t['unpickle_ms']:.3f} ms"
+    )
 
 
 # -- the parent: one subprocess per configuration, one table ---------------------------------
