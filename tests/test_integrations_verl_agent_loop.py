@@ -102,7 +102,8 @@ class VLLMServerManager:
         body = {
             "model": str(QWEN),
             "prompt": list(prompt_ids),
-            "max_tokens": params["max_tokens"],
+            # verl's own client sets the budget when the loop gives none: the response length, within the model
+            "max_tokens": params.get("max_tokens") or min(384, 1024 - len(prompt_ids)),
             "temperature": params.get("temperature", 1.0),
             "top_p": params.get("top_p", 1.0),
             "stop_token_ids": params.get("stop_token_ids", []),
@@ -235,3 +236,79 @@ def test_tmpl_tool_agent_through_verls_worker(server, tokenizer_of):
         expected = tok.apply_chat_template(prompts[i], tools=[get_time, get_weather], add_generation_prompt=True)
         assert prompt == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
     assert rounds >= 2, "the fixture model called no tool: nothing multi-turn was checked"
+
+
+def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch):
+    """verl's own ``tool_agent`` loop (its hermes parser, its tools) with tmpl's builder under it."""
+    import numpy as np
+    import verl.experimental.agent_loop.agent_loop as agent_loop
+    from verl import DataProto
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: F401 - registers tool_agent
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, function_tool
+
+    from tmpl.integrations.verl import TmplContinuousTokenBuilder, create_tmpl_builder, use_tmpl_builders
+
+    tok = tokenizer_of("qwen2.5-instruct")
+    builders: list[TmplContinuousTokenBuilder] = []
+    merges: list[tuple[list, list]] = []  # (updated messages, appended ids) of every context merge
+
+    def recording(tokenizer, **kwargs):
+        builder = create_tmpl_builder(tokenizer, **kwargs)
+        inner = builder.merge_context_tokens
+
+        def merge(previous, updated, runtime, *, tools=None):
+            result = inner(previous, updated, runtime, tools=tools)
+            merges.append((list(updated), result.token_ids[len(runtime) :], tools))
+            return result
+
+        builder.merge_context_tokens = merge
+        builders.append(builder)
+        return builder
+
+    monkeypatch.setattr(agent_loop, "create_continuous_token_builder", agent_loop.create_continuous_token_builder)
+    use_tmpl_builders()
+    assert agent_loop.create_continuous_token_builder is create_tmpl_builder
+    monkeypatch.setattr(agent_loop, "create_continuous_token_builder", recording)
+
+    manager = VLLMServerManager(server)
+    worker = make_worker(manager, tok)
+    multi_turn = {"max_assistant_turns": 3, "max_user_turns": 3, "max_parallel_calls": 2}
+    multi_turn |= {"max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes"}
+    worker.config.actor_rollout_ref.rollout.multi_turn = multi_turn
+    worker.config.actor_rollout_ref.rollout.full_determinism = False
+    for fn in (get_time, get_weather):
+        function_tool(fn)  # verl's registry of Python tools
+    worker.tools = [FUNCTION_TOOL_REGISTRY["get_time"], FUNCTION_TOOL_REGISTRY["get_weather"]]
+    prompts = [QUESTIONS[0], QUESTIONS[1]]
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([list(p) for p in prompts] + [None], dtype=object)[:-1],
+            "agent_name": np.array(["tool_agent"] * len(prompts), dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+    assert len(out) == len(prompts)
+    assert builders and all(isinstance(b, TmplContinuousTokenBuilder) and b.fallbacks == 0 for b in builders)
+    assert merges, "verl's loop appended no tool result: nothing was checked"
+    for updated, appended, tools in merges:
+        full = tok.apply_chat_template(updated, tools=tools, add_generation_prompt=True)
+        full = list(full["input_ids"] if hasattr(full, "keys") else full)
+        assert (
+            full[-len(appended) :] == appended and tok.convert_ids_to_tokens(full[-len(appended) - 1]) == "<|im_end|>"
+        )
+    # the batch's appended runs are the builder's merges, in order
+    appended_runs = []
+    for i in range(len(prompts)):
+        n = int(out.batch["attention_mask"][i, 512:].sum())
+        response = out.batch["responses"][i, :n].tolist()
+        mask = out.batch["response_mask"][i, :n].tolist()
+        run: list[int] = []
+        for t, m in zip(response, mask):
+            if m == 0:
+                run.append(t)
+            elif run:
+                appended_runs.append(run)
+                run = []
+        if run:
+            appended_runs.append(run)
+    assert sorted(map(tuple, appended_runs)) == sorted(tuple(a) for _, a, _ in merges)
