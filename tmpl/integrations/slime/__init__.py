@@ -56,6 +56,14 @@ def _template(path: str) -> ChatTemplate:
     return ChatTemplate(AutoTokenizer.from_pretrained(path, trust_remote_code=True))
 
 
+@functools.lru_cache(maxsize=8)
+def _sglang(url: str) -> Backend:
+    """One SGLang client (and its connection pools) per router URL and process, shared by every sample."""
+    from ...backends.sglang import SGLang
+
+    return SGLang(url)
+
+
 def make_generate(
     tools: Any = None,
     *,
@@ -85,9 +93,7 @@ def make_generate(
         elif backend is not None:
             engine = backend(args)
         else:
-            from ...backends.sglang import SGLang
-
-            engine = SGLang(f"http://{args.sglang_router_ip}:{args.sglang_router_port}")
+            engine = _sglang(f"http://{args.sglang_router_ip}:{args.sglang_router_port}")
         max_response = int(
             getattr(args, "rollout_max_response_len", None) or sampling_params.get("max_new_tokens", 1024)
         )

@@ -30,7 +30,7 @@ from .backend import VerlServerBackend
 
 __all__ = ["TmplToolAgentLoop", "register_tool_agent"]
 
-_TEMPLATES: dict[int, ChatTemplate] = {}
+_TEMPLATES: dict[tuple[int, str], ChatTemplate] = {}
 
 
 @register("tmpl_tool_agent")
@@ -47,9 +47,9 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.pop("tools", None)  # verl's own tool objects: tmpl runs its Toolbox instead
         super().__init__(*args, **kwargs)
-        key = id(self.tokenizer)
-        if key not in _TEMPLATES:  # one template (and its proven frames) per tokenizer and process
-            opts = dict(self.apply_chat_template_kwargs or {})
+        opts = dict(self.apply_chat_template_kwargs or {})
+        key = (id(self.tokenizer), repr(sorted(opts.items())))
+        if key not in _TEMPLATES:  # one template (and its proven frames) per tokenizer, settings and process
             _TEMPLATES[key] = ChatTemplate(self.tokenizer, opts.pop("chat_template", None), **opts)
         self.template = _TEMPLATES[key]
 

@@ -159,4 +159,4 @@ def use_tmpl_builders() -> None:
     """
     import verl.experimental.agent_loop.agent_loop as agent_loop
 
-    agent_loop.create_continuous_token_builder = create_tmpl_builder  # type: ignore[attr-defined]
+    agent_loop.create_continuous_token_builder = create_tmpl_builder
