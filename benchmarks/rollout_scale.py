@@ -28,10 +28,11 @@ Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``)
 Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl.
 
 Scale out (``--workers 1,2 --modes process,ray``, in one more fresh process, after the rows
-above; ``--scale-only`` runs only this): sample-turns per second of the same workload run by
-``tmpl.DistributedRollout`` with 1 and 2 workers, local processes then Ray actors (a local
-cluster, ``ray.init(num_cpus=<most workers>)``), beside an in-process ``tmpl.Rollout``, all in
-the same run. Each worker builds the rollout itself (:class:`ScaleFactory`: the template, the
+above; ``--scale-only`` runs only this; ``--scale-samples``, default ``--samples``): sample-turns
+per second of the same workload run by ``tmpl.DistributedRollout`` with 1 and 2 workers, local
+processes then Ray actors (a local cluster), beside an in-process ``tmpl.Rollout``, all in the
+same run: every configuration started and warmed, then ``--repeat`` round-robin rounds of timed
+runs (best and median printed), so a change of load on a shared machine falls on all alike. Each worker builds the rollout itself (:class:`ScaleFactory`: the template, the
 scripted engine and its script, the tools) and is warmed by a first small run; the timed run's
 wall time covers sharding, the workers' rollouts and shipping every result back. Prints the
 machine's load average before and after (the ratios mean something only on an idle machine).
@@ -357,7 +358,12 @@ class ScaleFactory:
 
 
 def scale_child(config: dict[str, Any]) -> dict[str, Any]:
-    """Sample-turns per second: an in-process Rollout, then DistributedRollout per mode and worker count."""
+    """Sample-turns per second: an in-process Rollout and DistributedRollout per mode and worker count.
+
+    Every configuration is started and warmed first, then the timed runs go round-robin, ``repeat``
+    rounds: a change of load on a shared machine falls on all of them alike. Idle workers wait on
+    their pipe (or Ray call) and take no CPU.
+    """
     from rollout_scale import ScaleFactory as Factory  # by its module's name: workers import it, not __main__
 
     from tmpl.rollout.scale import DistributedRollout
@@ -367,54 +373,62 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
     conversations = [conversation(i) for i in range(samples)]
     expected = sum(last_turn(i, turns) + 1 for i in range(samples))
     warm = conversations[: min(64, samples)]
-    rows: list[dict[str, Any]] = []
     load = [os.getloadavg()]
+    if "ray" in config["modes"]:
+        import ray
 
+        path = os.pathsep.join([str(Path(__file__).resolve().parent), str(REPO)])
+        ray.init(  # logical CPUs: every runner's actors (num_cpus=1 each) exist at once; they take turns
+            num_cpus=sum(config["workers"]),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+        )
     rollout = factory()
-    rollout.run(warm)
-    start = time.perf_counter()
-    results = rollout.run(conversations)
-    wall = time.perf_counter() - start
-    assert sum(r.turns for r in results) == expected
-    rows.append({"mode": "in-process", "workers": 0, "wall": wall, "sample_turns": expected})
-    traffic = _traffic(results, expected)
-    del rollout, results
-    for mode in config["modes"]:
-        if mode == "ray":
-            import ray
-
-            path = os.pathsep.join([str(Path(__file__).resolve().parent), str(REPO)])
-            ray.init(
-                num_cpus=max(config["workers"]),
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": path}},
-            )
-        try:
-            for workers in config["workers"]:
-                with DistributedRollout(factory, workers=workers, mode=mode) as runner:
-                    runner.run(warm)  # starts every worker (each builds and encodes its script) and warms it
-                    start = time.perf_counter()
-                    results = runner.run(conversations)
-                    wall = time.perf_counter() - start
-                    m = runner.metrics
-                    assert m is not None and m.aborted == 0, m and m.abort_reasons
-                    assert sum(r.turns for r in results) == expected, "a sample-turn is missing or counted twice"
-                    assert runner.deaths == []
-                    rows.append(
-                        {
-                            "mode": mode,
-                            "workers": workers,
-                            "wall": wall,
-                            "sample_turns": expected,
-                            "shards": len(runner.attempts),
-                        }
-                    )
-                    del results
-        finally:
-            if mode == "ray":
-                ray.shutdown()
+    runners = {
+        (m, w): DistributedRollout(factory, workers=w, mode=m) for m in config["modes"] for w in config["workers"]
+    }
+    walls: dict[str, list[float]] = {"in-process/0": []}
+    shards: dict[str, int] = {}
+    traffic: dict[str, float] = {}
+    try:
+        rollout.run(warm)
+        for runner in runners.values():
+            runner.run(warm)  # starts every worker (each builds and encodes its script) and warms it
+        for _ in range(config["repeat"]):
+            start = time.perf_counter()
+            results = rollout.run(conversations)
+            walls["in-process/0"].append(time.perf_counter() - start)
+            assert sum(r.turns for r in results) == expected
+            if not traffic:
+                traffic = _traffic(results, expected)
+            del results
+            for (mode, workers), runner in runners.items():
+                start = time.perf_counter()
+                results = runner.run(conversations)
+                walls.setdefault(f"{mode}/{workers}", []).append(time.perf_counter() - start)
+                m = runner.metrics
+                assert m is not None and m.aborted == 0, m and m.abort_reasons
+                assert sum(r.turns for r in results) == expected, "a sample-turn is missing or counted twice"
+                assert runner.deaths == []
+                shards[f"{mode}/{workers}"] = len(runner.attempts)
+                del results
+    finally:
+        for runner in runners.values():
+            runner.close()
+        if "ray" in config["modes"]:
+            ray.shutdown()
     load.append(os.getloadavg())
+    rows = [
+        {
+            "mode": key.split("/")[0],
+            "workers": int(key.split("/")[1]),
+            "walls": w,
+            "sample_turns": expected,
+            "shards": shards.get(key, 0),
+        }
+        for key, w in walls.items()
+    ]
     return {"rows": rows, "load": load, "cores": len(os.sched_getaffinity(0)), "traffic": traffic}
 
 
@@ -442,28 +456,37 @@ def _traffic(results: list[Any], sample_turns: int) -> dict[str, float]:
 
 def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
     (b1, b5, _), (a1, a5, _) = out["load"]
+    rounds = len(out["rows"][0]["walls"])
     print(
         f"scale out: {samples} samples x up to {turns} turns (drift 0), sample-turns per second (wall of the whole run: "
-        f"sharding, the workers' rollouts, every result shipped back); {out['cores']} cores; load average "
-        f"before {b1:.2f} (5 min {b5:.2f}), after {a1:.2f} (5 min {a5:.2f})"
+        f"sharding, the workers' rollouts, every result shipped back), best and median of {rounds} round-robin rounds; "
+        f"{out['cores']} cores; load average before {b1:.2f} (5 min {b5:.2f}), after {a1:.2f} (5 min {a5:.2f})"
     )
     rows = out["rows"]
-    base = rows[0]["sample_turns"] / rows[0]["wall"]
-    single: dict[str, float] = {}
+
+    def rates(row: dict[str, Any]) -> tuple[float, float]:
+        r = sorted(row["sample_turns"] / w for w in row["walls"])
+        return r[-1], r[len(r) // 2]
+
+    base = rates(rows[0])
+    single: dict[str, tuple[float, float]] = {}
     for row in rows:
-        rate = row["sample_turns"] / row["wall"]
+        best, median = rates(row)
         if row["workers"] == 0:
             label, extra = "in-process tmpl.Rollout", ""
         else:
             label = (
                 f"{row['mode']}, {row['workers']} worker{'s' if row['workers'] > 1 else ''} ({row['shards']} shards)"
             )
-            extra = f"   vs in-process {rate / base:.2f}x"
+            extra = f"   vs in-process {best / base[0]:.2f}x (median {median / base[1]:.2f}x)"
             if row["workers"] == 1:
-                single[row["mode"]] = rate
+                single[row["mode"]] = (best, median)
             elif row["mode"] in single:
-                extra += f"   {row['workers']} workers / 1 worker = {rate / single[row['mode']]:.2f}x"
-        print(f"  {label:<34} {row['sample_turns']} sample-turns in {row['wall']:6.2f} s = {rate:7.0f} /s{extra}")
+                one = single[row["mode"]]
+                extra += (
+                    f"   {row['workers']} workers / 1 worker = {best / one[0]:.2f}x (median {median / one[1]:.2f}x)"
+                )
+        print(f"  {label:<34} {row['sample_turns']} sample-turns: {best:6.0f} /s (median {median:6.0f}){extra}")
     t = out["traffic"]
     print(
         f"  traffic per sample-turn: {t['sent_tokens']:.0f} prompt tokens to the engine (token-in, ~{t['sent_json_bytes'] / 1e3:.1f} kB "
@@ -495,6 +518,7 @@ def main() -> None:
     parser.add_argument("--modes", default="process,ray", help="DistributedRollout modes of the scale-out rows")
     parser.add_argument("--scale-samples", type=int, help="samples of the scale-out rows (default: --samples)")
     parser.add_argument("--scale-only", action="store_true", help="run only the scale-out rows")
+    parser.add_argument("--repeat", type=int, default=3, help="round-robin rounds of the scale-out rows")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -516,7 +540,7 @@ def main() -> None:
                 print("scale out: ray is not installed (pip install 'tmpl[ray]'): Ray rows skipped")
                 modes.remove("ray")
         n = args.scale_samples or args.samples
-        out = spawn({**base, "mode": "scale", "samples": n, "workers": workers, "modes": modes})
+        out = spawn({**base, "mode": "scale", "samples": n, "workers": workers, "modes": modes, "repeat": args.repeat})
         print_scale(out, n, args.turns)
 
 
