@@ -214,3 +214,57 @@ def test_use_tmpl_builders_patches_verls_agent_loops():
 def test_data_dir_is_present():
     if not DATA.is_dir():
         pytest.skip(f"TMPL_TEST_DATA={DATA} absent")
+
+
+#: the families whose templates render parallel calls (tests/test_suffix_families.py's MAX_CALLS == 3)
+PARALLEL = [
+    "qwen2.5-instruct",
+    "qwen3",
+    "gemma-4-it",
+    "mistral-nemo-instruct-2407",
+    "deepseek-v3",
+    "phi-4-mini-instruct",
+]
+
+
+def test_hard_contents_side_by_side(capsys, tokenizer_of):
+    """108 cases: 6 families x 1-3 calls x each hard content (empty, whitespace, unicode, JSON, 10 kB...),
+    merged by tmpl's builder, by verl's builder for the family's model_type, and by verl's default builder
+    (what verl uses for any model_type it has no builder for)."""
+    from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder
+
+    head = f"{'family':28} {'cases':>5} {'tmpl':>5} {'verl':>5} {'default':>7}  verl / default wrong on"
+    lines, total = [head], [0, 0, 0, 0]
+    for family in PARALLEL:
+        tpl = tmpl.ChatTemplate(tokenizer_of(family), name=family)
+        ours = TmplContinuousTokenBuilder(tpl.tokenizer, template=tpl, fallback="error")
+        contenders = [verl_builder(family, tpl), ContinuousTokenBuilder(tpl.tokenizer)]
+        row, wrong = [0, 0, 0, 0], (set(), set())
+        for k in (1, 2, 3):
+            for cname, content in HARD_CONTENTS.items():
+                history, assistant = list(HISTORIES["user"]), assistant_turn(k)
+                results = tool_results(assistant, [content] * k)
+                t = truth(tpl, history, assistant, results)
+                assert t is not None, f"{family}: {k} call(s), {cname}: no full render to compare with"
+                _, runtime, expected = t
+                previous, updated = history + [assistant], history + [assistant] + results
+                merged = ours.merge_context_tokens(previous, updated, runtime, tools=TOOLS)
+                assert merged.token_ids == runtime + expected, f"{family}: {k} call(s), {cname}"
+                row[0] += 1
+                row[1] += 1
+                for j, builder in enumerate(contenders):
+                    try:
+                        got = builder.merge_context_tokens(previous, updated, list(runtime), tools=TOOLS).token_ids
+                        exact = got == runtime + expected
+                    except Exception:
+                        exact = False
+                    row[2 + j] += exact
+                    if not exact:
+                        wrong[j].add(cname)
+        total = [a + b for a, b in zip(total, row)]
+        why = " / ".join(", ".join(sorted(w)) or "-" for w in wrong)
+        lines.append(f"{family:28} {row[0]:5} {row[1]:5} {row[2]:5} {row[3]:7}  {why}")
+    lines.append(f"{'TOTAL':28} {total[0]:5} {total[1]:5} {total[2]:5} {total[3]:7}")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    assert total[0] == total[1] == 108
