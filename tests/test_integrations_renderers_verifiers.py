@@ -210,6 +210,7 @@ def test_verifiers_train_client_rolls_out_tool_turns_through_tmpl(server, caplog
                 traj.add_suffix(tokens.prompt_ids[len(prev.prompt_ids) + len(prev.completion_ids) :])
             traj.add_completion(tokens.completion_ids, [0.0] * len(tokens.completion_ids))
         assert branch.sampled_mask == [False] * len(first) + [bool(x) for x in traj.mask]
+    print(f"verifiers: {len(rollouts)} rollouts, {calls} tool calls, {bridged} bridged turns")  # pytest -s shows it
     assert calls >= 4 and bridged >= 3, (calls, bridged)
 
 
