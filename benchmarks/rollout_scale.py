@@ -32,7 +32,9 @@ above; ``--scale-only`` runs only this; ``--scale-samples``, default ``--samples
 per second of the same workload run by ``tmpl.DistributedRollout`` with 1 and 2 workers, local
 processes then Ray actors (a local cluster), beside an in-process ``tmpl.Rollout``, all in the
 same run: every configuration started and warmed, then ``--repeat`` round-robin rounds of timed
-runs (best and median printed), so a change of load on a shared machine falls on all alike. Each worker builds the rollout itself (:class:`ScaleFactory`: the template, the
+runs (best and median printed), so a change of load on a shared machine falls on all alike. The CPU
+per sample-turn (median; the workers' processes, every thread, plus the driver's) is what the
+load changes least: its growth from 1 to 2 workers is the cost of sharding itself. Each worker builds the rollout itself (:class:`ScaleFactory`: the template, the
 scripted engine and its script, the tools) and is warmed by a first small run; the timed run's
 wall time covers sharding, the workers' rollouts and shipping every result back. Prints the
 machine's load average before and after (the ratios mean something only on an idle machine).
@@ -340,6 +342,8 @@ class ScaleFactory:
         import tmpl
         from tmpl.backends import Scripted
 
+        # the worker runs the tmpl this benchmark's checkout holds (spawn passes sys.path, Ray PYTHONPATH)
+        assert Path(tmpl.__file__).resolve().is_relative_to(REPO), (tmpl.__file__, REPO)
         tpl = tmpl.ChatTemplate.from_pretrained(Path(self.data) / self.family)
         ends = [last_turn(i, self.turns) for i in range(self.samples)]
         script = [
@@ -389,6 +393,7 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
         (m, w): DistributedRollout(factory, workers=w, mode=m) for m in config["modes"] for w in config["workers"]
     }
     walls: dict[str, list[float]] = {"in-process/0": []}
+    cpus: dict[str, list[float]] = {"in-process/0": []}  # CPU seconds: the workers' plus this process's
     shards: dict[str, int] = {}
     traffic: dict[str, float] = {}
     try:
@@ -396,17 +401,19 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
         for runner in runners.values():
             runner.run(warm)  # starts every worker (each builds and encodes its script) and warms it
         for _ in range(config["repeat"]):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), _cpu()
             results = rollout.run(conversations)
             walls["in-process/0"].append(time.perf_counter() - start)
+            cpus["in-process/0"].append(_cpu() - cpu)
             assert sum(r.turns for r in results) == expected
             if not traffic:
                 traffic = _traffic(results, expected)
             del results
             for (mode, workers), runner in runners.items():
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), _cpu()
                 results = runner.run(conversations)
                 walls.setdefault(f"{mode}/{workers}", []).append(time.perf_counter() - start)
+                cpus.setdefault(f"{mode}/{workers}", []).append(_cpu() - cpu + runner.worker_cpu)
                 m = runner.metrics
                 assert m is not None and m.aborted == 0, m and m.abort_reasons
                 assert sum(r.turns for r in results) == expected, "a sample-turn is missing or counted twice"
@@ -424,6 +431,7 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
             "mode": key.split("/")[0],
             "workers": int(key.split("/")[1]),
             "walls": w,
+            "cpus": cpus[key],
             "sample_turns": expected,
             "shards": shards.get(key, 0),
         }
@@ -486,7 +494,11 @@ def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
                 extra += (
                     f"   {row['workers']} workers / 1 worker = {best / one[0]:.2f}x (median {median / one[1]:.2f}x)"
                 )
-        print(f"  {label:<34} {row['sample_turns']} sample-turns: {best:6.0f} /s (median {median:6.0f}){extra}")
+        cpu_ms = sorted(row["cpus"])[len(row["cpus"]) // 2] * 1e3 / row["sample_turns"]
+        print(
+            f"  {label:<34} {row['sample_turns']} sample-turns: {best:6.0f} /s (median {median:6.0f}), "
+            f"cpu {cpu_ms:.3f} ms per sample-turn{extra}"
+        )
     t = out["traffic"]
     print(
         f"  traffic per sample-turn: {t['sent_tokens']:.0f} prompt tokens to the engine (token-in, ~{t['sent_json_bytes'] / 1e3:.1f} kB "

@@ -191,6 +191,8 @@ class DistributedRollout:
         self.deaths: list[tuple[str, str, str | None]] = []
         #: how many times each shard of the last run was started (1 each when no worker died)
         self.attempts: list[int] = []
+        #: CPU seconds the workers' processes spent on the last run's shards (all threads; lost shards not counted)
+        self.worker_cpu = 0.0
 
     # -- set up ---------------------------------------------------------------------------------
     @staticmethod
@@ -290,6 +292,7 @@ class DistributedRollout:
                 await asyncio.wait([driver])
                 raise
             results = [r for out in outputs for r in out.results]
+            self.worker_cpu = sum(out.cpu_seconds for out in outputs)
             self.metrics = merge_metrics([out.metrics for out in outputs], wall_time=time.perf_counter() - start)
             return results
         finally:

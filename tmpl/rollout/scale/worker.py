@@ -57,12 +57,14 @@ class Shard:
 
 @dataclass
 class ShardOutput:
-    """A shard's results (global indices), its metrics, and the request ids its worker cancelled."""
+    """A shard's results (global indices), its metrics, the request ids its worker cancelled, and the CPU
+    seconds its worker's process spent on it (every thread: tools and the tokenizer's included)."""
 
     index: int
     results: list[RolloutResult]
     metrics: RolloutMetrics
     cancelled: list[str] = field(default_factory=list)
+    cpu_seconds: float = 0.0
 
 
 class ShardBackend(Backend):
@@ -187,6 +189,7 @@ class WorkerRuntime:
         rollout.backend = view
         if later:
             rollout.measure_drift = 0.0
+        cpu = time.process_time()
         try:
             results = await rollout.run_async(shard.conversations)
             metrics = rollout.metrics
@@ -200,7 +203,7 @@ class WorkerRuntime:
                 r.trajectory = restore_trajectory({**state_of(r.trajectory), "sample_id": f"{r.index}/{r.sample}"})
         if later:
             self._measure_drift(results, metrics, fraction)
-        return ShardOutput(shard.index, results, metrics, list(view.cancelled))
+        return ShardOutput(shard.index, results, metrics, list(view.cancelled), time.process_time() - cpu)
 
     def _measure_drift(self, results: list[RolloutResult], metrics: RolloutMetrics, fraction: float) -> None:
         """What the loop's ``measure_drift`` does, for the samples chosen by their global index."""
