@@ -65,6 +65,13 @@ class RolloutMetrics:
     staleness_max: int = 0  # versions between a sample's oldest token and the version it ended under
     staleness_mean: float = 0.0
     resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
+    prefix_cache_queries: float = 0.0  # prompt tokens the engines looked up in their prefix caches during the run
+    prefix_cache_hits: float = 0.0  # of which found (vLLM /metrics; the engines' whole traffic)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of looked-up prompt tokens found in the engines' prefix caches (0.0 when not measured)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def drift_rate(self) -> float:
@@ -157,7 +164,8 @@ class RolloutMetrics:
         samples: tokenize, parse, tools, suffix, bookkeeping, drift) plus ``time/engine`` and
         ``time/wall``; ``stale/<action>`` (samples withheld, dropped or masked by ``max_staleness``),
         ``stale/tokens_off``, ``staleness/max``, ``staleness/mean`` and ``resumed`` (partial
-        rollouts continued after an abort-mode weight update). A key is present (0.0) even when
+        rollouts continued after an abort-mode weight update); ``prefix_cache/queries`` and
+        ``prefix_cache/hit_rate`` (from the servers' ``/metrics`` over the run). A key is present (0.0) even when
         nothing happened, so logged series never start late (tokens per version, whose keys are
         the versions, are in :meth:`as_dict`).
 
@@ -193,6 +201,8 @@ class RolloutMetrics:
         out[prefix + "staleness/max"] = float(self.staleness_max)
         out[prefix + "staleness/mean"] = float(self.staleness_mean)
         out[prefix + "resumed"] = float(self.resumed)
+        out[prefix + "prefix_cache/queries"] = float(self.prefix_cache_queries)
+        out[prefix + "prefix_cache/hit_rate"] = self.prefix_cache_hit_rate
         return out
 
     def summary(self) -> str:
