@@ -8,6 +8,7 @@ from the script, never read back from the code under test.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -374,3 +375,71 @@ def test_export_and_replay_carry_versions(tpl, tmp_path, capsys):
     n_call = len(engine.call)
     assert f"| v0 x{n_call}, - x" in out  # the first row: its first turn's tokens, then a suffix
     assert f"| v2 x{len(engine.final)} | 0 |" in out  # the fresh sample: one turn, version 2, not stale
+
+
+# -- sticky routing -----------------------------------------------------------------------------
+
+
+def _two_servers_run(tpl, *, sticky: bool, down_after_first_turn: bool = False):
+    from tmpl.backends import VLLMServer
+
+    from .vllm_standin import StandinServer
+
+    call, final = tpl.codec.encode(CALL), tpl.codec.encode(FINAL)
+    holder: dict = {}
+
+    def policy_of(name: str):
+        def policy(req):
+            i, s, turn = req.request_id.split("-")[:3]
+            if down_after_first_turn and (i, s, turn) == ("0", "0", "0"):
+                url = holder[name]  # the server this turn went to is down from now on
+                home = next(x for x in holder["backend"].servers if x.url == url)
+                home.down_until = time.monotonic() + 60
+                holder["down"] = url
+            return call if int(turn) < 2 else final
+
+        return policy
+
+    with StandinServer(Scripted(policy_of("a"))) as a, StandinServer(Scripted(policy_of("b"))) as b:
+        holder["a"], holder["b"] = a.url, b.url
+        backend = VLLMServer([a.url, b.url], sticky=sticky, timeout=30)
+        holder["backend"] = backend
+        rollout = tmpl.Rollout(
+            tpl, backend, tools=[get_weather], max_turns=4, sampling=tmpl.Sampling(n=3), max_concurrency=64
+        )
+        results = rollout.run([ask(i) for i in range(4)])
+        served = {a.url: list(a.request_ids), b.url: list(b.request_ids)}
+    return results, backend, served, holder.get("down")
+
+
+def server_of_each_turn(served) -> dict[str, list[str]]:
+    """sample ("i-s") -> the server of each of its turns, in turn order."""
+    turns: dict[str, dict[int, str]] = {}
+    for url, ids in served.items():
+        for rid in ids:
+            i, s, turn = rid.split("-")[:3]
+            turns.setdefault(f"{i}-{s}", {})[int(turn)] = url
+    return {sample: [by_turn[t] for t in sorted(by_turn)] for sample, by_turn in turns.items()}
+
+
+def test_sticky_routing_keeps_the_turns_of_a_sample_on_one_server(tpl):
+    results, backend, served, _ = _two_servers_run(tpl, sticky=True)
+    assert all(r.status.name == "DONE" and r.turns == 3 for r in results)
+    routes = server_of_each_turn(served)
+    assert len(routes) == 12 and all(len(set(urls)) == 1 and len(urls) == 3 for urls in routes.values()), routes
+    assert backend.sticky_hits == 24 and backend.sticky_moves == 0  # turns 1 and 2 of each of 12 samples
+    assert all(served.values())  # both servers got samples (least loaded for first turns)
+
+
+def test_without_sticky_turns_go_to_the_least_loaded_server(tpl):
+    results, backend, served, _ = _two_servers_run(tpl, sticky=False)
+    assert all(r.status.name == "DONE" for r in results)
+    assert backend.sticky_hits == 0 and backend.sticky_moves == 0
+
+
+def test_sticky_routing_leaves_a_server_that_is_down(tpl):
+    results, backend, served, down = _two_servers_run(tpl, sticky=True, down_after_first_turn=True)
+    assert all(r.status.name == "DONE" for r in results)
+    route = server_of_each_turn(served)["0-0"]
+    assert route[0] == down and route[1] != down and route[2] == route[1], route
+    assert backend.sticky_moves >= 1

@@ -83,6 +83,8 @@ class GenerationRequest:
     stop_token_ids: frozenset[int]
     sampling: Sampling = field(default_factory=Sampling)
     version: int = 0
+    #: which sample the request belongs to (``"<conversation>/<sample>"``): servers route its turns together
+    sample: str | None = None
 
 
 @dataclass
@@ -214,6 +216,10 @@ class Backend:
                 type(self).__name__, "apply", f"cannot reload weights from a folder ({apply}); pass apply=a callable"
             )
         self.weight_version = version
+
+    async def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """``(queried tokens, hit tokens)`` of the engines' prefix caches so far, or None when unknown."""
+        return None
 
     async def cancel(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Cancel an in-flight request (servers); a no-op for local engines."""

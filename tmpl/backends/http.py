@@ -95,6 +95,22 @@ class HTTPClient:
         except ValueError:
             return response.status_code, response.text
 
+    async def get_text(self, url: str, *, timeout: float | None = None) -> tuple[int, str]:
+        """GET ``url``; return ``(status, body text)``. Raises as :meth:`post_json` does."""
+        httpx = _httpx()
+        extra = (
+            {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(self.connect_timeout, timeout))}
+        )
+        try:
+            response = await self._pool(url).get(url, **extra)
+        except httpx.TimeoutException as exc:
+            raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
+        except httpx.ConnectError as exc:
+            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
+        return response.status_code, response.text
+
     async def aclose(self) -> None:
         """Close the pools of the running event loop."""
         live = id(asyncio.get_running_loop())

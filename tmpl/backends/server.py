@@ -29,12 +29,20 @@ once), and a cancelled rollout whose requests the server logs as aborted. A stoc
 ``/inference/v1/generate`` (HTTP 403, "Scale-out endpoints are disabled") unless started with
 ``--enable-scale-out``: such requests fail with an error that says so (no silent fallback);
 ``api="completions"`` works on a stock server.
+
+Weight updates (:meth:`VLLMServer.update_weights`, called by ``Rollout.update_weights``) use vLLM's
+RL endpoints (a server started with ``VLLM_SERVER_DEV_MODE=1``): pause (keep, abort, wait), reload
+from a folder (``/collective_rpc`` ``reload_weights``), ``/reset_prefix_cache``,
+``/update_weight_version``, resume. With ``api="generate"`` each result carries the versions of its
+tokens from the server's ``weight_versions`` spans. Run against a real server by
+``tests/test_async_rl_real.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -95,6 +103,14 @@ class VLLMServer(Backend):
     ``retries``: tries on other servers after a lost connection, a timeout or a 5xx answer;
     ``down_for``: seconds a server that refused or dropped a connection gets no new requests
     (it is tried again afterwards, or earlier when every server is down).
+
+    ``sticky``: the turns of one sample go to the server that answered its previous turn, where the
+    KV of its prefix may still be cached, unless that server is down or has more than
+    ``sticky_slack`` requests in flight above the least loaded one (then the least loaded takes it
+    and becomes the sample's server). ``sticky=False``: every turn goes to the least loaded.
+
+    >>> VLLMServer(["http://a:8000", "http://b:8000"], sticky_slack=4).sticky
+    True
     """
 
     batching = False
@@ -112,6 +128,8 @@ class VLLMServer(Backend):
         logprobs_mode: Literal["raw", "processed"] = "raw",
         max_connections: int = 256,
         down_for: float = 30.0,
+        sticky: bool = True,
+        sticky_slack: int = 8,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -127,6 +145,12 @@ class VLLMServer(Backend):
         self.down_for = down_for
         self.headers = dict(headers or {})
         self.logprobs_mode = logprobs_mode
+        self.sticky = sticky
+        self.sticky_slack = sticky_slack
+        self._homes: OrderedDict[str, ServerState] = OrderedDict()  # sample -> the server of its last turn
+        #: turns sent to their sample's previous server, and turns that had one but went elsewhere
+        self.sticky_hits = 0
+        self.sticky_moves = 0
         self._inflight: dict[str, _Attempt] = {}
         self._background: set[asyncio.Task[None]] = set()  # abort notices on their way
         #: ids of the tries aborted on their server (cancelled, or abandoned after a timeout), in order
@@ -135,14 +159,32 @@ class VLLMServer(Backend):
         self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
     # -- routing ----------------------------------------------------------------------
-    def _pick(self, avoid: set[str]) -> ServerState:
-        """The least loaded healthy server not tried yet; else any not tried; else any."""
+    def _pick(self, avoid: set[str], sample: str | None = None) -> ServerState:
+        """The sample's previous server while it is healthy, not tried yet and within ``sticky_slack``
+        of the least loaded; else the least loaded healthy server not tried yet; else any not tried;
+        else any."""
         live = [s for s in self.servers if s.retired is None]
         if not live:
             raise BackendError("every server is retired: " + "; ".join(f"{s.url}: {s.retired}" for s in self.servers))
         fresh = [s for s in live if s.url not in avoid]
         candidates = [s for s in fresh if s.healthy] or fresh or live
-        return min(candidates, key=lambda s: (s.outstanding, s.failures))
+        least = min(candidates, key=lambda s: (s.outstanding, s.failures))
+        home = self._homes.get(sample) if self.sticky and sample is not None else None
+        if home is None:
+            return least
+        if home in candidates and home.healthy and home.outstanding <= least.outstanding + self.sticky_slack:
+            self.sticky_hits += 1
+            return home
+        self.sticky_moves += 1
+        return least
+
+    def _remember(self, sample: str | None, server: ServerState) -> None:
+        if not self.sticky or sample is None:
+            return
+        self._homes[sample] = server
+        self._homes.move_to_end(sample)
+        while len(self._homes) > _MAX_HOMES:
+            self._homes.popitem(last=False)
 
     def _payload(self, req: GenerationRequest, rid: str) -> tuple[str, dict[str, Any]]:
         params = sampling_kwargs(req)
@@ -169,7 +211,7 @@ class VLLMServer(Backend):
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
-                server = self._pick(avoid)
+                server = self._pick(avoid, request.sample)
             except BackendError as exc:
                 return GenerationResult.failed(request.request_id, str(exc))
             aid = attempt_id(request.request_id, attempt)
@@ -218,6 +260,7 @@ class VLLMServer(Backend):
                     request.request_id, f"{server.url}: answered request {answered!r}, not {aid!r}"
                 )
             server.completed += 1
+            self._remember(request.sample, server)
             return self._parse(request, body, server.url)
         return GenerationResult.failed(
             request.request_id, f"gave up after {self.retries + 1} attempt(s); last error: {last_error}"
@@ -338,6 +381,19 @@ class VLLMServer(Backend):
             return detail
         return None
 
+    async def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """``(queried, hit)`` prefix-cache tokens summed over the servers, from each one's ``/metrics``
+        (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``; every client's traffic
+        counts). Servers that do not answer are left out; None when none answers."""
+        answers = await asyncio.gather(
+            *(self.http.get_text(s.url + "/metrics", timeout=10.0) for s in self.servers if s.retired is None),
+            return_exceptions=True,
+        )
+        totals = [prometheus_counters(a[1]) for a in answers if isinstance(a, tuple) and a[0] == 200]
+        if not totals:
+            return None
+        return sum(q for q, _ in totals), sum(h for _, h in totals)
+
     async def cancel(self, request_id: str) -> None:
         """Abort an in-flight request on its server (a no-op once it has finished).
 
@@ -401,6 +457,27 @@ class VLLMServer(Backend):
             }
             for s in self.servers
         ]
+
+
+#: samples whose server is remembered for sticky routing (the oldest are forgotten first)
+_MAX_HOMES = 65536
+
+
+def prometheus_counters(text: str) -> tuple[float, float]:
+    """``(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total)`` summed over their series.
+
+    >>> prometheus_counters('vllm:prefix_cache_queries_total{engine="0"} 512.0\\nvllm:prefix_cache_hits_total{engine="0"} 256.0')
+    (512.0, 256.0)
+    """
+    sums = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
+    for line in text.splitlines():
+        head = line.split(" ")[0].split("{")[0]
+        if head in sums:
+            try:
+                sums[head] += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return sums["vllm:prefix_cache_queries_total"], sums["vllm:prefix_cache_hits_total"]
 
 
 def entry_token_id(entry: dict[str, Any]) -> int:

@@ -285,6 +285,7 @@ class Rollout:
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]
         bar = self._bar(len(jobs))
         results: list[RolloutResult] = []
+        cache_before = await self._cache_counters()
         self._schedulers.add(scheduler)
         tasks = [
             asyncio.ensure_future(self._one(i, s, conversations[i], prompts[i], scheduler, rounds, bar))
@@ -308,7 +309,21 @@ class Rollout:
             batches=scheduler.batches,
             tokenize_time=setup.tokenize,
         )
+        await self._count_cache(cache_before)
         return results
+
+    async def _cache_counters(self) -> tuple[float, float] | None:
+        try:
+            return await asyncio.wait_for(self.backend.prefix_cache_counters(), 15.0)
+        except Exception:  # noqa: BLE001 - telemetry: a server that cannot say leaves it unmeasured
+            return None
+
+    async def _count_cache(self, before: tuple[float, float] | None) -> None:
+        """Prefix-cache tokens looked up and hit since ``before``, into ``metrics``."""
+        after = await self._cache_counters() if before is not None else None
+        if before is not None and after is not None and self.metrics is not None:
+            self.metrics.prefix_cache_queries = max(0.0, after[0] - before[0])
+            self.metrics.prefix_cache_hits = max(0.0, after[1] - before[1])
 
     async def _one(
         self,
@@ -374,6 +389,7 @@ class Rollout:
         in_flight = 0
         groups: set[asyncio.Task[None]] = set()
         finished: list[RolloutResult] = []
+        cache_before = await self._cache_counters()
         self._schedulers.add(scheduler)
 
         async def group(i: int, conv: Sequence[Mapping[str, Any]], prompt: list[int]) -> None:
@@ -446,6 +462,7 @@ class Rollout:
                 batches=scheduler.batches,
                 tokenize_time=setup.tokenize,
             )
+            await self._count_cache(cache_before)
 
     def stream_sync(
         self, prompts: Iterable[Sequence[Mapping[str, Any]]], *, max_in_flight: int | None = None
@@ -750,6 +767,7 @@ class Rollout:
                     self.tpl.stop_token_ids,
                     sampling,
                     version=submitted,
+                    sample=f"{run.index}/{run.sample}",
                 )
             )
             own = _token_versions(result, submitted)
