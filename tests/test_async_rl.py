@@ -443,3 +443,41 @@ def test_sticky_routing_leaves_a_server_that_is_down(tpl):
     route = server_of_each_turn(served)["0-0"]
     assert route[0] == down and route[1] != down and route[2] == route[1], route
     assert backend.sticky_moves >= 1
+
+
+def test_torch_backend_update_runs_the_callers_transfer_between_batches(tiny_qwen2):
+    """The torch backend's update is the caller's callable; the next turn samples from the new weights
+    (its logprobs are the new model's) and carries the new version."""
+    import torch
+
+    model, tok = tiny_qwen2
+    tpl = tmpl.ChatTemplate(tok, name="qwen2.5")
+    rollout = tmpl.Rollout(
+        tpl,
+        tmpl.backends.Torch(model),
+        max_turns=1,
+        max_length=256,
+        max_tokens_per_turn=6,
+        sampling=tmpl.Sampling(temperature=0.0),
+        version=1,
+    )
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        [before] = rollout.run([ask(0)])
+
+        def transfer():
+            with torch.no_grad():
+                model.model.norm.weight.mul_(3.0)
+
+        rollout.update_weights(2, apply=transfer)
+        [after] = rollout.run([ask(0)])
+        assert before.versions.tolist() == [1] * len(before.mask) and after.versions.tolist() == [2] * len(after.mask)
+        seq = torch.tensor([after.prompt_ids.tolist() + after.completion_ids.tolist()])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(seq).logits[0].float(), -1)
+        p = after.prompt_ids.size
+        for t, token in enumerate(after.completion_ids.tolist()):
+            assert lp[p + t - 1, token].item() == pytest.approx(float(after.logprobs[t]), abs=1e-4)
+        assert after.logprobs.tolist() != before.logprobs.tolist()
+    finally:
+        model.load_state_dict(saved)

@@ -302,3 +302,21 @@ def test_an_invalid_sampling_parameter_fails_its_request_only(engine):
     assert second.finish_reason == "error" and "top_k must be 0 (disable), or at least 1" in second.error
     assert first.finish_reason == third.finish_reason == "stop" and first.token_ids == third.token_ids
     assert first.token_ids[-1] == engine.close_id and len(first.logprobs) == len(first.token_ids)
+
+
+def test_weight_update_on_the_offline_engine_labels_every_token(engine):
+    """Rollout.update_weights on an offline LLM: reload (here the fixture's own folder), reset the prefix
+    cache, label "5"; a rollout of another Rollout that believes it is at version 9 gets 5 on every
+    sampled token, because the versions come from the engine's CompletionOutput.weight_versions."""
+    first = rollout(engine, Sampling(temperature=0.0))
+    first.update_weights(5, apply=engine.path)
+    assert first.version == 5 and first.backend.weight_version == 5
+    other = rollout(engine, Sampling(temperature=0.0), version=9)
+    results = other.run(QUESTIONS[:2])
+    for r in results:
+        assert r.status.name in ("DONE", "TRUNCATED"), r.reason
+        assert r.versions.tolist() == [5 if m else -1 for m in r.mask.tolist()]
+        assert r.staleness == 4  # ended under 9, sampled by 5
+    with pytest.raises(tmpl.errors.WeightUpdateError, match="failed at apply"):
+        first.update_weights(6, apply=engine.path / "no-such-folder")
+    assert first.version == 5
