@@ -481,3 +481,65 @@ def test_torch_backend_update_runs_the_callers_transfer_between_batches(tiny_qwe
         assert after.logprobs.tolist() != before.logprobs.tolist()
     finally:
         model.load_state_dict(saved)
+
+
+# -- server weight updates over a fake transport ----------------------------------------------------
+
+
+class FakeHTTP:
+    """Answers vLLM's RL endpoints: ``down`` servers refuse connections, ``fail`` maps a path to an HTTP error."""
+
+    def __init__(self, down=(), fail=None):
+        self.down, self.fail, self.calls = set(down), dict(fail or {}), []
+
+    async def post_json(self, url, payload, *, timeout=None, headers=None):
+        from tmpl.errors import HTTPConnectionError
+
+        base, path = url[: url.index("/", 8)], url[url.index("/", 8) :]
+        if base in self.down:
+            raise HTTPConnectionError(url, "cannot connect: refused")
+        self.calls.append((base, path, payload))
+        for prefix, status in self.fail.items():
+            if path.startswith(prefix):
+                return status, {"detail": "boom"}
+        return 200, {}
+
+
+def test_server_update_pauses_applies_resets_labels_resumes_and_retires_a_dead_server():
+    from tmpl.backends import VLLMServer
+
+    backend = VLLMServer(["http://a:1", "http://b:1"])
+    backend.http = FakeHTTP(down={"http://a:1"})
+    asyncio.run(backend.update_weights(3, "/ckpt/3", mode="abort"))
+    assert [(base, path) for base, path, _ in backend.http.calls] == [
+        ("http://b:1", "/pause?mode=abort&clear_cache=true"),
+        ("http://b:1", "/collective_rpc"),
+        ("http://b:1", "/reset_prefix_cache"),
+        ("http://b:1", "/update_weight_version"),
+        ("http://b:1", "/resume"),
+    ]
+    assert backend.http.calls[1][2] == {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/3"}}
+    assert backend.http.calls[3][2] == {"new_version": "3"}
+    a, b = backend.stats
+    assert a["retired"] and "unreachable" in a["retired"] and not a["healthy"] and b["retired"] is None
+    assert backend.weight_version == 3
+    # the retired server gets no request any more, even when the other one is busy
+    assert backend._pick(set()).url == "http://b:1"
+
+
+def test_server_update_that_fails_names_the_server_and_step_and_still_resumes():
+    from tmpl.backends import VLLMServer
+    from tmpl.errors import WeightUpdateError
+
+    backend = VLLMServer(["http://a:1", "http://b:1"])
+    backend.http = FakeHTTP(fail={"/collective_rpc": 500})
+    with pytest.raises(WeightUpdateError, match=r"weight update on http://a:1 failed at apply: HTTP 500") as info:
+        asyncio.run(backend.update_weights(3, "/ckpt/3", mode="keep", reset_prefix_cache=False))
+    assert (info.value.engine, info.value.step) == ("http://a:1", "apply")
+    resumed = sorted(base for base, path, _ in backend.http.calls if path == "/resume")
+    assert resumed == ["http://a:1", "http://b:1"]  # both were paused: both resume
+    assert ("http://a:1", "/pause?mode=keep&clear_cache=false") in [(b, p) for b, p, _ in backend.http.calls]
+    assert backend.weight_version == 0
+    backend.http = FakeHTTP(fail={"/pause": 404})
+    with pytest.raises(WeightUpdateError, match="VLLM_SERVER_DEV_MODE=1"):
+        asyncio.run(backend.update_weights(4, mode="drain"))
