@@ -116,7 +116,8 @@ class RolloutResult:
 
     @property
     def versions(self) -> np.ndarray:
-        """Policy version of each completion token (int32, -1 where the model did not sample)."""
+        """Policy version of each completion token (int32, -1 where the model did not sample; -1
+        everywhere for a sample that crashed, whose record of versions was lost with it: it is ABORTED)."""
         if self._versions is None:
             return np.full(len(self.trajectory.completion_ids), -1, dtype=np.int32)
         return self._versions
