@@ -1,7 +1,8 @@
 """Training-safe chat templates shipped with tmpl.
 
-Each shipped template is a ``.jinja`` file with a ``.json`` metadata file next to it
-in this package's folder (``tmpl/templates/``). A variant
+Each shipped template is a ``.jinja`` file with a ``.json`` metadata file next to it. The
+checkout keeps them in ``templates/`` at the repository root; the wheel and an editable install put
+them in this package's folder (``tmpl/templates/``, see setup.py), where they are read. A variant
 renders the last turn and the generation prompt exactly as the model's own template does,
 keeps earlier turns the way the model generated them (so a conversation's render only grows
 when the conversation grows), and marks what the assistant generates with
@@ -79,7 +80,8 @@ class TemplateInfo:
 
 
 def shipped_dir() -> Traversable:
-    """Where the shipped templates are: this package's own folder (``tmpl/templates/``)."""
+    """Where the shipped templates are: this package's own folder (``tmpl/templates/``, installed
+    there from the repository's ``templates/`` by setup.py)."""
     return resources.files(__name__)
 
 
