@@ -17,7 +17,7 @@ import time
 import pytest
 
 import tmpl
-from tmpl.backends import Sampling
+from tmpl.backends import Sampling, VLLMServer
 from tmpl.rollout.codes import EndCode
 from tmpl.rollout.scale import DistributedRollout, RolloutSettings
 
@@ -71,8 +71,8 @@ def requests_received(text: str) -> list[str]:
     return re.findall(r"Received request generate-tokens-(\S+?)[:,\s]", text)
 
 
-def check_samples(results, n_conversations: int) -> None:
-    assert [(r.index, r.sample) for r in results] == [(i, s) for i in range(n_conversations) for s in range(2)]
+def check_samples(results, n_conversations: int, first: int = 0) -> None:
+    assert [(r.index, r.sample) for r in results] == [(i, s) for i in range(first, n_conversations) for s in range(2)]
     assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]
     for r in results:
         assert sum(m["role"] == "assistant" for m in r.messages) == r.turns
@@ -107,34 +107,71 @@ def test_ray_actors_share_a_real_server(server, ray_cluster):
     assert runner.metrics.samples == 8 and runner.metrics.tool_calls == sum(r.tool_calls for r in results)
 
 
+class FirstIsLong(VLLMServer):
+    """Requests of conversation 0 cannot stop before 200 tokens (vLLM's ``min_tokens``): while the test
+    looks, they are certainly still running on the server."""
+
+    def _payload(self, req, rid):
+        path, payload = super()._payload(req, rid)
+        if rid.startswith("0-"):
+            params = payload["sampling_params"] if "sampling_params" in payload else payload
+            params["min_tokens"] = min(200, req.max_tokens)
+        return path, payload
+
+
+def make_kill_rollout(url: str) -> tmpl.Rollout:
+    return tmpl.Rollout(
+        tmpl.ChatTemplate.from_pretrained(str(QWEN)),
+        FirstIsLong(url, api="generate", timeout=120),
+        tools=[get_time, get_weather],
+        progress=False,
+        **OPTIONS,
+    )
+
+
 def test_a_worker_killed_while_its_requests_run_loses_no_sample(server):
-    """SIGKILL one worker process while the server runs its requests: its shard runs again (request ids
-    ``-w2``), every sample ends normally, and the server drops the dead worker's requests."""
+    """SIGKILL the worker whose requests the server is generating: its shard runs again (request ids
+    ``-w2``), every sample ends normally, and the server aborts the dead worker's requests."""
     url, log = server["url"], server["log"]
     seen = log.stat().st_size
-    conversations = QUESTIONS[:2]
-    with DistributedRollout(settings(url), workers=2, mode="process", shard_size=1) as runner:
+    conversations = [RAMBLE, *QUESTIONS[:2]]  # shard 0 (RAMBLE) goes to worker 0 first
+    with DistributedRollout(
+        functools.partial(make_kill_rollout, url), workers=2, mode="process", shard_size=1
+    ) as runner:
 
         async def go():
             task = asyncio.create_task(runner.run_async(conversations))
             deadline = time.monotonic() + 120
-            while not (runner.attempts == [1, 1] and metric(url, "vllm:num_requests_running") >= 2):
+            while "0-0-0" not in requests_received(log_since(log, seen)):
                 assert not task.done() and time.monotonic() < deadline, "the rollout ended before the kill"
                 await asyncio.sleep(0.05)
+            assert runner.attempts[0] == 1
             victim = runner.pids()[0]
             os.kill(victim, signal.SIGKILL)
             return victim, await task
 
         victim, results = asyncio.run(go())
-        assert [d[1] for d in runner.deaths] == ["killed by SIGKILL"] and victim not in runner.pids()
-        assert sorted(runner.attempts) == [1, 2]
-    check_samples(results, 2)
+        assert [d[1:] for d in runner.deaths] == [("killed by SIGKILL", "shard 0 (conversations 0-0)")]
+        assert victim not in runner.pids() and runner.attempts == [2, 1, 1]
+    assert [(r.index, r.sample) for r in results] == [(i, s) for i in range(3) for s in range(2)]
+    # RAMBLE's samples (made to write at least 200 tokens a turn) end as they may, but not ABORTED
+    assert all(r.status is not tmpl.Status.ABORTED for r in results[:2]), [(r.code, r.reason) for r in results]
+    check_samples(results[2:], 3, first=1)
+
+    # the dead worker's connections closed: the server aborted what it was still generating for it
+    def orphans_aborted() -> bool:
+        lines = log_since(log, seen).splitlines()
+        return any("abort" in line.lower() and "generate-tokens-0-" in line and "-w2" not in line for line in lines)
+
+    deadline = time.monotonic() + 30
+    while not orphans_aborted():
+        assert time.monotonic() < deadline, log_since(log, seen)[-3000:]
+        time.sleep(0.2)
     received = requests_received(log_since(log, seen))
     assert len(set(received)) == len(received)  # no id reached the server twice
-    rerun = {rid.removesuffix("-w2") for rid in received if rid.endswith("-w2")}
-    assert rerun  # the lost shard ran again under new ids: each of its turns once
-    assert {rid for rid in received if not rid.endswith("-w2")} | rerun >= {
-        f"{r.index}-{r.sample}-{t}" for r in results for t in range(r.turns)
+    assert {"0-0-0-w2", "0-1-0-w2"} <= set(received)  # the lost shard ran again under new ids
+    assert {rid for rid in received if not rid.startswith("0-")} == {
+        f"{r.index}-{r.sample}-{t}" for r in results[2:] for t in range(r.turns)
     }
 
 
