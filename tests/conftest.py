@@ -8,6 +8,7 @@ With ``TMPL_TEST_HUB=1`` and hub access, families missing locally load by hub id
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 from pathlib import Path
@@ -122,12 +123,13 @@ def core(request):
 def twin(request, monkeypatch):
     """Run a test on the compiled core and on its pure-Python twin.
 
-    The twin's modules replace ``tmpl._compat``'s for the test, so code that calls
-    ``_compat.<module>.<fn>`` runs on that twin. Returns a namespace of the modules.
+    The twin's modules replace the ones in use where they are held (``tmpl._compat.ids``,
+    ``tmpl.trajectory._twin.builder``: ``_compat.HOLDERS``), so code that calls a twin through its
+    holder runs on that twin. Returns a namespace of the modules.
     """
     loaded = _load_twin(request.param)
     for name in _compat.TWIN_MODULES:
-        monkeypatch.setattr(_compat, name, getattr(loaded, name))
+        monkeypatch.setattr(importlib.import_module(_compat.HOLDERS[name]), name, getattr(loaded, name))
     return loaded
 
 

@@ -261,7 +261,123 @@ def test_call_problem_is_not_an_exception() -> None:
 
 
 def test_trajectory_is_the_chosen_twin() -> None:
-    from tmpl import _compat
+    from tmpl.trajectory import _twin
 
-    assert tmpl.Trajectory is _compat.builder.Trajectory
-    assert tmpl.NATIVE == (_compat.builder.__name__ == "tmpl.trajectory._builder_c")
+    assert tmpl.Trajectory is _twin.builder.Trajectory is tmpl.trajectory.Trajectory
+    assert tmpl.NATIVE == (_twin.builder.__name__ == "tmpl.trajectory._builder_c")
+    assert tmpl.NATIVE == (tmpl._compat.ids.__name__ == "tmpl._ids_c")
+
+
+#: Imports ``ROOT`` in a fresh interpreter and records the import graph as it runs: an edge from each
+#: module under ``ROOT`` to each module under ``ROOT`` it imports, through ``import`` or through
+#: ``importlib.import_module`` (which the static graph above cannot see), and to that module's
+#: packages (importing ``a.b.c`` runs ``a.b``), a module's own packages left out; then prints its
+#: cycles. Unlike a check of what is half-initialised when, it does not depend on which module
+#: happens to be imported first.
+CIRCLE_PROBE = r"""
+import builtins, importlib, importlib.util, json, sys
+ROOT = sys.argv[1]
+edges = {}
+real_import = builtins.__import__
+real_import_module = importlib.import_module
+
+
+def under(name, root):
+    return name == root or name.startswith(root + ".")
+
+
+def record(importer, target):
+    if not (under(importer, ROOT) and under(target, ROOT)):
+        return
+    parts = target.split(".")
+    for i in range(1, len(parts) + 1):
+        t = ".".join(parts[:i])
+        if not under(importer, t):  # a module's own packages are always imported before it
+            edges.setdefault(importer, set()).add(t)
+
+
+def guarded(name, globals=None, locals=None, fromlist=(), level=0):
+    module = real_import(name, globals, locals, fromlist, level)
+    importer = (globals or {}).get("__name__", "")
+    package = (globals or {}).get("__package__") or ""
+    target = importlib.util.resolve_name("." * level + name, package) if level else name
+    subs = [f"{target}.{f}" for f in fromlist or () if f"{target}.{f}" in sys.modules]
+    for t in subs or [target]:
+        record(importer, t)
+    return module
+
+
+def guarded_import_module(name, package=None):
+    module = real_import_module(name, package)
+    record(sys._getframe(1).f_globals.get("__name__", ""), module.__name__)
+    return module
+
+
+builtins.__import__ = guarded
+importlib.import_module = guarded_import_module
+real_import_module(ROOT)
+cycles, state, stack = set(), {}, []
+
+
+def visit(m):
+    state[m] = 1
+    stack.append(m)
+    for d in sorted(edges.get(m, ())):
+        if state.get(d) == 1:
+            cycles.add(" -> ".join([*stack[stack.index(d):], d]))
+        elif d not in state:
+            visit(d)
+    stack.pop()
+    state[m] = 2
+
+
+for m in sorted(edges):
+    if m not in state:
+        visit(m)
+print(json.dumps({"cycles": sorted(cycles), "edges": sum(map(len, edges.values()))}))
+"""
+
+
+def import_circles(root: str, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CIRCLE_PROBE, root],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd or "/",
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("pure", ["", "1"], ids=["chosen twins", "TMPL_PURE=1"])
+def test_no_import_circle_as_tmpl_imports(pure: str) -> None:
+    # tmpl._compat used to import tmpl.trajectory._builder_c through importlib (running tmpl.trajectory)
+    # while tmpl.trajectory's modules imported tmpl._compat: no import statement showed it, this does
+    found = import_circles("tmpl", env={"TMPL_PURE": pure})
+    assert found["edges"] > 200  # the probe saw tmpl's imports
+    assert found["cycles"] == []
+
+
+def test_the_circle_probe_sees_a_circle_through_importlib(tmp_path: Path) -> None:
+    # negative control: the shape of the circle that was in tmpl (a chooser importing, through
+    # importlib, a twin inside a package whose modules import the chooser)
+    files = {
+        "circ/__init__.py": "from . import chooser, traj\n",
+        "circ/chooser.py": "import importlib\n\nTWIN = importlib.import_module('circ.traj.twin')\n",
+        "circ/traj/__init__.py": "from . import batch\n",
+        "circ/traj/batch.py": "from .. import chooser\n",
+        "circ/traj/twin.py": "X = 1\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_circles("circ", cwd=tmp_path)["cycles"] == [
+        "circ.chooser -> circ.traj -> circ.traj.batch -> circ.chooser"
+    ]

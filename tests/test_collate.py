@@ -15,6 +15,7 @@ from torch.nn.utils.rnn import pad_sequence
 import tmpl
 from tmpl import _compat
 from tmpl.errors import CollateError
+from tmpl.trajectory import _twin
 from tmpl.trajectory.batch import BATCH_KEYS
 
 from .trajectory_model import Model, as_float32
@@ -126,13 +127,13 @@ def test_dtypes_and_keys_follow_trl(twin):
 
 def test_tensors_share_memory_with_the_filled_arrays(twin, monkeypatch):
     filled = {}
-    fill = _compat.builder.collate_arrays
+    fill = _twin.builder.collate_arrays
 
     def capture(*args, **kwargs):
         filled.update(fill(*args, **kwargs))
         return filled
 
-    monkeypatch.setattr(_compat.builder, "collate_arrays", capture)
+    monkeypatch.setattr(_twin.builder, "collate_arrays", capture)
     batch = tmpl.collate(small_batch(twin.builder), PAD)
     for key in BATCH_KEYS:
         assert np.shares_memory(batch[key].numpy(), filled[key]), key
@@ -223,7 +224,7 @@ def test_matches_trl_grpo_trainer_padding():
     pytest.importorskip("trl")
     from trl.trainer.utils import pad
 
-    builder = _compat.builder
+    builder = _twin.builder
     trajectories = small_batch(builder)
     samples = [sample_lists(t) for t in trajectories]
     multiple = 4

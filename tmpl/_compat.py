@@ -1,10 +1,20 @@
-"""Chooses the compiled core or its pure-Python twin, once, at import.
+"""Decides, once at import, whether tmpl runs on its compiled core or on its pure-Python twins.
 
-Each compiled module has a pure-Python twin beside it with the same public names and the
-same behaviour (``tmpl/_ids_c.pyx`` / ``tmpl/_ids_py.py``, ``tmpl/trajectory/_builder_c.pyx`` /
-``tmpl/trajectory/_builder_py.py``). The compiled modules are used when all of them import;
-``TMPL_PURE=1`` in the environment forces the pure twins. Code inside tmpl calls the chosen
-twin through this module (``_compat.ids.common_prefix_len(...)``), so a test can swap twins.
+Each compiled module has a pure-Python twin beside it with the same public names and the same
+behaviour (``tmpl._ids_c`` / ``tmpl/_ids_py.py``, ``tmpl.trajectory._builder_c`` /
+``tmpl/trajectory/_builder_py.py``; the Cython sources are in the repository's ``_native/``).
+:data:`NATIVE` is True when every compiled module is built (found beside its twin) and
+``TMPL_PURE`` is not set; this module imports nothing of tmpl's to decide it. Each twin is then
+picked where it is used, the yarl way::
+
+    if TYPE_CHECKING or not NATIVE:
+        from . import _ids_py as ids
+    else:
+        from . import _ids_c as ids
+
+The token-ID twin is held here (``_compat.ids``), the builder twin by
+:mod:`tmpl.trajectory._twin` (``_twin.builder``): code calls a twin through its holder
+(``_compat.ids.common_prefix_len(...)``), so a test can swap twins (:data:`HOLDERS`).
 
 >>> from tmpl import _compat
 >>> _compat.ids.common_prefix_len([1, 2, 3], [1, 2, 4])
@@ -15,10 +25,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from importlib.machinery import PathFinder
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__all__ = ["NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "builder", "ids", "load"]
+__all__ = ["HOLDERS", "NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "ids", "load"]
 
 #: Twin modules by short name: (compiled module, pure-Python module).
 TWINS: dict[str, tuple[str, str]] = {
@@ -27,13 +39,16 @@ TWINS: dict[str, tuple[str, str]] = {
 }
 #: Short names of the twin modules.
 TWIN_MODULES: tuple[str, ...] = tuple(TWINS)
+#: The module whose attribute of the same short name is the twin in use.
+HOLDERS: dict[str, str] = {"ids": "tmpl._compat", "builder": "tmpl.trajectory._twin"}
 
 #: Environment variable that forces the pure-Python twins when set to a non-empty, non-"0" value.
 PURE_ENV = "TMPL_PURE"
 
 
 def load(kind: str) -> dict[str, ModuleType]:
-    """Import every twin module of one kind: ``"native"`` or ``"pure"``.
+    """Import every twin module of one kind: ``"native"`` or ``"pure"`` (for tests and benchmarks,
+    once tmpl is imported).
 
     Raises ``ImportError`` when a compiled module is missing (not built).
     """
@@ -43,20 +58,29 @@ def load(kind: str) -> dict[str, ModuleType]:
     return {name: importlib.import_module(paths[which]) for name, paths in TWINS.items()}
 
 
-def _choose() -> tuple[bool, dict[str, ModuleType], str]:
+def _unbuilt() -> list[str]:
+    """The compiled modules not found beside their twins (looked up on disk, nothing imported)."""
+    root = Path(__file__).resolve().parent
+    missing = []
+    for compiled, _ in TWINS.values():
+        *folders, leaf = compiled.split(".")[1:]
+        if PathFinder.find_spec(leaf, [str(root.joinpath(*folders))]) is None:
+            missing.append(compiled)
+    return missing
+
+
+def _choose() -> tuple[bool, str]:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return False, load("pure"), f"{PURE_ENV} is set"
-    try:
-        return True, load("native"), "compiled core imported"
-    except ImportError as exc:  # not built: the package still works on its twins
-        return False, load("pure"), f"compiled core unavailable ({exc})"
+        return False, f"{PURE_ENV} is set"
+    missing = _unbuilt()
+    if missing:  # not built: the package still works on its twins
+        return False, f"compiled core unavailable (not built: {', '.join(missing)})"
+    return True, "compiled core imported"
 
 
-NATIVE, _modules, REASON = _choose()
+NATIVE, REASON = _choose()
 
-if TYPE_CHECKING:  # the type checker sees the pure twins; the compiled ones have the same names
+if TYPE_CHECKING or not NATIVE:  # the type checker sees the pure twin; the compiled one has the same names
     from . import _ids_py as ids
-    from .trajectory import _builder_py as builder
 else:
-    ids: ModuleType = _modules["ids"]
-    builder: ModuleType = _modules["builder"]
+    from . import _ids_c as ids

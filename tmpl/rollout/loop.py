@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .. import _compat
 from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampling, UpdateMode, WeightSource
 from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import parse_completion, parser_for
+from ..trajectory import _twin
 from ..trajectory.types import Span, Status
 
 if TYPE_CHECKING:
@@ -877,7 +877,7 @@ class Rollout:
         return True
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Any:
-        return _compat.builder.Trajectory(
+        return _twin.builder.Trajectory(
             prompt,
             self.max_length,
             self.max_completion_length,

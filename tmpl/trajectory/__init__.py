@@ -1,7 +1,8 @@
 """Trajectories: token IDs, loss mask and logprobs that can never drift apart, with one budget.
 
-:class:`Trajectory` is compiled (``_builder_c.pyx``) with a pure-Python twin
-(``_builder_py.py``) of the same names, chosen once at import (see :mod:`tmpl._compat`);
+:class:`Trajectory` is compiled (``_native/trajectory/_builder_c.pyx``) with a pure-Python twin
+(``_builder_py.py``) of the same names, picked here by :data:`tmpl.NATIVE` (see :mod:`tmpl._compat`;
+:mod:`._twin` holds the builder module in use);
 :mod:`.types` holds the vocabulary both share (:class:`Status`, :class:`Span`, reasons);
 :mod:`.batch` pads many trajectories into a trainer's batch.
 
@@ -15,23 +16,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._compat import NATIVE
+from . import _twin as _twin  # the builder module in use (types.restore_trajectory reaches it here)
 from .batch import collate, collate_arrays
 from .types import Span, Status
 
-if TYPE_CHECKING:
+if TYPE_CHECKING or not NATIVE:
     from ._builder_py import Trajectory
-
-
-def __getattr__(name: str) -> Any:
-    # The twin is picked by tmpl._compat, which imports this package's compiled module first:
-    # resolving the name lazily keeps that import free of cycles.
-    if name == "Trajectory":
-        from .. import _compat
-
-        return _compat.builder.Trajectory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+else:
+    from ._builder_c import Trajectory
 
 __all__ = ["Span", "Status", "Trajectory", "collate", "collate_arrays"]

@@ -1,6 +1,6 @@
 """Collation of trajectories into a TRL GRPO batch of torch tensors.
 
-The twin in use (``tmpl._compat.builder``) fills numpy arrays in one pass; each becomes a tensor
+The twin in use (``tmpl.trajectory._twin.builder``) fills numpy arrays in one pass; each becomes a tensor
 with ``torch.from_numpy`` (no copy) and moves to ``device`` only when one is given.
 
 >>> import tmpl
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _compat
+from . import _twin
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -72,7 +72,7 @@ def collate_arrays(
     items = list(trajectories) if not isinstance(trajectories, list) else trajectories
     results = [_is_result(item) for item in items]
     if not any(results):
-        return _compat.builder.collate_arrays(
+        return _twin.builder.collate_arrays(
             items,
             pad_id,
             pad_to_multiple_of=pad_to_multiple_of,
@@ -84,7 +84,7 @@ def collate_arrays(
 
         k = results.index(False)
         raise CollateError(k, None, "mixes trajectories and rollout results; pass one kind")
-    arrays = _compat.builder.collate_arrays(
+    arrays = _twin.builder.collate_arrays(
         [r.trajectory for r in items],
         pad_id,
         pad_to_multiple_of=pad_to_multiple_of,

@@ -119,6 +119,6 @@ def state_of(traj: Any) -> dict[str, Any]:
 
 def restore_trajectory(state: dict[str, Any]) -> Any:
     """Rebuild a pickled trajectory on the twin in use (so pickles move between compiled and pure)."""
-    from .. import _compat
+    from .. import trajectory  # the package (initialised by then), whose _twin holds the twin in use
 
-    return _compat.builder.Trajectory._from_state(state)
+    return trajectory._twin.builder.Trajectory._from_state(state)
