@@ -331,6 +331,6 @@ def test_a_killed_ray_actor_loses_no_sample(ray_cluster, baseline, tmp_path):
         assert runner.attempts == [1, 1, 2, 1]
         check_equal(results, baseline[0])
         check_metrics(runner.metrics, baseline[1])
-        pids = runner.pids()
+        pids = runner.pids()  # the actor started in place of the dead one has no pid until it is ready
         assert killed not in pids
-    assert gone([*pids, killed])
+    assert gone([*(p for p in pids if p), killed])

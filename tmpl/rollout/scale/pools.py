@@ -345,6 +345,7 @@ class RayPool:
     def start(self, slot: int) -> None:
         actor = self.actor_class.remote(self.factory, self.name(slot))
         self.slots[slot] = actor
+        self.pids[slot] = None  # known once it answers ready()
         self.calls[actor.ready.remote()] = (slot, "ready")
 
     def pid(self, slot: int) -> int | None:
