@@ -315,8 +315,9 @@ class VLLMServer(Backend):
         (``mode`` keep, abort, or wait for drain), ``POST /collective_rpc`` ``reload_weights`` when
         ``apply`` is a folder (a callable runs once, after every server paused), ``POST
         /reset_prefix_cache``, ``POST /update_weight_version`` with ``str(version)``, ``POST /resume``.
-        A server that cannot be reached is retired (it would come back with old weights; ``stats``
-        says why) and the others are updated; a server that answers with an error fails the update
+        A server that cannot be reached, at the pause or later (killed while paused), is retired (it
+        would come back with old weights; ``stats`` says why) and the others are updated and resumed
+        (WeightUpdateError when none is left); a server that answers with an error fails the update
         (WeightUpdateError naming it and the step), after the paused servers were resumed.
 
         >>> await backend.update_weights(3, "/ckpt/step-3", mode="keep")   # doctest: +SKIP
@@ -342,16 +343,26 @@ class VLLMServer(Backend):
                 out = apply()
                 if asyncio.iscoroutine(out):
                     await out
+            steps: list[tuple[str, str, Any]] = []
+            if apply is not None and not callable(apply):
+                steps.append(
+                    ("apply", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(apply)}})
+                )
+            if reset_prefix_cache:
+                steps.append(("reset_prefix_cache", "/reset_prefix_cache", None))
+            steps.append(("label", "/update_weight_version", {"new_version": str(version)}))
             for server in paused:
-                if apply is not None and not callable(apply):
-                    body = {"method": "reload_weights", "kwargs": {"weights_path": str(apply)}}
-                    await self._rl(server, "apply", "/collective_rpc", body, strict=True)
-                if reset_prefix_cache:
-                    await self._rl(server, "reset_prefix_cache", "/reset_prefix_cache", strict=True)
-                await self._rl(server, "label", "/update_weight_version", {"new_version": str(version)}, strict=True)
+                for step, path, body in steps:
+                    await self._rl(server, step, path, body, strict=True)
+                    if server.retired is not None:  # died during the pause: retired, the others are updated
+                        break
+            if all(s.retired is not None for s in paused):
+                raise WeightUpdateError(", ".join(s.url for s in paused), "apply", "every paused server was lost")
         finally:
-            errors = await asyncio.gather(*(self._rl(s, "resume", "/resume") for s in paused))
-        failed = [(s, e) for s, e in zip(paused, errors) if e is not None]
+            resuming = [s for s in paused if s.retired is None]
+            errors = await asyncio.gather(*(self._rl(s, "resume", "/resume") for s in resuming))
+        # a server lost at resume is retired (it got the update, but gets no request any more)
+        failed = [(s, e) for s, e in zip(resuming, errors) if e is not None and s.retired is None]
         if failed:
             raise WeightUpdateError(failed[0][0].url, "resume", failed[0][1] or "")
         self.weight_version = version
@@ -361,16 +372,17 @@ class VLLMServer(Backend):
     ) -> str | None:
         """POST to one of vLLM's RL endpoints; None when it answered 200, else why not.
 
-        An unreachable server is retired; an error answer raises WeightUpdateError when ``strict``.
+        An unreachable server is retired (never raised); an error answer raises WeightUpdateError when
+        ``strict``.
         """
         try:
             status, answer = await self.http.post_json(
                 server.url + path, body if body is not None else {}, timeout=self.timeout
             )
         except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+            # retired, not raised, even when ``strict``: a server lost during the pause must not keep the
+            # others from their update (they are updated and resumed; this one gets no request any more)
             server.retired = f"unreachable during the weight update to a new version ({step}: {exc})"
-            if strict:
-                raise WeightUpdateError(server.url, step, str(exc)) from exc
             return str(exc)
         if status != 200:
             detail = f"HTTP {status} from {path}: {str(answer)[:300]}"
