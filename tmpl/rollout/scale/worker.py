@@ -71,7 +71,8 @@ class ShardBackend(Backend):
     """The worker's backend seen through one shard: request ids carry the global conversation index.
 
     ``"2-0-1"`` of a shard at offset 40 reaches the backend as ``"42-0-1"``, and its result comes
-    back under ``"2-0-1"``. An id that does not start with an index (none of the loop's) gets a
+    back under ``"2-0-1"`` (and its ``sample``, ``"2/0"``, which servers route by, as ``"42/0"``).
+    An id that does not start with an index (none of the loop's) gets a
     prefix instead. When the shard runs again after its worker died (``attempt`` 2 and up), ids end
     with ``-w<attempt>``: a server that still holds the dead worker's request never sees its id
     twice. Cancels go through too, and are listed in ``cancelled`` (global ids).
@@ -82,6 +83,8 @@ class ShardBackend(Backend):
     ('42-0-1', '40+warm', '2-0-1-w2')
     >>> backend.generate_batch([GenerationRequest("2-0-1", [1], 4, frozenset())])[0].token_ids
     [42]
+    >>> backend._request(GenerationRequest("2-0-1", [1], 4, frozenset(), sample="2/0")).sample
+    '42/0'
     """
 
     def __init__(self, inner: Backend, offset: int, attempt: int = 1) -> None:
@@ -100,7 +103,12 @@ class ShardBackend(Backend):
         return f"{int(m.group(1)) + self.offset}{m.group(2)}{self.suffix}"
 
     def _request(self, request: GenerationRequest) -> GenerationRequest:
-        return dataclasses.replace(request, request_id=self.global_id(request.request_id))
+        changes: dict[str, Any] = {"request_id": self.global_id(request.request_id)}
+        sample = getattr(request, "sample", None)  # "<conversation>/<sample>": servers route a sample's turns together
+        m = _LEADING_INDEX.fullmatch(sample) if isinstance(sample, str) else None
+        if m is not None:
+            changes["sample"] = f"{int(m.group(1)) + self.offset}{m.group(2)}"
+        return dataclasses.replace(request, **changes)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         results = self.inner.generate_batch([self._request(r) for r in requests])
