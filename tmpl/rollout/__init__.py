@@ -1,6 +1,7 @@
 """The generation loop: samples turn after turn, tools run, exact suffixes appended.
 
-:mod:`.loop` holds :class:`Rollout` and :class:`RolloutResult`; :mod:`.scheduler` batches
+:mod:`.loop` holds :class:`Rollout` (its turns; :mod:`.stream` streams, :mod:`.weights` updates weights,
+:mod:`.sample` holds one sample's state, :mod:`.result` :class:`RolloutResult`); :mod:`.scheduler` batches
 requests for the backend; :mod:`.metrics` counts what happened;
 :mod:`.codes` says how a sample ended; :mod:`.drift` explains drift; :mod:`.timing` times phases;
 :mod:`.scale` runs one rollout over worker processes or Ray actors (:class:`DistributedRollout`).

@@ -16,164 +16,41 @@ rewards and logging only. Samples run concurrently and finish at different turns
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import queue as _queue
 import sys
-import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampling, UpdateMode, WeightSource
+from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampling
 from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import parse_completion, parser_for
 from ..trajectory import _twin
-from ..trajectory.types import Span, Status
-
-if TYPE_CHECKING:
-    from ..toolcalls import Toolbox
-    from ..trajectory import Trajectory
+from ..trajectory.types import Status
 from .codes import EndCode
 from .collector import fewer_collections
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
-from .metrics import RolloutMetrics, SampleTimes
+from .metrics import RolloutMetrics
+from .result import RolloutResult
+from .sample import SampleRun
 from .scheduler import Scheduler
-from .timing import PhaseClock
+from .stream import stream_groups, stream_groups_in_thread
+from .timing import PhaseClock, SetupTimes
 from .toolround import ToolRounds
+from .versions import token_versions
+from .weights import StalePolicy, WeightUpdates
+
+if TYPE_CHECKING:
+    from ..toolcalls import Toolbox
+    from ..toolcalls.types import ParsedCompletion
+    from ..trajectory import Trajectory
+
+__all__ = ["Rollout", "RolloutResult", "StalePolicy"]
 
 
-@dataclass
-class RolloutResult:
-    """One sample: exact token sequences with masks and logprobs, plus what happened.
-
-    ``mask`` is 1 on model tokens and 0 on tokens tmpl appended (tool results, generation
-    prompts); ``logprobs`` are the backend's for model tokens and 0.0 elsewhere. ``messages``
-    are the conversation with the parsed assistant turns and tool results (decoded: for rewards
-    and logs, never for training). ``reason`` says why a sample is TRUNCATED or ABORTED.
-
-    ``versions`` has the policy version that sampled each completion token (-1 on appended
-    tokens); ``version`` is the rollout's version when the sample ended, ``staleness`` how many
-    versions its oldest sampled token is behind it. ``loss_mask`` is ``mask`` after the
-    rollout's staleness policy (``stale_action``: None, ``"withhold"`` or ``"mask"``).
-
-    >>> r.versions.tolist(), r.version, r.staleness      # doctest: +SKIP
-    ([3, 3, 4, -1, -1, 4], 5, 2)
-    """
-
-    index: int  # which conversation
-    sample: int  # which of its n samples
-    trajectory: Trajectory = field(repr=False)
-    messages: list[dict[str, Any]]
-    turns: int
-    tool_calls: int
-    tool_failures: int
-    finish_reason: str  # the last generation's: stop / length / abort / error
-    drift: bool | None = None  # would re-rendering the text have changed the IDs? (None: not measured)
-    times: SampleTimes = field(default_factory=SampleTimes, repr=False)
-    code: EndCode | None = None  # how the sample ended (the reason in words is ``reason``)
-    drift_detail: DriftDetail | None = None  # where and why it drifted (set when ``drift`` is True)
-    tool_failure_kinds: dict[str, int] = field(default_factory=dict, repr=False)  # failed calls by kind
-    _attempts: int = field(default=1, repr=False)
-    _versions: np.ndarray | None = field(default=None, repr=False)  # int32, one per completion token
-    version: int = 0  # the rollout's policy version when the sample ended
-    stale_action: str | None = None  # what max_staleness did: None, "withhold", "mask" or "drop"
-    resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
-    _loss_mask: np.ndarray | None = field(default=None, repr=False)  # mask after the staleness policy
-
-    @property
-    def prompt_ids(self) -> np.ndarray:
-        return self.trajectory.prompt_ids
-
-    @property
-    def completion_ids(self) -> np.ndarray:
-        return self.trajectory.completion_ids
-
-    @property
-    def mask(self) -> np.ndarray:
-        return self.trajectory.mask
-
-    @property
-    def logprobs(self) -> np.ndarray:
-        return self.trajectory.logprobs
-
-    @property
-    def status(self) -> Status:
-        return self.trajectory.status
-
-    @property
-    def reason(self) -> str:
-        return self.trajectory.reason
-
-    @property
-    def spans(self) -> list[Span]:
-        return self.trajectory.spans
-
-    @property
-    def versions(self) -> np.ndarray:
-        """Policy version of each completion token (int32, -1 where the model did not sample; -1
-        everywhere for a sample that crashed, whose record of versions was lost with it: it is ABORTED)."""
-        if self._versions is None:
-            return np.full(len(self.trajectory.completion_ids), -1, dtype=np.int32)
-        return self._versions
-
-    @property
-    def oldest_version(self) -> int | None:
-        """The oldest version among the sampled tokens (None: no token was sampled)."""
-        sampled = self.versions[self.versions >= 0]
-        return int(sampled.min()) if len(sampled) else None
-
-    @property
-    def staleness(self) -> int:
-        """``version`` minus the oldest sampled token's version (0 when nothing was sampled)."""
-        oldest = self.oldest_version
-        return 0 if oldest is None else self.version - oldest
-
-    @property
-    def loss_mask(self) -> np.ndarray:
-        """``mask`` with the staleness policy applied: zeros when withheld, stale tokens off when masked."""
-        return self._loss_mask if self._loss_mask is not None else self.mask
-
-    @property
-    def withheld(self) -> bool:
-        """Withheld by ``max_staleness``: it counts for its group's baseline, none of its tokens for the loss."""
-        return self.stale_action == "withhold"
-
-    @property
-    def attempts(self) -> int:
-        """How many times the sample was run (more than 1 after retries, see ``sample_retries``)."""
-        return self._attempts
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """Per-sample numbers: turns, tool calls and failures, tokens, drift, seconds by phase."""
-        generated = int(self.mask.sum())
-        return {
-            "status": self.status.name,
-            "reason": self.reason,
-            "turns": self.turns,
-            "attempts": self.attempts,
-            "tool_calls": self.tool_calls,
-            "tool_failures": self.tool_failures,
-            "tokens_generated": generated,
-            "tokens_appended": len(self.mask) - generated,
-            "drift": self.drift,
-            "drift_cause": self.drift_detail.cause.value if self.drift_detail else None,
-            "finish_reason": self.finish_reason,
-            "version": self.version,
-            "staleness": self.staleness,
-            "stale_action": self.stale_action,
-            "resumed": self.resumed,
-            **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
-        }
-
-
-class Rollout:
+class Rollout(WeightUpdates):
     """Run conversations turn after turn until the model stops calling tools.
 
     ``tools``: a :class:`tmpl.Toolbox`, a list of callables (wrapped in one), or None.
@@ -224,10 +101,7 @@ class Rollout:
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if stale not in STALE_POLICIES:
-            raise ValueError(f"stale must be one of {', '.join(STALE_POLICIES)}, got {stale!r}")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        self._init_weights(version, max_staleness, stale)
         self.tpl = template
         self.backend = backend
         self.toolbox = _toolbox(tools)
@@ -247,15 +121,6 @@ class Rollout:
         self.progress = progress
         self.metrics: RolloutMetrics | None = None  # of the last run
         self._suffix_count = 0
-        self.version = int(version)
-        self.max_staleness = max_staleness
-        self.stale: StalePolicy = stale
-        self._gate: asyncio.Event | None = None  # set while a weight update holds new requests back
-        self._abort_epoch = 0  # abort-mode updates so far: an aborted request older than the last one resumes
-        self._schedulers: set[Scheduler] = set()  # of the runs and streams under way
-        self._live: dict[tuple[int, int], tuple[_SampleRun, asyncio.Task[Any]]] = {}  # running samples
-        self._home: asyncio.AbstractEventLoop | None = None  # the loop of a stream_sync's thread
-        self.updates: list[dict[str, Any]] = []  # one entry per weight update: version, mode, seconds
 
     # -- entry points ---------------------------------------------------------------------
     def run(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
@@ -275,7 +140,7 @@ class Rollout:
         start = time.perf_counter()
         for i, conv in enumerate(conversations):
             validate_messages(conv, where=f"conversations[{i}]")
-        setup = _Setup()
+        setup = SetupTimes()
         with PhaseClock(setup)("tokenize"):  # validated above: render each, one call into the tokenizer
             texts = [
                 self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
@@ -356,8 +221,8 @@ class Rollout:
             if bar is not None:
                 bar.update(1)
 
-    # -- streaming ----------------------------------------------------------------------------
-    async def stream(
+    # -- streaming (stream.py) ----------------------------------------------------------------
+    def stream(
         self,
         prompts: Iterable[Sequence[Mapping[str, Any]]] | Any,
         *,
@@ -366,104 +231,14 @@ class Rollout:
         """Yield finished groups (the ``sampling.n`` samples of one prompt) in the order they finish.
 
         ``prompts``: an iterable (or async iterable) of conversations, or an ``asyncio.Queue`` of
-        them ended by ``None``. Prompts are taken as room frees up: at most ``max_in_flight`` samples
-        (default ``max_concurrency``) run at once. ``index`` of a result is its prompt's position in
-        the stream. Generation goes on while the caller handles a group, and the caller may
-        :meth:`update_weights` between groups. ``metrics`` covers everything yielded once the stream ends.
+        them ended by ``None``. At most ``max_in_flight`` samples (default ``max_concurrency``) run
+        at once; the caller may :meth:`update_weights` between groups. See
+        :func:`tmpl.rollout.stream.stream_groups`.
 
         >>> async for group in rollout.stream(prompts, max_in_flight=64):   # doctest: +SKIP
-        ...     batch.append(group)
-        ...     if len(batch) == 8:
-        ...         train(batch); batch = []
-        ...         await rollout.update_weights_async(step, apply="/ckpt/step")
+        ...     train([group])
         """
-        bound = max_in_flight if max_in_flight is not None else self.max_concurrency
-        n = self.sampling.n
-        if bound < n:
-            raise ValueError(f"max_in_flight={bound} cannot hold one group of n={n} samples")
-        start = time.perf_counter()
-        scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
-        rounds = ToolRounds(self.tpl, self.toolbox, self.tool_schemas) if self.toolbox is not None else None
-        setup = _Setup()
-        done: asyncio.Queue[tuple[int, list[RolloutResult]] | BaseException] = asyncio.Queue()
-        room = asyncio.Condition()
-        in_flight = 0
-        groups: set[asyncio.Task[None]] = set()
-        finished: list[RolloutResult] = []
-        cache_before = await self._cache_counters()
-        self._schedulers.add(scheduler)
-
-        async def group(i: int, conv: Sequence[Mapping[str, Any]], prompt: list[int]) -> None:
-            nonlocal in_flight
-            try:
-                tasks = [asyncio.ensure_future(self._one(i, s, conv, prompt, scheduler, rounds)) for s in range(n)]
-                try:
-                    results = list(await asyncio.gather(*tasks))
-                except asyncio.CancelledError:
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    raise
-                done.put_nowait((i, results))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-                done.put_nowait(exc)
-            finally:
-                async with room:
-                    in_flight -= n
-                    room.notify_all()
-
-        async def feed() -> int:
-            nonlocal in_flight
-            count = 0
-            async for conv in _prompts(prompts):
-                validate_messages(conv, where=f"prompts[{count}]")
-                with PhaseClock(setup)("tokenize"):
-                    text = self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True)
-                    prompt = self.tpl.codec.encode_shared([text])[0]
-                async with room:
-                    await room.wait_for(lambda: in_flight + n <= bound)  # noqa: B023 - read when woken
-                    in_flight += n
-                task = asyncio.ensure_future(group(count, conv, list(prompt)))
-                groups.add(task)
-                task.add_done_callback(groups.discard)
-                count += 1
-            return count
-
-        feeder = asyncio.ensure_future(feed())
-        yielded = 0
-        try:
-            while True:
-                if feeder.done() and yielded == feeder.result() and done.empty():
-                    break
-                getter = asyncio.ensure_future(done.get())
-                waited = {getter} if feeder.done() else {getter, feeder}
-                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    await asyncio.gather(getter, return_exceptions=True)
-                    if feeder.exception() is not None:
-                        raise feeder.exception()  # type: ignore[misc]
-                    continue
-                item = getter.result()
-                if isinstance(item, BaseException):
-                    raise item
-                yielded += 1
-                finished += item[1]
-                yield item[1]
-        finally:
-            pending = [feeder, *groups]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            self._schedulers.discard(scheduler)
-            self.metrics = RolloutMetrics.from_results(
-                finished,
-                wall_time=time.perf_counter() - start,
-                engine_time=scheduler.engine_time,
-                batches=scheduler.batches,
-                tokenize_time=setup.tokenize,
-            )
-            await self._count_cache(cache_before)
+        return stream_groups(self, prompts, max_in_flight=max_in_flight)
 
     def stream_sync(
         self, prompts: Iterable[Sequence[Mapping[str, Any]]], *, max_in_flight: int | None = None
@@ -474,182 +249,7 @@ class Rollout:
         >>> for group in rollout.stream_sync(prompts, max_in_flight=64):   # doctest: +SKIP
         ...     train([group]); rollout.update_weights(step, apply="/ckpt/step")
         """
-        out: _queue.Queue[tuple[str, Any]] = _queue.Queue(maxsize=1)
-        ready = threading.Event()
-        stop = threading.Event()
-        loop = asyncio.new_event_loop()
-
-        async def put(item: tuple[str, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    out.put_nowait(item)
-                    return True
-                except _queue.Full:
-                    await asyncio.sleep(0.005)  # the caller is training: generation goes on meanwhile
-            return False
-
-        async def pump() -> None:
-            groups = self.stream(prompts, max_in_flight=max_in_flight)
-            try:
-                async for group in groups:
-                    if not await put(("group", group)):
-                        break
-                else:
-                    await put(("end", None))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                await put(("error", exc))
-            finally:
-                await groups.aclose()
-            while not stop.is_set():  # the loop stays up for update_weights until the caller is done
-                await asyncio.sleep(0.005)
-
-        def thread() -> None:
-            asyncio.set_event_loop(loop)
-            self._home = loop
-            ready.set()
-            try:
-                loop.run_until_complete(pump())
-            finally:
-                self._home = None
-                loop.close()
-
-        worker = threading.Thread(target=thread, name="tmpl-stream", daemon=True)
-        worker.start()
-        ready.wait()
-        try:
-            while True:
-                kind, value = out.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise value
-                yield value
-        finally:
-            stop.set()
-            with contextlib.suppress(_queue.Empty):
-                out.get_nowait()  # let a pump blocked on a full queue see ``stop``
-            worker.join()
-
-    # -- weight updates -----------------------------------------------------------------------
-    def update_weights(
-        self,
-        version: int,
-        apply: WeightSource = None,
-        *,
-        mode: UpdateMode = "keep",
-        reset_prefix_cache: bool = True,
-    ) -> None:
-        """Synchronous :meth:`update_weights_async` (also from the caller's thread of :meth:`stream_sync`)."""
-        home = self._home
-        coro = self.update_weights_async(version, apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
-        if home is not None and home.is_running():
-            asyncio.run_coroutine_threadsafe(coro, home).result()
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            asyncio.run(coro)
-            return
-        coro.close()
-        raise RuntimeError(
-            "Rollout.update_weights() was called inside a running event loop; await update_weights_async()"
-        )
-
-    async def update_weights_async(
-        self,
-        version: int,
-        apply: WeightSource = None,
-        *,
-        mode: UpdateMode = "keep",
-        reset_prefix_cache: bool = True,
-    ) -> None:
-        """Move every engine to policy ``version`` while samples may be running.
-
-        The engines pause, ``apply`` runs (None: only the version label changes; a folder: vLLM
-        reloads the weights from it; a callable, sync or async, no arguments: the caller's own
-        transfer), the prefix cache is reset (unless ``reset_prefix_cache=False``: KV computed by
-        the old weights may then be reused), the version label is set, and the engines resume.
-        No new request leaves the rollout meanwhile. ``mode`` says what happens to requests in flight:
-
-        - ``"keep"``: they continue under the new weights (their tokens' versions change mid-turn);
-        - ``"abort"``: they stop; the tokens sampled so far stay (once) and the sample continues from
-          its own IDs under the new version (a partial rollout: nothing is re-rendered);
-        - ``"drain"``: the update waits for them to finish.
-
-        Engines that generate in batches (torch, offline vLLM, Scripted) are updated between two
-        batches whatever the mode. Raises WeightUpdateError naming the engine and step that failed
-        (the rollout's version then stays as it was).
-
-        >>> await rollout.update_weights_async(7, apply="/ckpt/step-7", mode="abort")  # doctest: +SKIP
-        """
-        if mode not in ("keep", "abort", "drain"):
-            raise ValueError(f"mode must be 'keep', 'abort' or 'drain', got {mode!r}")
-        version = int(version)
-        started = time.perf_counter()
-        gate = asyncio.Event()
-        previous, self._gate = self._gate, gate
-        if previous is not None:  # another update under way: this one goes after it
-            await previous.wait()
-            self._gate = gate
-        try:
-            if mode == "abort":
-                self._abort_epoch += 1
-            async with contextlib.AsyncExitStack() as stack:
-                for scheduler in list(self._schedulers):
-                    await stack.enter_async_context(scheduler.hold())
-                await self.backend.update_weights(version, apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
-            self.version = version
-            self.updates.append({"version": version, "mode": mode, "seconds": time.perf_counter() - started})
-            self._drop_stale()
-        finally:
-            if self._gate is gate:
-                self._gate = None
-            gate.set()
-
-    async def _open(self) -> None:
-        """Wait while a weight update holds new requests back."""
-        while self._gate is not None:
-            await self._gate.wait()
-
-    def _too_stale(self, oldest: int | None) -> bool:
-        return self.max_staleness is not None and oldest is not None and self.version - oldest > self.max_staleness
-
-    def _drop_stale(self) -> None:
-        """``stale="drop"``: cancel the running samples the last update made too stale."""
-        if self.stale != "drop" or self.max_staleness is None:
-            return
-        for run, task in list(self._live.values()):
-            if not run.dropped and self._too_stale(run.oldest):
-                run.dropped = True
-                task.cancel()
-
-    def _apply_staleness(self, result: RolloutResult) -> None:
-        """Record the version the sample ended under and apply ``max_staleness``."""
-        result.version = self.version
-        if self.max_staleness is None or result.code is EndCode.STALE_DROPPED:
-            return
-        if not self._too_stale(result.oldest_version):
-            return
-        if self.stale == "withhold":
-            result.stale_action = "withhold"
-            result._loss_mask = np.zeros_like(result.mask)
-        elif self.stale == "mask":
-            versions = result.versions
-            keep = result.mask.copy()
-            keep[(versions >= 0) & (versions < self.version - self.max_staleness)] = 0
-            result.stale_action = "mask"
-            result._loss_mask = keep
-        else:  # drop: the sample ended before an update made it too stale
-            self._dropped(result.trajectory, result.oldest_version)
-            result.code, result.stale_action = EndCode.STALE_DROPPED, "drop"
-            result._versions = np.empty(0, dtype=np.int32)
-
-    def _dropped(self, traj: Any, oldest: int | None) -> None:
-        traj.reset()
-        traj.abort(
-            f"dropped: sampled from version {oldest}, {self.version - (oldest or 0)} versions behind "
-            f"{self.version} (max_staleness={self.max_staleness})"
-        )
+        return stream_groups_in_thread(self, prompts, max_in_flight=max_in_flight)
 
     # -- one sample -----------------------------------------------------------------------
     async def _sample(
@@ -659,7 +259,7 @@ class Rollout:
         conversation: Sequence[Mapping[str, Any]],
         prompt: list[int],
         scheduler: Scheduler,
-        traj: Any = None,
+        traj: Trajectory | None = None,
         attempt: int = 0,
         rounds: ToolRounds | None = None,
     ) -> RolloutResult:
@@ -667,7 +267,7 @@ class Rollout:
             traj = self._trajectory(i, s, prompt)
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
-        run = _SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
+        run = SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
         sampling = self.sampling
         if sampling.seed is not None and sampling.n > 1:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + s, n=1)
@@ -690,22 +290,7 @@ class Rollout:
                 if not run.dropped:
                     raise asyncio.CancelledError()
                 self._dropped(traj, run.oldest)
-                return RolloutResult(
-                    i,
-                    s,
-                    traj,
-                    run.history,
-                    run.turns,
-                    run.calls,
-                    run.failures,
-                    "abort",
-                    times=run.times,
-                    code=EndCode.STALE_DROPPED,
-                    tool_failure_kinds=run.failure_kinds,
-                    _versions=np.empty(0, dtype=np.int32),
-                    stale_action="drop",
-                    resumed=run.resumed,
-                )
+                return run.result(dropped=True)
             turns.result()  # a crash inside the turns raises here
         except Exception:
             if run.rid is not None:  # crashed: the backend may still hold its last request
@@ -716,33 +301,17 @@ class Rollout:
         if run.code is None:  # pragma: no cover - every turn that stops sets a code
             run.end(EndCode.FINISHED)
         drift, detail = self._measure_drift(run)
-        return RolloutResult(
-            i,
-            s,
-            traj,
-            run.history,
-            run.turns,
-            run.calls,
-            run.failures,
-            run.finish,
-            drift,
-            run.times,
-            code=run.code,
-            drift_detail=detail,
-            tool_failure_kinds=run.failure_kinds,
-            _versions=np.asarray(run.versions, dtype=np.int32),
-            resumed=run.resumed,
-        )
+        return run.result(drift=drift, drift_detail=detail)
 
     async def _turns(
-        self, run: _SampleRun, sampling: Sampling, scheduler: Scheduler, attempt: int, rounds: ToolRounds | None
+        self, run: SampleRun, sampling: Sampling, scheduler: Scheduler, attempt: int, rounds: ToolRounds | None
     ) -> None:
         for turn in range(self.max_turns):
             if not await self._turn(run, turn, sampling, scheduler, attempt, rounds):
                 return
 
     async def _generate(
-        self, run: _SampleRun, rid: str, budget: int, sampling: Sampling, scheduler: Scheduler
+        self, run: SampleRun, rid: str, budget: int, sampling: Sampling, scheduler: Scheduler
     ) -> tuple[GenerationResult, list[int]]:
         """One turn's generation and the version of each of its tokens.
 
@@ -771,7 +340,7 @@ class Rollout:
                     sample=f"{run.index}/{run.sample}",
                 )
             )
-            own = _token_versions(result, submitted)
+            own = token_versions(result, submitted)
             preempted = result.finish_reason == "abort" and epoch != self._abort_epoch
             if preempted and (result.logprobs is not None or not result.token_ids):
                 ids += result.token_ids
@@ -794,7 +363,7 @@ class Rollout:
 
     async def _turn(
         self,
-        run: _SampleRun,
+        run: SampleRun,
         turn: int,
         sampling: Sampling,
         scheduler: Scheduler,
@@ -834,8 +403,8 @@ class Rollout:
 
     async def _tool_round(
         self,
-        run: _SampleRun,
-        parsed: Any,
+        run: SampleRun,
+        parsed: ParsedCompletion,
         assistant: dict[str, Any],
         completion: list[int],
         scheduler: Scheduler,
@@ -876,7 +445,7 @@ class Rollout:
             return run.end(EndCode.BUDGET_CUT)
         return True
 
-    def _trajectory(self, i: int, s: int, prompt: list[int]) -> Any:
+    def _trajectory(self, i: int, s: int, prompt: list[int]) -> Trajectory:
         return _twin.builder.Trajectory(
             prompt,
             self.max_length,
@@ -886,17 +455,23 @@ class Rollout:
         )
 
     def _crashed(
-        self, i: int, s: int, conversation: Sequence[Mapping[str, Any]], prompt: list[int], traj: Any, exc: Exception
+        self,
+        i: int,
+        s: int,
+        conversation: Sequence[Mapping[str, Any]],
+        prompt: list[int],
+        traj: Trajectory | None,
+        exc: Exception,
     ) -> RolloutResult:
         """An unexpected error in one sample: the sample is ABORTED with the error as its reason."""
         if traj is None:
             traj = self._trajectory(i, s, prompt)
         if not traj.status.final:
             traj.abort(f"unexpected error in the rollout: {type(exc).__name__}: {exc}")
-        return RolloutResult(i, s, traj, [dict(m) for m in conversation], 0, 0, 0, "error", code=EndCode.CRASHED)
+        return RolloutResult.crashed(i, s, traj, conversation)
 
     # -- checks -----------------------------------------------------------------------------
-    def _measure_drift(self, run: _SampleRun) -> tuple[bool | None, DriftDetail | None]:
+    def _measure_drift(self, run: SampleRun) -> tuple[bool | None, DriftDetail | None]:
         """Drift of one finished sample, if ``measure_drift`` chooses it (timed as the ``drift`` phase)."""
         if not chosen(self.measure_drift, run.index, run.sample):
             return None, None
@@ -935,102 +510,6 @@ class Rollout:
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
-
-
-class _Setup:
-    """Seconds a run spends before any sample starts."""
-
-    tokenize = 0.0
-
-
-class _SampleRun:
-    """The running state of one sample: its trajectory, messages, engine input, counters and clock."""
-
-    __slots__ = (
-        "index",
-        "sample",
-        "traj",
-        "history",
-        "sequence",
-        "times",
-        "clock",
-        "calls",
-        "failures",
-        "turns",
-        "finish",
-        "code",
-        "failure_kinds",
-        "rid",
-        "versions",
-        "oldest",
-        "resumed",
-        "dropped",
-    )
-
-    def __init__(self, index: int, sample: int, traj: Any, history: list[dict[str, Any]], sequence: list[int]):
-        self.index, self.sample, self.traj = index, sample, traj
-        self.history = history  # messages so far (decoded: for rewards and logs)
-        self.sequence = sequence  # the engine's next input: prompt + everything appended so far
-        self.times = SampleTimes()
-        self.clock = PhaseClock(self.times)
-        self.calls = self.failures = self.turns = 0
-        self.finish = "stop"
-        self.code: EndCode | None = None
-        self.failure_kinds: dict[str, int] = {}  # failed tool calls by kind (tmpl.toolcalls FAILURE_KINDS)
-        self.rid: str | None = None  # the id of the last generation request
-        self.versions: list[int] = []  # policy version per completion token (-1: appended, not sampled)
-        self.oldest: int | None = None  # the version its first request was submitted under
-        self.resumed = 0  # generations continued after an abort-mode weight update
-        self.dropped = False  # cancelled by the staleness policy (stale="drop")
-
-    def count_failures(self, by_kind: Mapping[str, int]) -> None:
-        """Add one tool batch's failures by kind."""
-        for kind, n in by_kind.items():
-            if n:
-                self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + n
-
-    def end(self, code: EndCode, reason: str | None = None) -> bool:
-        """End the sample with ``code``; a trajectory still running gets the code's final status.
-
-        Returns False (the sample stops), so a turn can ``return run.end(...)``.
-        """
-        self.code = code
-        if self.traj.running:
-            status = code.status
-            if status == Status.DONE:
-                self.traj.finish()
-            elif status == Status.TRUNCATED:
-                self.traj.truncate(reason or code.value)
-            else:
-                self.traj.abort(reason or code.value)
-        return False
-
-
-#: what ``max_staleness`` does with a sample that is too stale
-StalePolicy = Literal["withhold", "drop", "mask"]
-STALE_POLICIES: tuple[str, ...] = ("withhold", "drop", "mask")
-
-
-def _token_versions(result: GenerationResult, submitted: int) -> list[int]:
-    """The engine's version per token when it gave one for each, else the version at submission."""
-    n = len(result.token_ids)
-    if result.versions is not None and len(result.versions) == n:
-        return [int(v) for v in result.versions]
-    return [submitted] * n
-
-
-async def _prompts(source: Any) -> AsyncIterator[Any]:
-    """Conversations from an ``asyncio.Queue`` (ended by None), an async iterable or an iterable."""
-    if isinstance(source, asyncio.Queue):
-        while (item := await source.get()) is not None:
-            yield item
-    elif hasattr(source, "__aiter__"):
-        async for item in source:
-            yield item
-    else:
-        for item in source:
-            yield item
-            await asyncio.sleep(0)  # let samples start while a long iterable is read
 
 
 def _toolbox(tools: Any) -> Toolbox | None:

@@ -11,8 +11,21 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+
+from .metrics import SampleTimes
+
+
+@dataclass
+class SetupTimes:
+    """Seconds a run spends before any sample starts."""
+
+    tokenize: float = 0.0
+
+
+#: what a clock adds seconds to: an attribute per phase
+Times = SampleTimes | SetupTimes
 
 
 class PhaseClock:
@@ -24,7 +37,7 @@ class PhaseClock:
 
     __slots__ = ("times",)
 
-    def __init__(self, times: Any) -> None:
+    def __init__(self, times: Times) -> None:
         self.times = times
 
     def __call__(self, phase: str) -> _Phase:
@@ -34,7 +47,7 @@ class PhaseClock:
 class _Phase:
     __slots__ = ("times", "phase", "start")
 
-    def __init__(self, times: Any, phase: str) -> None:
+    def __init__(self, times: Times, phase: str) -> None:
         self.times, self.phase = times, phase
         self.start = 0.0
 

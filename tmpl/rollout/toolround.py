@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
     from ..toolcalls import Toolbox
     from ..toolcalls.metrics import CallOutcome
+    from ..toolcalls.types import ParsedCompletion
 
 
 @dataclass
@@ -69,7 +70,12 @@ class _Job:
     __slots__ = ("parsed", "completion", "before", "future", "started", "outcomes", "waited", "budget", "cut")
 
     def __init__(
-        self, parsed: Any, completion: list[int], before: list[dict[str, Any]], future: Any, budget: int | None
+        self,
+        parsed: ParsedCompletion,
+        completion: list[int],
+        before: list[dict[str, Any]],
+        future: asyncio.Future[RoundResult],
+        budget: int | None,
     ) -> None:
         self.parsed, self.completion, self.before, self.future = parsed, completion, before, future
         self.budget = budget
@@ -92,7 +98,7 @@ class ToolRounds:
         self._to_suffix: list[_Job] = []
 
     async def run(
-        self, parsed: Any, completion: list[int], before: list[dict[str, Any]], budget: int | None = None
+        self, parsed: ParsedCompletion, completion: list[int], before: list[dict[str, Any]], budget: int | None = None
     ) -> RoundResult:
         """Run the calls of ``parsed`` and build the suffix after ``completion`` (``before``: the history).
 

@@ -1,0 +1,164 @@
+"""``RolloutResult``: one finished sample, its token sequences, counts, versions and staleness.
+
+Built by the rollout loop from a sample's running state (:meth:`tmpl.rollout.sample.SampleRun.result`),
+or for a sample that crashed (:meth:`RolloutResult.crashed`); always by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..trajectory.types import Span, Status
+from .codes import EndCode
+from .drift import DriftDetail
+from .metrics import SampleTimes
+
+if TYPE_CHECKING:
+    from ..trajectory import Trajectory
+
+
+@dataclass(kw_only=True)
+class RolloutResult:
+    """One sample: exact token sequences with masks and logprobs, plus what happened.
+
+    ``mask`` is 1 on model tokens and 0 on tokens tmpl appended (tool results, generation
+    prompts); ``logprobs`` are the backend's for model tokens and 0.0 elsewhere. ``messages``
+    are the conversation with the parsed assistant turns and tool results (decoded: for rewards
+    and logs, never for training). ``reason`` says why a sample is TRUNCATED or ABORTED.
+
+    ``versions`` has the policy version that sampled each completion token (-1 on appended
+    tokens); ``version`` is the rollout's version when the sample ended, ``staleness`` how many
+    versions its oldest sampled token is behind it. ``loss_mask`` is ``mask`` after the
+    rollout's staleness policy (``stale_action``: None, ``"withhold"`` or ``"mask"``).
+
+    >>> r.versions.tolist(), r.version, r.staleness      # doctest: +SKIP
+    ([3, 3, 4, -1, -1, 4], 5, 2)
+    """
+
+    index: int  # which conversation
+    sample: int  # which of its n samples
+    trajectory: Trajectory = field(repr=False)
+    messages: list[dict[str, Any]]
+    turns: int
+    tool_calls: int
+    tool_failures: int
+    finish_reason: str  # the last generation's: stop / length / abort / error
+    drift: bool | None = None  # would re-rendering the text have changed the IDs? (None: not measured)
+    times: SampleTimes = field(default_factory=SampleTimes, repr=False)
+    code: EndCode | None = None  # how the sample ended (the reason in words is ``reason``)
+    drift_detail: DriftDetail | None = None  # where and why it drifted (set when ``drift`` is True)
+    tool_failure_kinds: dict[str, int] = field(default_factory=dict, repr=False)  # failed calls by kind
+    _attempts: int = field(default=1, repr=False)
+    _versions: np.ndarray | None = field(default=None, repr=False)  # int32, one per completion token
+    version: int = 0  # the rollout's policy version when the sample ended
+    stale_action: str | None = None  # what max_staleness did: None, "withhold", "mask" or "drop"
+    resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
+    _loss_mask: np.ndarray | None = field(default=None, repr=False)  # mask after the staleness policy
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.trajectory.prompt_ids
+
+    @property
+    def completion_ids(self) -> np.ndarray:
+        return self.trajectory.completion_ids
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.trajectory.mask
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return self.trajectory.logprobs
+
+    @property
+    def status(self) -> Status:
+        return self.trajectory.status
+
+    @property
+    def reason(self) -> str:
+        return self.trajectory.reason
+
+    @property
+    def spans(self) -> list[Span]:
+        return self.trajectory.spans
+
+    @property
+    def versions(self) -> np.ndarray:
+        """Policy version of each completion token (int32, -1 where the model did not sample; -1
+        everywhere for a sample that crashed, whose record of versions was lost with it: it is ABORTED)."""
+        if self._versions is None:
+            return np.full(len(self.trajectory.completion_ids), -1, dtype=np.int32)
+        return self._versions
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest version among the sampled tokens (None: no token was sampled)."""
+        sampled = self.versions[self.versions >= 0]
+        return int(sampled.min()) if len(sampled) else None
+
+    @property
+    def staleness(self) -> int:
+        """``version`` minus the oldest sampled token's version (0 when nothing was sampled)."""
+        oldest = self.oldest_version
+        return 0 if oldest is None else self.version - oldest
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """``mask`` with the staleness policy applied: zeros when withheld, stale tokens off when masked."""
+        return self._loss_mask if self._loss_mask is not None else self.mask
+
+    @property
+    def withheld(self) -> bool:
+        """Withheld by ``max_staleness``: it counts for its group's baseline, none of its tokens for the loss."""
+        return self.stale_action == "withhold"
+
+    @property
+    def attempts(self) -> int:
+        """How many times the sample was run (more than 1 after retries, see ``sample_retries``)."""
+        return self._attempts
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Per-sample numbers: turns, tool calls and failures, tokens, drift, seconds by phase."""
+        generated = int(self.mask.sum())
+        return {
+            "status": self.status.name,
+            "reason": self.reason,
+            "turns": self.turns,
+            "attempts": self.attempts,
+            "tool_calls": self.tool_calls,
+            "tool_failures": self.tool_failures,
+            "tokens_generated": generated,
+            "tokens_appended": len(self.mask) - generated,
+            "drift": self.drift,
+            "drift_cause": self.drift_detail.cause.value if self.drift_detail else None,
+            "finish_reason": self.finish_reason,
+            "version": self.version,
+            "staleness": self.staleness,
+            "stale_action": self.stale_action,
+            "resumed": self.resumed,
+            **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
+        }
+
+    @classmethod
+    def crashed(
+        cls, index: int, sample: int, trajectory: Trajectory, conversation: Sequence[Mapping[str, Any]]
+    ) -> RolloutResult:
+        """A sample that an unexpected error ended (its trajectory already ABORTED): no turn counted."""
+        return cls(
+            index=index,
+            sample=sample,
+            trajectory=trajectory,
+            messages=[dict(m) for m in conversation],
+            turns=0,
+            tool_calls=0,
+            tool_failures=0,
+            finish_reason="error",
+            code=EndCode.CRASHED,
+        )

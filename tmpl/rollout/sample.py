@@ -1,0 +1,101 @@
+"""``SampleRun``: the running state of one sample while its turns run, and the result it ends with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..trajectory.types import Status
+from .codes import EndCode
+from .drift import DriftDetail
+from .metrics import SampleTimes
+from .result import RolloutResult
+from .timing import PhaseClock
+
+if TYPE_CHECKING:
+    from ..trajectory import Trajectory
+
+
+@dataclass(slots=True, eq=False)
+class SampleRun:
+    """One sample's trajectory, messages, engine input, counters, clock and weight-update bookkeeping.
+
+    Mutated by the loop turn after turn; :meth:`result` builds its :class:`RolloutResult`.
+    """
+
+    index: int  # which conversation
+    sample: int  # which of its n samples
+    traj: Trajectory
+    history: list[dict[str, Any]]  # messages so far (decoded: for rewards and logs)
+    sequence: list[int]  # the engine's next input: prompt + everything appended so far
+    # counters
+    turns: int = 0
+    calls: int = 0
+    failures: int = 0
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # failed tool calls by kind (FAILURE_KINDS)
+    times: SampleTimes = field(default_factory=SampleTimes)
+    clock: PhaseClock = field(init=False)
+    # how it ended
+    finish: str = "stop"  # the last generation's finish reason
+    code: EndCode | None = None
+    # requests and versions
+    rid: str | None = None  # the id of the last generation request
+    versions: list[int] = field(default_factory=list)  # policy version per completion token (-1: appended)
+    oldest: int | None = None  # the version its first request was submitted under
+    resumed: int = 0  # generations continued after an abort-mode weight update
+    dropped: bool = False  # cancelled by the staleness policy (stale="drop")
+
+    def __post_init__(self) -> None:
+        self.clock = PhaseClock(self.times)
+
+    def count_failures(self, by_kind: Mapping[str, int]) -> None:
+        """Add one tool batch's failures by kind."""
+        for kind, n in by_kind.items():
+            if n:
+                self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + n
+
+    def end(self, code: EndCode, reason: str | None = None) -> bool:
+        """End the sample with ``code``; a trajectory still running gets the code's final status.
+
+        Returns False (the sample stops), so a turn can ``return run.end(...)``.
+        """
+        self.code = code
+        if self.traj.running:
+            status = code.status
+            if status == Status.DONE:
+                self.traj.finish()
+            elif status == Status.TRUNCATED:
+                self.traj.truncate(reason or code.value)
+            else:
+                self.traj.abort(reason or code.value)
+        return False
+
+    def result(
+        self,
+        *,
+        drift: bool | None = None,
+        drift_detail: DriftDetail | None = None,
+        dropped: bool = False,
+    ) -> RolloutResult:
+        """The sample's result; ``dropped``: cancelled by ``stale="drop"`` (no versions, finish "abort")."""
+        return RolloutResult(
+            index=self.index,
+            sample=self.sample,
+            trajectory=self.traj,
+            messages=self.history,
+            turns=self.turns,
+            tool_calls=self.calls,
+            tool_failures=self.failures,
+            finish_reason="abort" if dropped else self.finish,
+            drift=drift,
+            times=self.times,
+            code=EndCode.STALE_DROPPED if dropped else self.code,
+            drift_detail=drift_detail,
+            tool_failure_kinds=self.failure_kinds,
+            _versions=np.empty(0, dtype=np.int32) if dropped else np.asarray(self.versions, dtype=np.int32),
+            stale_action="drop" if dropped else None,
+            resumed=self.resumed,
+        )
