@@ -27,6 +27,7 @@ from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import parse_completion, parser_for
+from ..toolcalls.toolbox import as_toolbox
 from ..trajectory import _twin
 from ..trajectory.types import Status
 from .codes import EndCode
@@ -43,7 +44,6 @@ from .versions import token_versions
 from .weights import StalePolicy, WeightUpdates
 
 if TYPE_CHECKING:
-    from ..toolcalls import Toolbox
     from ..toolcalls.types import ParsedCompletion
     from ..trajectory import Trajectory
 
@@ -104,7 +104,7 @@ class Rollout(WeightUpdates):
         self._init_weights(version, max_staleness, stale)
         self.tpl = template
         self.backend = backend
-        self.toolbox = _toolbox(tools)
+        self.toolbox = as_toolbox(tools)
         if self.toolbox is not None:
             parser_for(template)  # fail now (NoToolParserError, with why) rather than mid-rollout
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
@@ -510,13 +510,3 @@ class Rollout(WeightUpdates):
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
-
-
-def _toolbox(tools: Any) -> Toolbox | None:
-    if tools is None:
-        return None
-    from ..toolcalls import Toolbox
-
-    if isinstance(tools, Toolbox):
-        return tools
-    return Toolbox(list(tools))

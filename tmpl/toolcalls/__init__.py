@@ -18,7 +18,7 @@ from .detect import Detection, detect
 from .metrics import FAILURE_KINDS, CallOutcome, ToolMetrics
 from .parsers import PARSERS, ToolParser, get_parser
 from .schema import tool_schema
-from .toolbox import BatchResult, Toolbox
+from .toolbox import BatchResult, Toolbox, as_toolbox
 from .types import CallProblem, ParsedCompletion, ParseError, ToolCall, new_call_id
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "ToolMetrics",
     "ToolParser",
     "Toolbox",
+    "as_toolbox",
     "coerce_arguments",
     "detect",
     "get_parser",

@@ -38,7 +38,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -430,6 +430,17 @@ class Toolbox:
                 return _raised(call, exc, time.perf_counter() - began)
             latency = time.perf_counter() - began
         return _ok(call, value, latency, self.max_output_chars)
+
+
+def as_toolbox(tools: Toolbox | Iterable[Any] | None) -> Toolbox | None:
+    """``tools`` as a :class:`Toolbox`: a Toolbox as it is, callables wrapped in one, None as None.
+
+    >>> as_toolbox(None) is None
+    True
+    """
+    if tools is None or isinstance(tools, Toolbox):
+        return tools
+    return Toolbox(list(tools))
 
 
 class _Batch:

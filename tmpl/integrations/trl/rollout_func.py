@@ -34,8 +34,9 @@ from typing import Any
 from ...backends import Backend, Sampling
 from ...chat_template import ChatTemplate
 from ...errors import TmplError, TrainerConfigError
-from ...rollout.loop import Rollout, RolloutResult, _toolbox
+from ...rollout.loop import Rollout, RolloutResult
 from ...rollout.metrics import RolloutMetrics
+from ...toolcalls.toolbox import as_toolbox
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
 
@@ -107,7 +108,7 @@ class TmplRolloutFunc:
             )
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.toolbox = _toolbox(tools)
+        self.toolbox = as_toolbox(tools)
         self.max_turns = max_turns
         self.backend = backend
         self.sampling = sampling
