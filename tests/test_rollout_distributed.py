@@ -214,29 +214,40 @@ def test_a_shard_that_kills_every_worker_raises_worker_lost(tmp_path):
 
 
 class SlowBackend(Backend):
-    """A server-like backend whose generations take a minute (they are cancelled long before)."""
+    """A server-like backend whose generations take a minute (they are cancelled long before); each
+    request leaves a file named after its id in ``started`` when it starts."""
 
     batching = False
 
+    def __init__(self, started: str):
+        self.started = Path(started)
+
     async def agenerate(self, request):
+        (self.started / request.request_id).touch()
         await asyncio.sleep(60)
         return GenerationResult(request.request_id, [], [], "stop")
 
 
-def make_slow_rollout() -> tmpl.Rollout:
+def make_slow_rollout(started: str) -> tmpl.Rollout:
     return tmpl.Rollout(
-        tmpl.ChatTemplate.from_pretrained(str(QWEN)), SlowBackend(), max_turns=2, sampling=Sampling(n=2), progress=False
+        tmpl.ChatTemplate.from_pretrained(str(QWEN)),
+        SlowBackend(started),
+        max_turns=2,
+        sampling=Sampling(n=2),
+        progress=False,
     )
 
 
-def test_cancel_reaches_every_worker_and_every_request():
-    with DistributedRollout(make_slow_rollout, workers=2, mode="process", shard_size=2) as runner:
+def test_cancel_reaches_every_worker_and_every_request(tmp_path):
+    factory = functools.partial(make_slow_rollout, str(tmp_path))
+    with DistributedRollout(factory, workers=2, mode="process", shard_size=2) as runner:
 
         async def go():
             task = asyncio.create_task(runner.run_async(CONVERSATIONS[:4]))
-            while runner.attempts.count(1) < 2:  # both workers got a shard
+            deadline = time.monotonic() + 60
+            while len(list(tmp_path.iterdir())) < 8:  # both workers' requests (2 conversations x n=2 each) started
+                assert not task.done() and time.monotonic() < deadline, sorted(p.name for p in tmp_path.iterdir())
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # and their samples asked for generations
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
