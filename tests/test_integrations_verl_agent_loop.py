@@ -217,6 +217,10 @@ def test_tmpl_tool_agent_through_verls_worker(server, tokenizer_of):
         # every appended run is the tail of the template's full render of the conversation up to there
         messages = out.non_tensor_batch["messages"][i]
         assert out.non_tensor_batch["tmpl_status"][i] in ("DONE", "TRUNCATED")
+        # tmpl's policy versions: one per response token, 0 (no update ran) where the model sampled, -1 elsewhere
+        versions = out.non_tensor_batch["tmpl_versions"][i]
+        assert versions == [0 if m == 1 else -1 for m in mask]
+        assert out.non_tensor_batch["tmpl_staleness"][i] == 0 and out.non_tensor_batch["tmpl_version"][i] == 0
         cut = [
             j
             for j, m in enumerate(messages)

@@ -5,7 +5,12 @@ Each sample is one :class:`tmpl.Rollout` (tool-call parsing from token IDs, the
 ``server_manager`` (:class:`~tmpl.integrations.verl.VerlServerBackend`). The result is verl's
 ``AgentLoopOutput``: ``response_ids`` are every turn (model tokens and appended tool results),
 ``response_mask`` 1 on model tokens and 0 on appended ones, ``response_logprobs`` the sampling
-logprobs (0.0 on appended tokens).
+logprobs (0.0 on appended tokens). ``extra_fields`` (verl's field for additions; each key becomes a
+``non_tensor_batch`` column) carries tmpl's status and reason, tool counts, the messages, and the
+policy versions: ``tmpl_versions`` (one per response token, -1 on appended tokens), ``tmpl_version``
+(the version the sample ended under) and ``tmpl_staleness``. verl's own ``min_global_steps`` /
+``max_global_steps`` are not set: verl fills them from its server's ``global_steps``, which
+``VerlServerBackend`` does not read (tmpl's versions are those of ``Rollout.update_weights``).
 
 >>> from tmpl.integrations.verl import register_tool_agent          # doctest: +SKIP
 >>> register_tool_agent(tools=[get_weather, get_time], max_turns=8)  # then agent_name: tmpl_tool_agent  # doctest: +SKIP
@@ -80,6 +85,11 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 "tool_calls": result.tool_calls,
                 "tool_failures": result.tool_failures,
                 "messages": result.messages,
+                # tmpl's policy versions: one per response token (-1 on appended tokens), the version
+                # the sample ended under and its staleness (versions between its oldest token and that)
+                "tmpl_versions": result.versions.tolist(),
+                "tmpl_version": result.version,
+                "tmpl_staleness": result.staleness,
             },
         )
 
