@@ -11,27 +11,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..codec import Codec
 from ..errors import HistoryRequiredError, UnsupportedTemplateError
 from ..render import Renderer
-from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, content_class
+from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, Layout, content_class
 from .probe import TurnInfo, probe_turns
 from .state import state_for
 
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def shape_key(messages: Sequence[Mapping[str, Any]]) -> tuple:
+def shape_key(messages: Sequence[Mapping[str, Any]]) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """Hashable description of tool messages with their contents and call ids left out.
 
     Runs on every call (the frame lookup key), so it is written flat.
     """
     out = []
     for m in messages:
-        items = []
+        items: list[tuple[str, Any]] = []
         for k, v in m.items():
             if k == "content":
                 items.append((k, type(v) is str))
@@ -105,7 +105,9 @@ class SuffixEngine:
         return found
 
     # -- one suffix -------------------------------------------------------------------
-    def plan(self, frame: Frame, messages: Sequence[Mapping[str, Any]]):
+    def plan(
+        self, frame: Frame, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[Layout, list[Callable[[str], str]]] | None:
         """The layout and per-message transforms for a fast fill, or None for the per-call path."""
         fns = []
         layout_name = None
@@ -123,6 +125,7 @@ class SuffixEngine:
             if has_id and not ID_SAFE.match(m["tool_call_id"]):
                 return None
             fns.append(TRANSFORMS[tname])
+        assert layout_name is not None, "a suffix has at least one tool message"
         return frame.layouts[layout_name], fns
 
     def suffix(
@@ -141,7 +144,13 @@ class SuffixEngine:
         layout, fns = plan
         return layout.fill(self.codec, messages, fns)
 
-    def _with_history(self, frame: Frame, messages, schemas, history) -> list[int]:
+    def _with_history(
+        self,
+        frame: Frame,
+        messages: Sequence[Mapping[str, Any]],
+        schemas: Sequence[Any] | None,
+        history: Sequence[Mapping[str, Any]] | None,
+    ) -> list[int]:
         if history is None:
             raise HistoryRequiredError(
                 self.renderer.name,
@@ -190,6 +199,6 @@ def _schemas(tools: Sequence[Any]) -> list[Any]:
     """JSON schemas for a tools list (callables are converted like transformers does)."""
     if all(isinstance(t, Mapping) for t in tools):
         return list(tools)
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     return [t if isinstance(t, Mapping) else get_json_schema(t) for t in tools]

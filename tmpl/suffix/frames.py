@@ -101,7 +101,7 @@ def _joined(
     """The text of a run's pieces: literals as they are, slots filled from the messages."""
     parts = []
     for piece in pieces:
-        if type(piece) is str:
+        if isinstance(piece, str):
             parts.append(piece)
         elif piece.field == "content":
             parts.append(fns[piece.message](messages[piece.message]["content"]))
@@ -129,15 +129,18 @@ class DynamicRun:
     def __post_init__(self) -> None:
         pieces = list(self.pieces)
         head = self.anchor
-        while pieces and type(pieces[0]) is str:
-            head += pieces.pop(0)
+        while pieces and isinstance(lead := pieces[0], str):
+            head += lead
+            pieces.pop(0)
         self.head = head
         self.lead = head[len(self.anchor) :]
         self.rest = tuple(pieces)
-        self.single = (
-            (pieces[0], "".join(p for p in pieces[1:])) if pieces and all(type(p) is str for p in pieces[1:]) else None
-        )
         first = pieces[0] if pieces else None
+        tail = [p for p in pieces[1:] if isinstance(p, str)]
+        #: (the only slot, the literal text after it) when the run has one slot
+        self.single: tuple[Slot, str] | None = (
+            (first, "".join(tail)) if isinstance(first, Slot) and len(tail) == len(pieces) - 1 else None
+        )
         #: the content slot right after the lead, where a head cut can apply
         self.first: Slot | None = first if isinstance(first, Slot) and first.field == "content" else None
 
@@ -146,7 +149,8 @@ class DynamicRun:
             slot, tail = self.single
             if slot.field == "content":
                 return self.head + fns[slot.message](messages[slot.message]["content"]) + tail
-            return self.head + messages[slot.message]["tool_call_id"] + tail
+            cid: str = messages[slot.message]["tool_call_id"]
+            return self.head + cid + tail
         return self.head + _joined(self.rest, messages, fns)
 
     def _after_first(self, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]) -> str:
@@ -184,7 +188,7 @@ class DynamicRun:
         assert self.first is not None
         parts = [x]
         for piece in self.rest[1:]:
-            if type(piece) is str:
+            if isinstance(piece, str):
                 parts.append(piece)
             elif piece.field == "content":
                 parts.append(content_sentinel(piece.message))
@@ -196,7 +200,7 @@ class DynamicRun:
         """Find and verify the cuts of this run (see :mod:`tmpl.suffix.cuts`), memoised per codec."""
         if self.first is None:
             return
-        key = (self.anchor, self.lead, tuple(p if type(p) is str else (p.field, p.message) for p in self.rest))
+        key = (self.anchor, self.lead, tuple(p if isinstance(p, str) else (p.field, p.message) for p in self.rest))
         memo = codec.memo.setdefault("suffix_cuts", {})
         found = memo.get(key)
         if found is None:
@@ -227,7 +231,7 @@ class Layout:
         segments: list[list[int]] = [[]]
         runs: list[DynamicRun] = []
         for chunk in chunks:
-            if type(chunk) is DynamicRun:
+            if isinstance(chunk, DynamicRun):
                 runs.append(chunk)
                 segments.append([])
             else:
@@ -285,7 +289,9 @@ class Frame:
     history_dependence: str | None = None  # why the suffix depends on earlier messages, if it does
     notes: list[str] = field(default_factory=list)
 
-    def fill(self, codec: Codec, layout: Layout, messages: Sequence[Mapping[str, Any]], fns) -> list[int]:
+    def fill(
+        self, codec: Codec, layout: Layout, messages: Sequence[Mapping[str, Any]], fns: Sequence[Callable[[str], str]]
+    ) -> list[int]:
         return layout.fill(codec, messages, fns)
 
 
@@ -372,12 +378,19 @@ class FrameBuilder:
         self.name = renderer.name
 
     # -- rendering the dummy conversation ---------------------------------------------
-    def _render(self, shapes, contents, variant: int, id_slots, tools) -> tuple[str, list, dict]:
+    def _render(
+        self,
+        shapes: Sequence[Mapping[str, Any]],
+        contents: Sequence[Any],
+        variant: int,
+        id_slots: Sequence[bool],
+        tools: Sequence[Any] | None,
+    ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
         history, assistant, tool_msgs = dummy_tool_turn(shapes, contents, call_ids(variant, id_slots))
         text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
         return text, history, assistant
 
-    def per_call(self, frame: Frame, messages: Sequence[Mapping[str, Any]], tools) -> list[int]:
+    def per_call(self, frame: Frame, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> list[int]:
         """Suffix IDs by one real render (exact for any content; the slow path)."""
         cids = [m.get("tool_call_id") if has else None for m, has in zip(messages, frame.id_slots)]
         history, assistant, tool_msgs = dummy_tool_turn(messages, [m.get("content") for m in messages], cids)
@@ -400,14 +413,14 @@ class FrameBuilder:
             raise UnsupportedTemplateError(
                 self.name, "the assistant turn renders differently depending on the tool results that follow it"
             )
-        ids, offsets = self.codec.encode_with_offsets(text)
+        token_ids, offsets = self.codec.encode_with_offsets(text)
         for t, (s, e) in enumerate(offsets):
             if e == ce and e > s:
-                return ids[t + 1 :]
+                return token_ids[t + 1 :]
         raise UnsupportedTemplateError(self.name, "the turn close does not end on a token boundary")
 
     # -- building ---------------------------------------------------------------------
-    def build(self, shapes: Sequence[Mapping[str, Any]], tools, tool_close: Close) -> Frame:
+    def build(self, shapes: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, tool_close: Close) -> Frame:
         """Build and verify the frame of one tool-message shape.
 
         ``tool_close`` is the template-level close of a tool-call turn; the frame's own
@@ -471,8 +484,9 @@ class FrameBuilder:
                 pats += [(call_id(0, i), Slot(i, "tool_call_id")) for i, has in enumerate(id_slots) if has]
                 spans = _slots(full, close.char_end, pats)
                 by_pattern[pattern] = None if spans is None else _layout(self.codec, full, ids, offsets, close, spans)
-            if by_pattern[pattern] is not None:
-                layouts[tname] = by_pattern[pattern]
+            layout = by_pattern[pattern]
+            if layout is not None:
+                layouts[tname] = layout
         frame = Frame(
             k=k,
             close=close,
@@ -488,7 +502,9 @@ class FrameBuilder:
         self._verify(frame, shapes, tools)
         return frame
 
-    def _history_dependence(self, frame: Frame, shapes, tools, suffix_text: str) -> str | None:
+    def _history_dependence(
+        self, frame: Frame, shapes: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, suffix_text: str
+    ) -> str | None:
         """Re-render the dummy turn after other histories; the suffix text must not change."""
         _, assistant, tool_msgs = dummy_tool_turn(shapes, content_sentinels(frame.k), call_ids(0, frame.id_slots))
         prior_id = call_id(999, 0) if frame.id_slots[0] else None
@@ -528,19 +544,23 @@ class FrameBuilder:
         return None
 
     def per_call_with_history(
-        self, frame: Frame, history: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]], tools
+        self,
+        frame: Frame,
+        history: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Any] | None,
     ) -> list[int]:
         """Suffix IDs by one render that includes the real history (for history-dependent templates)."""
         cids = [m.get("tool_call_id") if has else None for m, has in zip(messages, frame.id_slots)]
         _, assistant, tool_msgs = dummy_tool_turn(messages, [m.get("content") for m in messages], cids)
         history = list(history)
-        text = self.renderer.text(history + [assistant] + tool_msgs, tools=tools, add_generation_prompt=True)
+        text = self.renderer.text([*history, assistant, *tool_msgs], tools=tools, add_generation_prompt=True)
         prompt = None if frame.calls_visible else self.renderer.text(history, tools=tools, add_generation_prompt=True)
         anchors = arg_sentinels(frame.k)
         close = find_close(self.codec, self.name, text, anchors, frame.close.ids[0], after="", prompt_text=prompt)
         return self.codec.encode(close.text + text[close.char_end :])[len(close.ids) :]
 
-    def _verify(self, frame: Frame, shapes, tools) -> None:
+    def _verify(self, frame: Frame, shapes: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> None:
         """Choose, per content class, the first transform whose fills equal full renders."""
         k = frame.k
         variant = 1

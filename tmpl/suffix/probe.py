@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..codec import Codec
 from ..errors import SpliceError, TemplateRenderError, UnsupportedTemplateError
@@ -282,7 +283,15 @@ def _trained_stop(codec: Codec, alone: str, close: Close, inside: set[int], star
     return ids[pick] if pick >= 0 else None
 
 
-def _turn(renderer: Renderer, codec: Codec, history, assistant, after_msgs, anchors, tools) -> TurnProbe:
+def _turn(
+    renderer: Renderer,
+    codec: Codec,
+    history: list[dict[str, Any]],
+    assistant: dict[str, Any],
+    after_msgs: list[dict[str, Any]],
+    anchors: list[str],
+    tools: list[dict[str, Any]] | None,
+) -> TurnProbe:
     full = renderer.text(history + [assistant] + after_msgs, tools=tools, add_generation_prompt=True)
     if 0 < count_anchors(full, USER_SENTINEL, anchors) < len(anchors):
         raise UnsupportedTemplateError(
