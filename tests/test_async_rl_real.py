@@ -14,7 +14,11 @@ prefix; a perturbation inside the layers would make that comparison meaningless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import re
 import shutil
+import signal
 import time
 
 import pytest
@@ -37,13 +41,13 @@ RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
 LONG = 800  # tokens of a long greedy generation (min_tokens keeps it from stopping earlier)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def launch(folder):
+    """Start one RL-ready server (its log in ``folder``); the caller stops it."""
     import subprocess
     import sys
 
     port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-rl") / "server.log"
+    log_path = folder / "server.log"
     log = log_path.open("wb")
     env = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "VLLM_SERVER_DEV_MODE": "1"}
     cmd = [
@@ -65,13 +69,37 @@ def server(tmp_path_factory):
         "--enable-log-requests",
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    return {"url": f"http://127.0.0.1:{port}", "log": log_path, "proc": proc, "file": log}
+
+
+@contextlib.contextmanager
+def running(*folders):
+    """Servers started side by side (their startups overlap), each stopped on the way out."""
+    started = []
     try:
-        wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log_path)
-        yield {"url": url, "log": log_path, "proc": proc}
+        for folder in folders:
+            started.append(launch(folder))
+        for s in started:
+            wait_ready(s["proc"], s["url"], time.monotonic() + STARTUP_LIMIT, s["log"])
+        yield started
     finally:
-        stop(proc)
-        log.close()
+        for s in started:
+            stop(s["proc"])
+            s["file"].close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("vllm-rl")) as [one]:
+        yield one
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory, server):
+    """A second server, for the tests of routing across two and of a server lost during a pause (the
+    last test kills it). Only those tests start it, after the others ran on ``server`` alone."""
+    with running(tmp_path_factory.mktemp("vllm-rl-2")) as [two]:
+        yield two
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +377,140 @@ def test_cancel_after_an_update_still_reaches_the_server(tpl, server, fresh_weig
 
     in_flight = asyncio.run(go())
     assert sorted(backend.aborted) == sorted(in_flight)
+
+
+# -- two servers: sticky routing, and a server lost during a pause ---------------------------------
+
+BLOCK = 128  # tokens of a KV block on the CPU build: only full blocks are cached and hit
+CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+class Routed(Recording):
+    """Also keeps, for every answered request: its sample, id, prompt length and the server that answered."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answered: list[tuple[str | None, str, int, str]] = []
+
+    def _parse(self, req, body, url):
+        self.answered.append((req.sample, req.request_id, len(req.prompt_ids), url))
+        return super()._parse(req, body, url)
+
+
+def settled_counters(urls: list[str]) -> list[float]:
+    """Queried and hit prefix-cache tokens summed over ``urls``, read until two reads agree (the
+    published counters were seen to lag the requests by up to seconds)."""
+    last = None
+    deadline = time.monotonic() + 20
+    while True:
+        now = [sum(metric(u, name) for u in urls) for name in CACHE]
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(1.0)
+
+
+def same_server_bound(answered) -> int:
+    """Prefix-cache hits the servers must report at least: each turn that went to the server of its
+    sample's previous turn finds that turn's prompt there (its full blocks; nothing is evicted from a
+    cache of this size, and no update resets it during the run)."""
+    bound, last = 0, {}
+    for sample, _, prompt_len, url in answered:
+        if sample in last and last[sample][1] == url:
+            bound += last[sample][0] // BLOCK * BLOCK
+        last[sample] = (prompt_len, url)
+    return bound
+
+
+@pytest.mark.parametrize("sticky", [True, False], ids=["sticky", "least-loaded"])
+def test_sticky_routing_keeps_a_samples_turns_on_one_server_and_its_cache_hits(tpl, server, second, sticky):
+    urls = [server["url"], second["url"]]
+    for url in urls:
+        rl_post(url, "/reset_prefix_cache")  # nothing cached from earlier tests or the other parametrization
+    backend = Routed(urls, timeout=300, sticky=sticky, sticky_slack=100)
+    rollout = tmpl.Rollout(
+        tpl,
+        backend,
+        tools=[get_time, get_weather],
+        max_turns=4,
+        max_length=1024,
+        max_completion_length=512,
+        sampling=Sampling(temperature=1.0, n=2, seed=3),
+        progress=False,
+    )
+    before = settled_counters(urls)
+    offsets = [s["log"].stat().st_size for s in (server, second)]  # the logs of this run start here
+    results = rollout.run(QUESTIONS * 2)
+    queried, hit = (a - b for a, b in zip(settled_counters(urls), before))
+    assert all(r.code in (EndCode.FINISHED, EndCode.MAX_TURNS) for r in results), [(r.code, r.reason) for r in results]
+    turns: dict[str | None, list[str]] = {}
+    for sample, _, _, url in backend.answered:
+        turns.setdefault(sample, []).append(url)
+    assert len(turns) == len(results) == 12 and sum(map(len, turns.values())) == sum(r.turns for r in results)
+    assert {url for servers in turns.values() for url in servers} == set(urls)  # both servers took samples
+    multi = [servers for servers in turns.values() if len(servers) > 1]
+    assert multi, "no sample had a second turn"
+    if sticky:
+        assert all(len(set(servers)) == 1 for servers in turns.values()), turns
+        assert backend.sticky_hits == sum(len(s) - 1 for s in turns.values()) and backend.sticky_moves == 0
+    else:
+        assert backend.sticky_hits == backend.sticky_moves == 0
+    # the servers' own logs of this run agree with the client's record of who answered each request
+    logs = {}
+    for url, s, offset in zip(urls, (server, second), offsets):
+        with s["log"].open("rb") as f:
+            f.seek(offset)
+            logs[url] = f.read().decode(errors="replace")
+    for _, rid, _, url in backend.answered:
+        [other] = [u for u in urls if u != url]
+        mention = re.compile(rf"generate-tokens-{re.escape(rid)}(?![\w~-])")
+        assert mention.search(logs[url]) and not mention.search(logs[other]), (rid, url)
+    # hits: at least every same-server turn's cached prompt; the run's count is the servers' over the run
+    m = rollout.metrics
+    bound = same_server_bound(backend.answered)
+    assert bound > 0 if sticky else bound >= 0
+    assert hit >= bound and 0 < m.prefix_cache_queries <= queried and m.prefix_cache_hits <= hit
+    print(f"\nsticky={sticky}: {hit:.0f} of {queried:.0f} prompt tokens hit (at least {bound} from same-server turns)")
+
+
+def test_a_server_killed_during_a_pause_is_retired_and_its_samples_rerun_elsewhere(tpl, server, second, fresh_weights):
+    """SIGKILL one of two servers while both are paused for an update (mode keep): the update retires
+    it and resumes the other; the requests it had re-run on the other, under the new version from
+    their first token; every sample ends with its full length once (greedy: all equal)."""
+    urls = [server["url"], second["url"]]
+    backend = Routed(urls, timeout=300, sticky=False)
+    backend.min_tokens = LONG
+    rollout = long_rollout(tpl, backend)
+
+    def kill_second():  # the update's apply step: runs after every server paused
+        os.killpg(second["proc"].pid, signal.SIGKILL)
+        second["proc"].wait(30)
+
+    async def go():
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE] * 4))
+        await started(backend, task)
+        on_second = {rid for rid, entry in backend._inflight.items() if entry.server.url == second["url"]}
+        await rollout.update_weights_async(1, apply=kill_second, mode="keep")
+        paused = httpx.get(server["url"] + "/is_paused", timeout=10).json()
+        return await task, on_second, paused
+
+    results, on_second, paused = asyncio.run(go())
+    assert on_second, "no request was on the second server"
+    assert paused == {"is_paused": False}  # the surviving server resumed
+    stats = {s["url"]: s for s in backend.stats}
+    assert "unreachable" in (stats[second["url"]]["retired"] or "") and stats[server["url"]]["retired"] is None
+    assert stats[second["url"]]["lost"] == len(on_second)
+    assert all(r.status.name in ("DONE", "TRUNCATED") for r in results), [(r.code, r.reason) for r in results]
+    # each sample answered once, by the surviving server; the killed server's requests re-ran there
+    assert [url for *_, url in backend.answered] == [server["url"]] * 4
+    assert sorted(rid for _, rid, _, _ in backend.answered) == ["0-0-0", "1-0-0", "2-0-0", "3-0-0"]
+    ids = [r.completion_ids.tolist() for r in results]
+    assert all(len(x) == LONG for x in ids) and all(x == ids[0] for x in ids)  # nothing lost, nothing twice
+    for rid, r in zip(["0-0-0", "1-0-0", "2-0-0", "3-0-0"], results):
+        spans = backend.choices[rid]["weight_versions"]
+        assert r.versions.tolist() == expand(spans)
+        if rid in on_second:  # started again after the update, on the other server: all new version
+            assert r.versions.tolist() == [1] * LONG, spans
+        else:  # kept across the update: old version first if it had started generating (a loaded machine may
+            # not have begun it yet), the new one to the end
+            assert r.versions[-1] == 1 and r.versions.tolist() == sorted(r.versions.tolist()), spans
