@@ -251,7 +251,7 @@ def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[s
     fastest call, threaded); decode every completion in one ``decode_batch`` (a loop must read
     the calls). No parsing, no bookkeeping, no scheduling: a loop doing only this would be free.
     """
-    from tmpl.toolcalls.toolbox import _content
+    from tmpl.tools.toolbox import _content
 
     fns = {f.__name__: f for f in TOOLS}
     calls, contents = [], []

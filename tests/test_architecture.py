@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tmpl.suffix",),
     ("tmpl.chat_template",),
     ("tmpl.toolcalls", "tmpl.vision"),
+    ("tmpl.tools",),
     ("tmpl.report", "tmpl.backends"),
     ("tmpl.rollout",),
     ("tmpl.export", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),

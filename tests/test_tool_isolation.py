@@ -210,7 +210,7 @@ def test_tools_that_cannot_reach_a_worker_are_a_typed_error_and_a_factory_builds
 
 
 def test_outputs_are_cut_on_characters_then_exactly_in_tokens(tokenizer_of):
-    from tmpl.toolcalls.outputs import body, cut_chars, cut_to_tokens
+    from tmpl.tools.outputs import body, cut_chars, cut_to_tokens
 
     codec = _tpl(tokenizer_of).codec
     text = "The quick brown fox jumps over the lazy dog. " * 50_000

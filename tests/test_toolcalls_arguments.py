@@ -161,8 +161,8 @@ def test_id_scanning_twins(twin):
         "literal",
         "arguments",
         "schema",
-        "metrics",
-        "toolbox",
+        "tmpl.tools.metrics",
+        "tmpl.tools.toolbox",
         "parsers.gemma4",
         "parsers.pythonic",
         "parsers.jsoncalls",
@@ -170,6 +170,6 @@ def test_id_scanning_twins(twin):
     ],
 )
 def test_docstring_examples(module):
-    mod = importlib.import_module(f"tmpl.toolcalls.{module}")
+    mod = importlib.import_module(module if module.startswith("tmpl.") else f"tmpl.toolcalls.{module}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -17,7 +17,8 @@ from transformers.utils import get_json_schema
 
 import tmpl
 from tmpl.errors import ToolboxError, ToolSchemaError
-from tmpl.toolcalls import FAILURE_KINDS, CallOutcome, ParseError, ToolCall, parse_completion
+from tmpl.toolcalls import ParseError, ToolCall, parse_completion
+from tmpl.tools import FAILURE_KINDS, CallOutcome
 
 from .toolcalls_data import assistant_message, chat_template, completion_ids
 

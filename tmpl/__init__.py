@@ -4,7 +4,7 @@ The public surface, by subsystem (each a subpackage; see docs/architecture.md):
 
 - templates and suffixes: :class:`ChatTemplate` (``tmpl.suffix`` underneath);
 - trajectories: :class:`Trajectory`, :class:`Status`, :class:`Span`, :func:`collate`;
-- tool calls: :func:`parse_completion`, :class:`Toolbox`, :class:`ToolCall` (``tmpl.toolcalls``);
+- tool calls: :func:`parse_completion`, :class:`ToolCall` (``tmpl.toolcalls``), :class:`Toolbox` (``tmpl.tools``);
 - rollouts: :class:`Rollout`, :class:`RolloutResult`, :class:`Sampling` (``tmpl.backends``);
   :class:`DistributedRollout` (one rollout over worker processes or Ray actors);
 - reports and shipped templates: ``tmpl.report``, ``tmpl.templates``; trainers: ``tmpl.export``,
@@ -23,7 +23,8 @@ from .backends import Sampling
 from .chat_template import ChatTemplate
 from .errors import TmplError
 from .rollout import DistributedRollout, Rollout, RolloutMetrics, RolloutResult
-from .toolcalls import ParsedCompletion, Toolbox, ToolCall, parse_completion
+from .toolcalls import ParsedCompletion, ToolCall, parse_completion
+from .tools import Toolbox
 from .trajectory import Span, Status, Trajectory, collate, collate_arrays
 
 __version__ = "0.2.0"

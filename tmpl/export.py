@@ -47,7 +47,7 @@ from .errors import ExportError
 from .rollout.drift import DriftCause, DriftDetail
 from .rollout.loop import RolloutResult
 from .rollout.metrics import RolloutMetrics, SampleTimes
-from .toolcalls.metrics import FAILURE_KINDS
+from .tools.metrics import FAILURE_KINDS
 from .trajectory.types import Status, restore_trajectory, state_of
 
 if TYPE_CHECKING:  # pragma: no cover

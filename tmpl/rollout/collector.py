@@ -12,7 +12,7 @@ instead of 700. Cycles are still collected, less often; on exit the objects are 
 thresholds restored (by the last of nested or concurrent users).
 
 The rollout's own objects are freed by reference counting (answered tool calls used to leave
-cycles, see ``toolcalls/toolbox.py``), so a collection finds nothing to free and costs only its
+cycles, see ``tools/toolbox.py``), so a collection finds nothing to free and costs only its
 walk over the young objects, token-ID lists included: at 4096 samples x 8 turns, 18 young
 collections at 20,000 took 1.0-1.1 s of a 21 s run, 3 at 100,000 took 0.3-0.4 s.
 

@@ -27,7 +27,7 @@ from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import parse_completion, parser_for
-from ..toolcalls.toolbox import as_toolbox
+from ..tools.toolbox import as_toolbox
 from ..trajectory import _twin
 from ..trajectory.types import Status
 from .codes import EndCode

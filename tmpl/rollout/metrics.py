@@ -158,7 +158,7 @@ class RolloutMetrics:
         Keys (after ``prefix``): the counts of :meth:`as_dict`; ``drift/measured``,
         ``drift/rate`` and ``drift/rate/<cause>`` for every :class:`DriftCause` (drifted samples
         of that cause / measured samples); ``tool_failures/<kind>`` for every failure kind of
-        ``tmpl.toolcalls.metrics.FAILURE_KINDS``; ``tool_outputs_cut`` (tool results cut to their
+        ``tmpl.tools.metrics.FAILURE_KINDS``; ``tool_outputs_cut`` (tool results cut to their
         sample's budget, docs/tools.md); ``truncated/<code>`` and ``aborted/<code>``
         for every :class:`EndCode` of that status; ``time/<phase>`` (seconds summed over
         samples: tokenize, parse, tools, suffix, bookkeeping, drift) plus ``time/engine`` and
@@ -172,7 +172,7 @@ class RolloutMetrics:
         >>> sorted(RolloutMetrics().to_dict())[:3]
         ['rollout/aborted', 'rollout/aborted/backend_aborted', 'rollout/aborted/crashed']
         """
-        from ..toolcalls.metrics import FAILURE_KINDS
+        from ..tools.metrics import FAILURE_KINDS
         from ..trajectory.types import Status
         from .codes import EndCode
         from .drift import DriftCause

@@ -11,7 +11,7 @@ are answered in the same pass get their suffixes from one :meth:`ChatTemplate.su
 is built alone, so one sample's error stays its own.
 
 Given the sample's remaining token budget (``budget``), a tool result longer than it could ever
-hold is cut before the suffix is built (:func:`tmpl.toolcalls.outputs.cut_to_tokens`: on
+hold is cut before the suffix is built (:func:`tmpl.tools.outputs.cut_to_tokens`: on
 characters first, then exactly in tokens, with a marker the model sees), so no sample tokenizes
 megabytes to keep kilobytes; a result that may need the cut is cut on a worker thread (the
 tokenizer releases the GIL), so the event loop serves the other samples meanwhile. The count of
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from ..toolcalls.outputs import body, cut_to_tokens
+from ..tools.outputs import body, cut_to_tokens
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
-    from ..toolcalls import Toolbox
-    from ..toolcalls.metrics import CallOutcome
     from ..toolcalls.types import ParsedCompletion
+    from ..tools import Toolbox
+    from ..tools.metrics import CallOutcome
 
 
 @dataclass

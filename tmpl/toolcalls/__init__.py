@@ -1,4 +1,4 @@
-"""Tool calls for multi-turn RL: parse every major format from token IDs, run tools safely.
+"""Tool calls for multi-turn RL: parse every major format from token IDs (running them: :mod:`tmpl.tools`).
 
 >>> import tmpl
 >>> tpl = tmpl.ChatTemplate.from_pretrained("Qwen/Qwen3-4B")          # doctest: +SKIP
@@ -9,33 +9,26 @@
 
 Modules: :mod:`.types` (records), :mod:`.arguments` and :mod:`.literal` (reading arguments),
 :mod:`.tokentext` (IDs as marked text), :mod:`.parsers` (one module per format),
-:mod:`.detect` (which parser a template needs), :mod:`.toolbox` and :mod:`.metrics` (running tools).
+:mod:`.detect` (which parser a template needs), :mod:`.schema` (tool schemas).
+Running tools (``Toolbox``, ``ToolMetrics``, ``FAILURE_KINDS``) is :mod:`tmpl.tools`.
 """
 
 from .api import parse_completion, parser_for
 from .arguments import Arguments, coerce_arguments, read_arguments
 from .detect import Detection, detect
-from .metrics import FAILURE_KINDS, CallOutcome, ToolMetrics
 from .parsers import PARSERS, ToolParser, get_parser
 from .schema import tool_schema
-from .toolbox import BatchResult, Toolbox, as_toolbox
 from .types import CallProblem, ParsedCompletion, ParseError, ToolCall, new_call_id
 
 __all__ = [
-    "FAILURE_KINDS",
     "PARSERS",
     "Arguments",
-    "BatchResult",
-    "CallOutcome",
     "CallProblem",
     "Detection",
     "ParseError",
     "ParsedCompletion",
     "ToolCall",
-    "ToolMetrics",
     "ToolParser",
-    "Toolbox",
-    "as_toolbox",
     "coerce_arguments",
     "detect",
     "get_parser",

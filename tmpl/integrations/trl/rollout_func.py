@@ -36,7 +36,7 @@ from ...chat_template import ChatTemplate
 from ...errors import TmplError, TrainerConfigError
 from ...rollout.loop import Rollout, RolloutResult
 from ...rollout.metrics import RolloutMetrics
-from ...toolcalls.toolbox import as_toolbox
+from ...tools.toolbox import as_toolbox
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
 

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ToolboxError
-from .arguments import coerce_arguments, read_arguments
+from ..toolcalls.arguments import coerce_arguments, read_arguments
+from ..toolcalls.schema import tool_name, tool_schema
+from ..toolcalls.types import CallProblem, ParsedCompletion, ToolCall, new_call_id
 from .metrics import CallOutcome, ToolMetrics
 from .outputs import cut_chars
 from .procpool import Answer, ProcessPool, pack_tools
 from .procworker import content_of
-from .schema import tool_name, tool_schema
-from .types import CallProblem, ParsedCompletion, ToolCall, new_call_id
 from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")

@@ -67,7 +67,7 @@ def _context() -> Any:
     """The forkserver context, with this package preloaded there (workers fork from it warm)."""
     ctx = multiprocessing.get_context("forkserver")
     with _CONTEXT_LOCK:
-        ctx.set_forkserver_preload(["tmpl.toolcalls.procworker"])
+        ctx.set_forkserver_preload(["tmpl.tools.procworker"])
     return ctx
 
 

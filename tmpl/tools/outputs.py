@@ -12,7 +12,7 @@ the event loop. So an output is cut in two steps, each cheap:
    token of the vocabulary, so that many characters always make at least ``budget`` tokens).
 
 Each cut ends the text with a marker the model reads (:func:`marker`), and the call's
-:class:`~tmpl.toolcalls.metrics.CallOutcome` records the length before the cut (``chars``).
+:class:`~tmpl.tools.metrics.CallOutcome` records the length before the cut (``chars``).
 
 >>> cut_chars("x" * 100, 10)
 'xxxxxxxxxx\\n[tool output cut: 10 of 100 characters shown]'

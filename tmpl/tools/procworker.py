@@ -106,7 +106,7 @@ def _tools(blob: bytes) -> dict[str, Any]:
     loaded = pickle.loads(blob)
     if isinstance(loaded, dict):
         return loaded
-    from .schema import tool_name, tool_schema
+    from ..toolcalls.schema import tool_name, tool_schema
 
     tools: dict[str, Any] = {}
     for item in loaded():

@@ -32,7 +32,7 @@ class CallOutcome:
     ``latency`` is the seconds the tool ran (the timeout for a timeout; None when it never ran);
     ``output`` is the tool's return value (None on failure, or when the output was cut in a worker
     process). ``chars``: the content's length before it was cut (None: not cut; the content then
-    ends with a marker, see :mod:`tmpl.toolcalls.outputs`).
+    ends with a marker, see :mod:`tmpl.tools.outputs`).
     """
 
     call_id: str
