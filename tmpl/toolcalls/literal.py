@@ -3,7 +3,10 @@
 It accepts strict JSON and the usual deviations: single-quoted strings, ``True``/``False``/
 ``None``, tuples, trailing commas, bare (identifier) keys, comments-free whitespace anywhere.
 It never evaluates anything: it is a recursive-descent reader with a depth limit, so deep or
-huge inputs give a :class:`LiteralError`, never a ``RecursionError``.
+huge inputs give a :class:`LiteralError`, never a ``RecursionError``. :class:`LiteralReader` is
+the one reader of the package: formats with their own string delimiters or keys (Gemma 4's
+``<|"|>``) subclass it; :data:`WORDS` is the keyword table every reader uses (the pythonic
+parser's syntax-tree reader included).
 
 >>> read_literal("{'city': 'Paris', 'days': 3, 'metric': True,}")
 ({'city': 'Paris', 'days': 3, 'metric': True}, 45)
@@ -24,7 +27,8 @@ MAX_DEPTH = 100
 _NUMBER = re.compile(r"-?(?:\d+)(?:\.\d*)?(?:[eE][+-]?\d+)?|-?\.\d+(?:[eE][+-]?\d+)?")
 _WORD = re.compile(r"[A-Za-z_$][\w$\-]*")
 _WS = " \t\r\n"
-_WORDS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+#: the keyword values models write, JSON and Python spellings
+WORDS: dict[str, Any] = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 _ESCAPES = {'"': '"', "'": "'", "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "0": "\0"}
 
 
@@ -39,13 +43,28 @@ class LiteralError(ValueError):
 
 def read_literal(text: str, pos: int = 0) -> tuple[Any, int]:
     """Read one value starting at ``pos`` (leading whitespace skipped); returns (value, end)."""
-    return _Reader(text).value(pos, 0)
+    return LiteralReader(text).value(pos, 0)
 
 
-class _Reader:
+class LiteralReader:
+    """Recursive descent over ``text``: :meth:`value` reads one value at a position.
+
+    Subclasses change what opens a string (:meth:`starts_string`, :meth:`string`), what a key
+    may be (:meth:`key`), and by class attribute: ``openers`` (the brackets read as containers),
+    ``key_separators`` and whether a comma may trail the last item (``trailing_comma``).
+    """
+
+    openers = "{[("
+    key_separators = ":="
+    trailing_comma = True
+
     def __init__(self, text: str) -> None:
         self.s = text
         self.n = len(text)
+
+    def starts_string(self, i: int) -> bool:
+        """Does a string start at ``i`` (``i`` inside the text)?"""
+        return self.s[i] in "\"'"
 
     def ws(self, i: int) -> int:
         s, n = self.s, self.n
@@ -62,19 +81,19 @@ class _Reader:
         i = self.ws(i)
         if i >= self.n:
             raise LiteralError(i, "expected a value, found end of text")
-        c = self.s[i]
-        if c == "{":
-            return self.obj(i + 1, depth + 1)
-        if c in "[(":
-            return self.seq(i + 1, depth + 1, "]" if c == "[" else ")")
-        if c in "\"'":
+        if self.starts_string(i):
             return self.string(i)
+        c = self.s[i]
+        if c in self.openers:
+            if c == "{":
+                return self.obj(i + 1, depth + 1)
+            return self.seq(i + 1, depth + 1, "]" if c == "[" else ")")
         m = _NUMBER.match(self.s, i)
         if m:
             return self.number(m.group(), i), m.end()
         m = _WORD.match(self.s, i)
-        if m and m.group() in _WORDS:
-            return _WORDS[m.group()], m.end()
+        if m and m.group() in WORDS:
+            return WORDS[m.group()], m.end()
         raise LiteralError(i, f"expected a value, found {self.found(i)}")
 
     def number(self, text: str, i: int) -> int | float:
@@ -127,8 +146,8 @@ class _Reader:
                 out.append("\\" + e)
                 i = j + 2
 
-    def key(self, i: int, depth: int) -> tuple[str, int]:  # noqa: ARG002
-        if i < self.n and self.s[i] in "\"'":
+    def key(self, i: int) -> tuple[str, int]:
+        if i < self.n and self.starts_string(i):
             return self.string(i)
         m = _WORD.match(self.s, i)
         if m:
@@ -144,16 +163,16 @@ class _Reader:
         if i < self.n and self.s[i] == "}":
             return out, i + 1
         while True:
-            k, i = self.key(self.ws(i), depth)
+            k, i = self.key(self.ws(i))
             i = self.ws(i)
-            if i >= self.n or self.s[i] not in ":=":
+            if i >= self.n or self.s[i] not in self.key_separators:
                 raise LiteralError(i, f"expected ':' after a key, found {self.found(i)}")
             v, i = self.value(i + 1, depth)
             out[k] = v
             i = self.ws(i)
             if i < self.n and self.s[i] == ",":
                 i = self.ws(i + 1)
-                if i < self.n and self.s[i] == "}":
+                if self.trailing_comma and i < self.n and self.s[i] == "}":
                     return out, i + 1
                 continue
             if i < self.n and self.s[i] == "}":
@@ -171,7 +190,7 @@ class _Reader:
             i = self.ws(i)
             if i < self.n and self.s[i] == ",":
                 i = self.ws(i + 1)
-                if i < self.n and self.s[i] == close:
+                if self.trailing_comma and i < self.n and self.s[i] == close:
                     return out, i + 1
                 continue
             if i < self.n and self.s[i] == close:

@@ -14,12 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..literal import MAX_DEPTH, LiteralError
+from ..literal import LiteralError, LiteralReader
 from ..tokentext import TokenText
 from .base import NAME, TRUNCATED, RawCall, ToolParser, blocks
 
-_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_WORDS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 _BARE = re.compile(r"[^:,{}\[\]]+")
 
 
@@ -29,14 +27,20 @@ def read_gemma_value(text: str, pos: int, quote: str, end: int | None = None) ->
     return _GemmaReader(text[: len(text) if end is None else end], quote).value(pos, 0)
 
 
-class _GemmaReader:
-    def __init__(self, text: str, quote: str) -> None:
-        self.s, self.q, self.n = text, quote, len(text)
+class _GemmaReader(LiteralReader):
+    """The literal reader with Gemma's strings (between two ``quote``, no escapes), bare keys
+    (any text up to ``:``), no tuples, ``:`` only between key and value, no trailing comma."""
 
-    def ws(self, i: int) -> int:
-        while i < self.n and self.s[i] in " \t\r\n":
-            i += 1
-        return i
+    openers = "{["
+    key_separators = ":"
+    trailing_comma = False
+
+    def __init__(self, text: str, quote: str) -> None:
+        super().__init__(text)
+        self.q = quote
+
+    def starts_string(self, i: int) -> bool:
+        return self.s.startswith(self.q, i)
 
     def string(self, i: int) -> tuple[str, int]:
         j = self.s.find(self.q, i + len(self.q))
@@ -44,73 +48,13 @@ class _GemmaReader:
             raise LiteralError(i, "unterminated string")
         return self.s[i + len(self.q) : j], j + len(self.q)
 
-    def value(self, i: int, depth: int) -> tuple[Any, int]:
-        if depth > MAX_DEPTH:
-            raise LiteralError(i, f"nested deeper than {MAX_DEPTH}")
-        i = self.ws(i)
-        if i >= self.n:
-            raise LiteralError(i, "expected a value, found end of text")
-        if self.s.startswith(self.q, i):
-            return self.string(i)
-        c = self.s[i]
-        if c == "{":
-            return self.obj(i + 1, depth + 1)
-        if c == "[":
-            return self.seq(i + 1, depth + 1)
-        m = _NUMBER.match(self.s, i)
-        if m:
-            t = m.group()
-            try:
-                return (float(t) if any(x in t for x in ".eE") else int(t)), m.end()
-            except ValueError:
-                raise LiteralError(i, "number too long") from None
-        for word, value in _WORDS.items():
-            if self.s.startswith(word, i):
-                return value, i + len(word)
-        raise LiteralError(i, f"expected a value, found {self.s[i]!r}")
-
     def key(self, i: int) -> tuple[str, int]:
-        if self.s.startswith(self.q, i):
+        if self.starts_string(i):
             return self.string(i)
         m = _BARE.match(self.s, i)
         if not m or not m.group().strip() or self.q in m.group():
             raise LiteralError(i, "expected a key")
         return m.group().strip(), m.end()
-
-    def obj(self, i: int, depth: int) -> tuple[dict[str, Any], int]:
-        out: dict[str, Any] = {}
-        i = self.ws(i)
-        if i < self.n and self.s[i] == "}":
-            return out, i + 1
-        while True:
-            k, i = self.key(self.ws(i))
-            i = self.ws(i)
-            if i >= self.n or self.s[i] != ":":
-                raise LiteralError(i, "expected ':' after a key")
-            out[k], i = self.value(i + 1, depth)
-            i = self.ws(i)
-            if i < self.n and self.s[i] == ",":
-                i += 1
-                continue
-            if i < self.n and self.s[i] == "}":
-                return out, i + 1
-            raise LiteralError(i, "expected ',' or '}' in an object")
-
-    def seq(self, i: int, depth: int) -> tuple[list[Any], int]:
-        out: list[Any] = []
-        i = self.ws(i)
-        if i < self.n and self.s[i] == "]":
-            return out, i + 1
-        while True:
-            v, i = self.value(i, depth)
-            out.append(v)
-            i = self.ws(i)
-            if i < self.n and self.s[i] == ",":
-                i += 1
-                continue
-            if i < self.n and self.s[i] == "]":
-                return out, i + 1
-            raise LiteralError(i, "expected ',' or ']' in a list")
 
 
 class Gemma4Parser(ToolParser):

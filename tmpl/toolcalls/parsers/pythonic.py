@@ -14,11 +14,10 @@ import ast
 import re
 from typing import Any
 
+from ..literal import MAX_DEPTH, WORDS
 from ..tokentext import TokenText
 from .base import TRUNCATED, RawCall, ToolParser, blocks
 
-_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
-MAX_DEPTH = 100
 MAX_CHARS = 200_000
 
 
@@ -32,8 +31,8 @@ def node_value(node: ast.AST, depth: int = 0) -> Any:
         raise NotLiteral("nested too deeply")
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
         return node.value
-    if isinstance(node, ast.Name) and node.id in _NAMES:
-        return _NAMES[node.id]
+    if isinstance(node, ast.Name) and node.id in WORDS:
+        return WORDS[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = node_value(node.operand, depth + 1)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
