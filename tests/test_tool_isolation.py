@@ -127,7 +127,7 @@ def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of):
     tpl = _tpl(tokenizer_of)
     box = tmpl.Toolbox(
         [hang_in_thread, hostile.hang_async, hostile.floods, hostile.chatty, hostile.get_weather],
-        timeout=1.0,
+        timeout=3.0,  # generous: on a loaded 2-core machine a queued ordinary call must not reach it
         max_hung=2,
     )
     longest = {"n": 0}
@@ -147,9 +147,9 @@ def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of):
     for name, r in zip(names, results):
         content = _tool_message(r)
         if name == "hang_in_thread":
-            assert content == "Error: hang_in_thread timed out after 1 s"
+            assert content == "Error: hang_in_thread timed out after 3 s"
         elif name == "hang_async":
-            assert content == "Error: hang_async timed out after 1 s" and r.status.name == "DONE"
+            assert content == "Error: hang_async timed out after 3 s" and r.status.name == "DONE"
         elif name == "floods":
             assert content.endswith("of 52428800 characters shown]") and len(tpl.codec.encode(content)) <= 2048
         else:
