@@ -23,8 +23,11 @@ __all__ = ["HTTPClient", "HTTPConnectionError"]  # the error lives in tmpl.error
 def _httpx() -> Any:
     try:
         import httpx
-    except ImportError as exc:  # pragma: no cover - httpx comes with vllm and transformers' tree
-        raise BackendError("tmpl.backends.VLLMServer needs httpx: pip install httpx") from exc
+    except ImportError as exc:  # pragma: no cover - a core dependency of tmpl since issue 22
+        raise BackendError(
+            "tmpl's HTTP backends (VLLMServer, SGLang) need httpx, a dependency of tmpl that is missing from this "
+            "environment: pip install 'httpx>=0.27' (or reinstall tmpl)"
+        ) from exc
     return httpx
 
 
