@@ -314,4 +314,4 @@ def test_the_probe_catches_an_undeclared_import() -> None:
     steps = CORE_STEPS[:1]
     report = run_probe(allowed_names(()) - {"httpx"}, absent_for([]) | {"httpx"}, steps)
     assert report["violations"] == ["tmpl.backends.http imports httpx"]
-    assert "needs httpx" in report["outcomes"][steps[0]]
+    assert "need httpx" in report["outcomes"][steps[0]]
