@@ -257,3 +257,37 @@ def test_a_dropped_toolbox_leaves_no_workers():
     del box
     gc.collect()
     assert pool.processes == 0 and pool.threads == 0
+
+
+def test_a_long_completion_is_parsed_off_the_event_loop(tokenizer_of, monkeypatch):
+    """Item 3 of issue 29 for parsing: a completion past PARSE_OFF_LOOP tokens is parsed on a worker
+    thread (the loop serves the other samples meanwhile); an ordinary one in place. Both parse the same."""
+    from tmpl.rollout import loop
+
+    tpl = _tpl(tokenizer_of)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    long = tpl.codec.encode("Let me think. " * 1500 + call)
+    short = tpl.codec.encode(call)
+    assert len(long) > loop.PARSE_OFF_LOOP > len(short)
+    final = tpl.codec.encode("Done.<|im_end|>")
+    seen: list[tuple[int, bool]] = []  # (completion length, parsed on the loop's thread)
+    real = loop.parse_completion
+
+    def watched(template, ids, **kwargs):
+        seen.append((len(ids), threading.current_thread() is threading.main_thread()))
+        return real(template, ids, **kwargs)
+
+    monkeypatch.setattr(loop, "parse_completion", watched)
+
+    def policy(req):
+        i, _, turn = req.request_id.split("-")[:3]
+        return (long if i == "0" else short) if turn == "0" else final
+
+    box = tmpl.Toolbox([hostile.get_weather])
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=box, max_turns=2, max_length=16384, max_completion_length=12000)
+    results = rollout.run([[{"role": "user", "content": f"Weather, question {i}?"}] for i in range(2)])
+    assert [r.status.name for r in results] == ["DONE", "DONE"]
+    assert [_tool_message(r) for r in results] == [EXPECTED["get_weather"]] * 2  # the long one's call was found
+    assert (len(long), False) in seen and (len(short), True) in seen
+    assert all(on_loop == (n <= loop.PARSE_OFF_LOOP) for n, on_loop in seen)
+    box.close()

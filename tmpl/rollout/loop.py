@@ -47,7 +47,11 @@ if TYPE_CHECKING:
     from ..toolcalls.types import ParsedCompletion
     from ..trajectory import Trajectory
 
-__all__ = ["Rollout", "RolloutResult", "StalePolicy"]
+__all__ = ["PARSE_OFF_LOOP", "Rollout", "RolloutResult", "StalePolicy"]
+
+#: completions longer than this many tokens are parsed on a worker thread, so one sample's long parse
+#: does not hold up the engine I/O of the others (shorter ones parse in place: a thread hop costs more)
+PARSE_OFF_LOOP = 4096
 
 
 class Rollout(WeightUpdates):
@@ -390,7 +394,10 @@ class Rollout(WeightUpdates):
         if not traj.running:  # cut at the budget, or no usable logprobs
             return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
         with run.clock("parse"):
-            parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
+            if len(result.token_ids) > PARSE_OFF_LOOP:  # a long parse waits on a thread, the loop serves the others
+                parsed = await asyncio.to_thread(parse_completion, tpl, result.token_ids, tools=self.toolbox)
+            else:  # most turns: a thread hop would cost more than the parse
+                parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
         assistant = parsed.to_message()
         run.history.append(assistant)
         if result.finish_reason == "length" or kept < len(result.token_ids):
