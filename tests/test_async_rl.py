@@ -543,3 +543,19 @@ def test_server_update_that_fails_names_the_server_and_step_and_still_resumes():
     backend.http = FakeHTTP(fail={"/pause": 404})
     with pytest.raises(WeightUpdateError, match="VLLM_SERVER_DEV_MODE=1"):
         asyncio.run(backend.update_weights(4, mode="drain"))
+
+
+def test_an_engine_label_newer_than_the_rollout_is_kept_and_warned_about(caplog):
+    """An engine left at label "2" by earlier work, a Rollout at version 0: the tokens keep the
+    engine's 2 (the truth about its weights) and a warning says how to line the two up."""
+    from tmpl.rollout.versions import token_versions
+
+    result = GenerationResult("7-0-0", [11, 12, 13], None, "stop", versions=[2, 2, 2])
+    with caplog.at_level("WARNING", logger="tmpl.rollout"):
+        assert token_versions(result, submitted=0, current=0) == [2, 2, 2]
+    assert "version 2, newer than this Rollout's version 0" in caplog.text and "7-0-0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tmpl.rollout"):
+        assert token_versions(result, submitted=2, current=3) == [2, 2, 2]  # older than the rollout: ordinary
+        assert token_versions(GenerationResult("r", [1, 2], None, "stop"), submitted=3, current=3) == [3, 3]
+    assert caplog.text == ""

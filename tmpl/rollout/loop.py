@@ -344,7 +344,7 @@ class Rollout(WeightUpdates):
                     sample=f"{run.index}/{run.sample}",
                 )
             )
-            own = token_versions(result, submitted)
+            own = token_versions(result, submitted, self.version)
             preempted = result.finish_reason == "abort" and epoch != self._abort_epoch
             if preempted and (result.logprobs is not None or not result.token_ids):
                 ids += result.token_ids

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+
 from ..backends.base import GenerationResult
 
+logger = logging.getLogger("tmpl.rollout")
 
-def token_versions(result: GenerationResult, submitted: int) -> list[int]:
-    """The engine's version per token when it gave one for each, else the version at submission."""
+
+def token_versions(result: GenerationResult, submitted: int, current: int | None = None) -> list[int]:
+    """The engine's version per token when it gave one for each, else the version at submission.
+
+    ``current``: the rollout's version now. An engine label newer than it means the engine and the
+    rollout disagree about which weights are which (an engine left at "2" by an earlier run, a
+    rollout built with ``version=0``): the engine's label is kept, as the truth about its weights,
+    and a warning says how to line them up (staleness would otherwise read negative unnoticed).
+
+    >>> token_versions(GenerationResult("r", [5, 6], None, "stop", versions=[3, 4]), submitted=3)
+    [3, 4]
+    """
     n = len(result.token_ids)
     if result.versions is not None and len(result.versions) == n:
-        return [int(v) for v in result.versions]
+        versions = [int(v) for v in result.versions]
+        if current is not None and versions and max(versions) > current:
+            logger.warning(
+                "request %s: the engine labels its weights version %d, newer than this Rollout's version %d; "
+                "start the Rollout with version=%d or call update_weights() so staleness counts right",
+                result.request_id,
+                max(versions),
+                current,
+                max(versions),
+            )
+        return versions
     return [submitted] * n
