@@ -8,10 +8,9 @@ What runs is verifiers' own training path, unchanged: its ``TrainClient`` (the c
 rollouts use: renderers' ``create_renderer`` on a ``CustomRendererConfig`` naming ``TmplRenderer``,
 the bridge on each tool turn, renderers' ``generate`` on vLLM's ``/inference/v1/generate``), its
 chat dialect, and its trace graph (``prepare_turn``, ``commit``, ``Trace.branches``: the training
-sample). Its ``Env``/``Harness`` layer cannot run offline: every harness runs its agent as a PEP 723
-script through ``uv sync --script`` and every tool server is installed with uv, which is not on the
-package index here and cannot be downloaded; so the tool loop (parse the calls, run the tools, send
-the results) is this test's, with the fixture model's two tools.
+sample). The tool loop (parse the calls, run the tools, send the results) is this test's, with the
+fixture model's two tools; ``test_integrations_verifiers_env.py`` runs verifiers' own loop (its
+``Env``, ``Taskset``/``Toolset`` and ``null`` harness, prepared with uv).
 
 One adaptation between renderers 0.1.12 and vLLM 0.32, in the transport only: a local proxy asks vLLM's
 ``/inference/v1/generate`` for ``output_mode: "text"`` (see :func:`text_mode_proxy`), the only level at
