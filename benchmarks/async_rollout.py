@@ -32,12 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,52 +113,6 @@ class TimedServer(VLLMServer):
             self.inflight -= 1
             if self.inflight == 0:
                 self.busy += time.perf_counter() - self._since
-
-
-@contextlib.contextmanager
-def vllm_servers(count: int, model: Path):
-    """``count`` vLLM CPU servers of ``model`` (RL endpoints and the tokens endpoint on), stopped on exit."""
-    procs, urls = [], []
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    try:
-        for _ in range(count):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-            cmd += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--enforce-eager"]
-            cmd += ["--seed", "0", "--enable-scale-out"]
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-                )
-            )
-            urls.append(f"http://127.0.0.1:{port}")
-        import httpx
-
-        for proc, url in zip(procs, urls):
-            deadline = time.monotonic() + 600
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"vLLM server {url} not ready")
-                time.sleep(1)
-        yield urls
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
 
 
 def conversations(count: int) -> list[list[dict]]:
@@ -292,9 +241,12 @@ def table(rows: list[dict]) -> None:
 def real(args) -> None:
     """The three rows on one real vLLM CPU server; the prefix-cache hit rate sticky vs least-loaded on two."""
     sys.path.insert(0, str(ROOT))
+    import tempfile
+
     import httpx
 
     from tests.fixture_models import QUESTIONS, QWEN, get_time, get_weather
+    from tests.vllm_servers import running
 
     tpl = tmpl.ChatTemplate.from_pretrained(str(QWEN))
     prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.real_prompts)]
@@ -313,7 +265,13 @@ def real(args) -> None:
             progress=False,
         )
 
-    with vllm_servers(2, QWEN) as urls:
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        running(
+            [Path(logs) / "a", Path(logs) / "b"], "--enable-scale-out", env={"VLLM_SERVER_DEV_MODE": "1"}
+        ) as servers,
+    ):
+        urls = [server.url for server in servers]
         one = urls[0]
 
         def make():

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.test_vllm_server_real import free_port, start_server, stop, wait_ready  # noqa: E402
+from tests.vllm_servers import free_port, start_server, stop, wait_ready  # noqa: E402
 from tmpl.backends.http import HTTPClient  # noqa: E402
 
 OLD_COMMIT = "4d58609"

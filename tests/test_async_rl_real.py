@@ -27,7 +27,6 @@ import tmpl
 from tmpl.backends import GenerationRequest, Sampling, VLLMServer
 from tmpl.rollout.codes import EndCode
 
-from .conftest import PRISTINE_ENV
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
 
 httpx = pytest.importorskip("httpx")
@@ -35,40 +34,17 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
-from .test_vllm_server_real import STARTUP_LIMIT, free_port, metric, stop, wait_ready  # noqa: E402
+from .vllm_servers import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
 
-RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
 LONG = 800  # tokens of a long greedy generation (min_tokens keeps it from stopping earlier)
 
 
 def launch(folder):
     """Start one RL-ready server (its log in ``folder``); the caller stops it."""
-    import subprocess
-    import sys
-
     port = free_port()
     log_path = folder / "server.log"
     log = log_path.open("wb")
-    env = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(QWEN),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--enable-scale-out",
-        "--enable-log-requests",
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_server(port, log, "--enable-scale-out", env={"VLLM_SERVER_DEV_MODE": "1"})
     return {"url": f"http://127.0.0.1:{port}", "log": log_path, "proc": proc, "file": log}
 
 
@@ -176,7 +152,7 @@ def expand(spans: list[dict]) -> list[int]:
     return out
 
 
-async def started(backend: VLLMServer, task: asyncio.Task, after: float = 0.6, limit: float = 120.0) -> None:
+async def started(backend: VLLMServer, task: asyncio.Task, after: float = 1.0, limit: float = 120.0) -> None:
     """Wait until the rollout's requests are on the server, then ``after`` seconds more: the long
     generations here (min_tokens of several hundred, a few hundred tokens a second) are then mid-way.
     (The server's gauges were seen to lag by seconds: not used as the trigger.)"""

@@ -51,7 +51,7 @@ from .fixture_models import FUNCTIONS, QWEN, missing
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
-from .test_vllm_server_real import free_port, start_server, stop, wait_ready  # noqa: E402
+from .vllm_servers import free_port, start_server, stop, wait_ready  # noqa: E402
 
 TOOLS = [
     vf.Tool(

@@ -110,7 +110,7 @@ def server(tmp_path_factory):
     import time
 
     from .test_integrations_renderers_verifiers import text_mode_proxy
-    from .test_vllm_server_real import free_port, start_server, stop, wait_ready
+    from .vllm_servers import free_port, start_server, stop, wait_ready
 
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"

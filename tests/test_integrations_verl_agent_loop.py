@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -30,8 +27,8 @@ httpx = pytest.importorskip("httpx")
 
 from .conftest import PRISTINE_ENV  # noqa: E402
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing  # noqa: E402
+from .vllm_servers import running  # noqa: E402
 
-STARTUP_LIMIT = 240.0
 BASE_PYTHON = os.environ.get("TMPL_VLLM_PYTHON", getattr(sys, "_base_executable", sys.executable))
 
 
@@ -47,45 +44,12 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {k: v for k, v in PRISTINE_ENV.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    cmd = [BASE_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(QWEN), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--seed", "0"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_LIMIT
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM exited {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"vLLM not ready after {STARTUP_LIMIT:.0f} s")
-                time.sleep(1)
-            yield url
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+    # vLLM runs with the main environment's python, not verl's (VIRTUAL_ENV and PYTHONPATH left out)
+    env = {"VIRTUAL_ENV": None, "PYTHONPATH": None}
+    with running(tmp_path_factory.mktemp("vllm"), env=env, python=BASE_PYTHON) as [one]:
+        yield one.url
 
 
 class VLLMServerManager:

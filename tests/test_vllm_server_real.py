@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,7 +19,6 @@ import tmpl
 from tmpl.backends import GenerationRequest, Sampling, VLLMServer
 from tmpl.rollout.codes import EndCode
 
-from .conftest import PRISTINE_ENV
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
 
 httpx = pytest.importorskip("httpx")
@@ -30,63 +26,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
-STARTUP_LIMIT = 300.0  # seconds; ~30 s on an idle 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, log, *extra: str) -> subprocess.Popen:
-    # a stock server: not what vLLM's in-process engine of other tests left in os.environ
-    env = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(QWEN),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--enable-log-requests",  # the log then says which requests were aborted
-        *extra,
-    ]
-    # the log goes to a file: a pipe nobody reads would block a chatty server once full
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_ready(proc: subprocess.Popen, url: str, deadline: float, log_path) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"vLLM server {url} exited with {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}"
-            )
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vLLM server {url} not ready after {STARTUP_LIMIT:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+from .vllm_servers import RAMBLE, STARTUP_LIMIT, LongServer, free_port, metric, start_server, stop, wait_ready  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -155,16 +95,6 @@ def test_two_servers_share_the_load(tpl, servers):
     assert all(s["completed"] > 0 for s in client.stats), client.stats
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of a Prometheus metric of a vLLM server over the series matching ``labels``."""
-    total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        head = line.split(" ")[0]
-        if (head == name or head.startswith(name + "{")) and all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 class EndedEarly(AssertionError):
     """The rollout ``wait_for`` watched ended before the condition held."""
 
@@ -177,23 +107,6 @@ async def wait_for(condition, what: str, limit: float = 120.0, task=None) -> Non
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {limit:.0f} s for {what}")
         await asyncio.sleep(0.1)
-
-
-# out of the fixture model's training distribution: it writes on without a stop token for hundreds of tokens
-RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
-
-
-class LongServer(VLLMServer):
-    """A client whose requests cannot stop before ``min_tokens`` (vLLM's own sampling parameter): a
-    generation that is still running when the test looks is then certain, not a property of the weights
-    and of CPU batching (CI saw every sample of three seeds stop before two ran at once)."""
-
-    min_tokens = 600
-
-    def _payload(self, req, rid):
-        path, payload = super()._payload(req, rid)
-        (payload["sampling_params"] if "sampling_params" in payload else payload)["min_tokens"] = self.min_tokens
-        return path, payload
 
 
 @pytest.mark.parametrize("api, which", [("generate", "scale_out"), ("completions", "stock")])
@@ -216,7 +129,12 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
         )
         task = asyncio.create_task(rollout.run_async([RAMBLE]))
         try:
-            await wait_for(lambda: metric(url, "vllm:num_requests_running") >= 2, "2 requests running", task=task)
+            # the client's own count first: the server's gauge lags and can still show the previous test's requests
+            await wait_for(
+                lambda: len(backend.in_flight) >= 2 and metric(url, "vllm:num_requests_running") >= 2,
+                "2 requests running",
+                task=task,
+            )
         except EndedEarly:
             if not task.cancelled() and task.exception() is not None:
                 raise AssertionError(
