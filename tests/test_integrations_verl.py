@@ -1,6 +1,6 @@
 """tmpl's verl Continuous Token builder against full renders and against verl's own builders.
 
-Runs only where verl is installed (``tests/run_all.sh`` runs this file with
+Runs only where verl is installed (``tests/run_envs.sh`` runs this file with
 ``build/venv-verl/bin/python``, made by ``.ci/run``: verl 0.9.1 needs transformers<5.11). Ground truth is transformers' full ``apply_chat_template``
 render of the whole conversation (``tests/contract.py``), never tmpl's output. For every family
 tokenizer and every catalog template, each tool turn is merged by tmpl's builder and by the builder
@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip(
     "verl.utils.tokenizer.continuous_token",
-    reason="verl is not installed here; tests/run_all.sh runs it in build/venv-verl (made by .ci/run: verl 0.9.1, transformers<5.11)",
+    reason="verl is not installed here; tests/run_envs.sh runs it in build/venv-verl (made by .ci/run: verl 0.9.1, transformers<5.11)",
 )
 
 import tmpl  # noqa: E402

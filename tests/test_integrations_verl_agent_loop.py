@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip(
     "verl.experimental.agent_loop",
-    reason="verl is not installed here; tests/run_all.sh runs this in build/venv-verl (made by .ci/run)",
+    reason="verl is not installed here; tests/run_envs.sh runs this in build/venv-verl (made by .ci/run)",
 )
 httpx = pytest.importorskip("httpx")
 
