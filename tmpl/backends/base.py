@@ -13,9 +13,12 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from ..errors import BackendError, WeightUpdateError
+
+if TYPE_CHECKING:
+    from ..vision import ImageInputs
 
 __all__ = [
     "Backend",
@@ -75,6 +78,9 @@ class GenerationRequest:
 
     ``version`` is the policy version in effect when the request was submitted (what its tokens
     are attributed to when the engine does not say which weights sampled them).
+    ``images``: the image inputs of the whole ``prompt_ids`` (:class:`tmpl.vision.ImageInputs`, spans
+    relative to ``prompt_ids``), or None for a text-only prompt; backends that take images pass them
+    to the engine.
     """
 
     request_id: str
@@ -85,6 +91,8 @@ class GenerationRequest:
     version: int = 0
     #: which sample the request belongs to (``"<conversation>/<sample>"``): servers route its turns together
     sample: str | None = None
+    #: the image inputs of the whole ``prompt_ids`` (spans relative to ``prompt_ids``), None without images
+    images: ImageInputs | None = None
 
 
 @dataclass
