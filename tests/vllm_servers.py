@@ -138,13 +138,13 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 class LongServer(VLLMServer):
-    """A client whose requests cannot stop before ``min_tokens`` (vLLM's own sampling parameter): a
-    generation that is still running when the test looks is then certain, not a property of the weights
-    and of CPU batching (CI saw every sample of three seeds stop before two ran at once)."""
-
-    min_tokens = 600
+    """A client whose requests cannot stop before their ``max_tokens`` (vLLM's own ``min_tokens`` set to
+    it): a generation that is still running when the test looks is then certain, not a property of the
+    weights and of CPU batching (CI saw every sample of three seeds stop before two ran at once, and, with
+    600 tokens, a distributed rollout end before the lagging gauge showed its four requests)."""
 
     def _payload(self, req, rid):
         path, payload = super()._payload(req, rid)
-        (payload["sampling_params"] if "sampling_params" in payload else payload)["min_tokens"] = self.min_tokens
+        params = payload["sampling_params"] if "sampling_params" in payload else payload
+        params["min_tokens"] = params["max_tokens"]
         return path, payload
