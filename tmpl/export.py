@@ -24,6 +24,13 @@ One record per sample (``to_records``), in the order given:
   after that policy), ``resumed`` (partial rollouts continued after an abort-mode weight update).
   Records written before versions existed read back with -1 everywhere.
 - ``run_metrics``: the rollout's :class:`tmpl.RolloutMetrics` as flat numbers, when given.
+- ``images``: None for a text-only sample; for a trajectory with images
+  (:class:`tmpl.trajectory.images.ImageTrajectory`) its image inputs: ``image_token_id``,
+  ``spans`` (sequence positions: ``prompt_ids + completion_ids``), ``parts``, ``token_type_keys``
+  and ``arrays`` (per key ``dtype``, ``shape`` and either ``b64``, the bytes inline, or ``file``: a
+  ``.npy`` file relative to the JSONL's folder, for arrays over ``inline_bytes``, 64 KiB by
+  default, written by :func:`to_jsonl` to ``<name>.images/``). Read back, the trajectory holds
+  them again and ``result.trajectory.model_inputs()`` rebuilds the model inputs.
 
 In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
 call, which a columnar schema cannot hold); :func:`from_dataset` parses it back. ``datasets``
@@ -48,6 +55,7 @@ from .rollout.drift import DriftCause, DriftDetail
 from .rollout.loop import RolloutResult
 from .rollout.metrics import RolloutMetrics, SampleTimes
 from .tools.metrics import FAILURE_KINDS
+from .trajectory.images import INLINE_BYTES, from_record, has_images, restore_image_trajectory, to_record
 from .trajectory.types import Status, restore_trajectory, state_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,9 +85,18 @@ __all__ = ["FORMAT", "from_dataset", "from_jsonl", "from_records", "to_dataset",
 
 
 def to_records(
-    results: Iterable[RolloutResult], metrics: RolloutMetrics | Mapping[str, float] | None = None
+    results: Iterable[RolloutResult],
+    metrics: RolloutMetrics | Mapping[str, float] | None = None,
+    *,
+    images_to: str | os.PathLike[str] | None = None,
+    images_base: str | os.PathLike[str] | None = None,
+    inline_bytes: int = INLINE_BYTES,
 ) -> list[dict[str, Any]]:
     """One plain dict per result (JSON-ready: lists, numbers, strings, None).
+
+    Image arrays are inline unless ``images_to`` is a folder: arrays over ``inline_bytes`` are then
+    written there as ``.npy`` files, named in the record relative to ``images_base`` (default: the
+    folder's parent).
 
     >>> records = to_records(results, metrics=rollout.metrics)  # doctest: +SKIP
     >>> records[0]["status"], records[0]["mask"][:3]             # doctest: +SKIP
@@ -87,6 +104,7 @@ def to_records(
     """
     run = _run_metrics(metrics)
     records = []
+    saver = _ArraySaver(images_to, images_base) if images_to is not None else None
     for k, r in enumerate(results):
         if not isinstance(r, RolloutResult):
             raise ExportError(f"results[{k}]", f"expected a tmpl.RolloutResult, got {type(r).__name__}")
@@ -125,6 +143,7 @@ def to_records(
             "stale_action": r.stale_action,
             "loss_mask": r.loss_mask.tolist(),
             "resumed": r.resumed,
+            "images": _images_field(r, k, saver, inline_bytes),
         }
         if run is not None:
             record["run_metrics"] = run
@@ -132,19 +151,22 @@ def to_records(
     return records
 
 
-def from_records(records: Iterable[Mapping[str, Any]], *, source: str = "records") -> list[RolloutResult]:
+def from_records(
+    records: Iterable[Mapping[str, Any]], *, source: str = "records", images_from: str | os.PathLike[str] | None = None
+) -> list[RolloutResult]:
     """Rebuild :class:`tmpl.RolloutResult` objects (with their trajectories) from records.
 
-    ``source`` names where the records came from, for errors (``"rollouts.jsonl"``).
+    ``source`` names where the records came from, for errors (``"rollouts.jsonl"``);
+    ``images_from``: the folder the records' image files are relative to.
     """
     out = []
     for k, record in enumerate(records):
         where = f"{source}[{k}]"
-        out.append(_result(record, where))
+        out.append(_result(record, where, images_from))
     return out
 
 
-def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
+def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLike[str] | None = None) -> RolloutResult:
     if record.get("format") != FORMAT:
         raise ExportError(where, f"format {record.get('format')!r} is not {FORMAT!r}")
     missing = [key for key in _REQUIRED if key not in record]
@@ -172,8 +194,13 @@ def _result(record: Mapping[str, Any], where: str) -> RolloutResult:
         "tokens_cut": int(record.get("tokens_cut", 0)),
         "num_turns": int(record.get("num_turns", 0)),
     }
+    images = record.get("images")
     try:
-        traj = restore_trajectory(state)
+        if images is None:
+            traj = restore_trajectory(state)
+        else:
+            carried = _read_images(json.loads(images) if isinstance(images, str) else images, images_from)
+            traj = restore_image_trajectory(state, carried)
     except Exception as exc:
         raise ExportError(where, f"cannot rebuild the trajectory: {exc}") from exc
     versions = None
@@ -218,14 +245,25 @@ def to_jsonl(
     results: Iterable[RolloutResult],
     path: str | os.PathLike,
     metrics: RolloutMetrics | Mapping[str, float] | None = None,
+    *,
+    inline_bytes: int = INLINE_BYTES,
 ) -> Path:
     """Write one JSON record per result to ``path`` (gzip-compressed when it ends with ``.gz``).
+
+    Image arrays over ``inline_bytes`` go to ``.npy`` files in ``<path>.images/``, named in the
+    records (move that folder along with the file).
 
     >>> tmpl.export.to_jsonl(results, "rollouts.jsonl.gz", metrics=rollout.metrics)  # doctest: +SKIP
     PosixPath('rollouts.jsonl.gz')
     """
     path = Path(path)
-    records = to_records(results, metrics)
+    records = to_records(
+        results,
+        metrics,
+        images_to=path.parent / f"{path.name}.images",
+        images_base=path.parent,
+        inline_bytes=inline_bytes,
+    )
     with _open(path, "w") as f:
         for k, record in enumerate(records):
             try:
@@ -249,7 +287,7 @@ def from_jsonl(path: str | os.PathLike) -> list[RolloutResult]:
                 record = json.loads(line)
             except ValueError as exc:
                 raise ExportError(where, f"not JSON: {exc}") from exc
-            out.append(_result(record, where))
+            out.append(_result(record, where, path.parent))
     return out
 
 
@@ -279,6 +317,7 @@ def to_dataset(
     for record in to_records(results, metrics):
         record["messages"] = json.dumps(record["messages"], ensure_ascii=False, default=_jsonable)
         record["sample_id"] = None if record["sample_id"] is None else str(record["sample_id"])
+        record["images"] = None if record["images"] is None else json.dumps(record["images"])
         rows.append(record)
     if not rows:
         return datasets.Dataset.from_dict({})
@@ -330,6 +369,7 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
         "stale_action": V("string"),
         "loss_mask": S(V("uint8")),
         "resumed": V("int64"),
+        "images": V("string"),
     }
     if "run_metrics" in first:
         features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}
@@ -360,6 +400,38 @@ def _drift_detail(record: Mapping[str, Any], where: str) -> DriftDetail | None:
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ExportError(where, f"unreadable drift detail (cause {cause!r}): {exc}") from None
+
+
+class _ArraySaver:
+    """Writes the image arrays of records to ``.npy`` files in ``folder`` (made on the first one)."""
+
+    def __init__(self, folder: str | os.PathLike[str], base: str | os.PathLike[str] | None) -> None:
+        self.folder = Path(folder)
+        self.base = Path(base) if base is not None else self.folder.parent
+
+    def saver(self, k: int) -> Any:
+        def save(key: str, array: np.ndarray) -> str:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            target = self.folder / f"{k:06d}.{key}.npy"
+            np.save(target, array, allow_pickle=False)
+            return os.path.relpath(target, self.base)
+
+        return save
+
+
+def _images_field(r: RolloutResult, k: int, saver: _ArraySaver | None, inline_bytes: int) -> dict[str, Any] | None:
+    if not has_images(r.trajectory):
+        return None
+    traj: Any = r.trajectory
+    return to_record(traj.images, saver.saver(k) if saver is not None else None, inline_bytes)
+
+
+def _read_images(record: Mapping[str, Any], images_from: str | os.PathLike[str] | None) -> Any:
+    def load(name: str) -> np.ndarray:
+        array: np.ndarray = np.load(Path(str(images_from)) / name, allow_pickle=False)
+        return array
+
+    return from_record(record, load if images_from is not None else None)
 
 
 def _run_metrics(metrics: RolloutMetrics | Mapping[str, float] | None) -> dict[str, float] | None:

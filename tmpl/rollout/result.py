@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..trajectory.images import has_images
 from ..trajectory.types import Span, Status
 from .codes import EndCode
 from .drift import DriftDetail
@@ -87,6 +88,13 @@ class RolloutResult:
     @property
     def spans(self) -> list[Span]:
         return self.trajectory.spans
+
+    @property
+    def images(self) -> Any:
+        """The sample's :class:`tmpl.vision.ImageInputs` (prompt and tool-result images, spans in
+        sequence positions), or None for a text-only sample."""
+        traj: Any = self.trajectory
+        return traj.images if has_images(traj) else None
 
     @property
     def versions(self) -> np.ndarray:

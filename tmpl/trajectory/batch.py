@@ -16,6 +16,10 @@ with ``torch.from_numpy`` (no copy) and moves to ``device`` only when one is giv
 >>> batch["completion_mask"].tolist(), batch["tool_mask"].tolist()
 ([[1, 1, 1], [1, 0, 0]], [[1, 1, 0], [1, 1, 1]])
 
+Trajectories with images (:class:`tmpl.trajectory.images.ImageTrajectory`) add ``num_images`` and
+the image arrays (``pixel_values``, ``image_grid_thw``...: every row's, concatenated in order);
+:func:`tmpl.trajectory.images.batch_model_inputs` rebuilds the model inputs from such a batch.
+
 Given :class:`tmpl.RolloutResult` objects instead, the batch also has ``versions`` (the policy
 version of each token, -1 on appended tokens and padding) and ``tool_mask`` is each result's
 ``loss_mask`` (the rollout's staleness policy applied: a withheld sample has no token in the loss).
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _twin
+from . import _twin, images
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -72,12 +76,15 @@ def collate_arrays(
     items = list(trajectories) if not isinstance(trajectories, list) else trajectories
     results = [_is_result(item) for item in items]
     if not any(results):
-        return _twin.builder.collate_arrays(
+        return _images(
             items,
-            pad_id,
-            pad_to_multiple_of=pad_to_multiple_of,
-            mask_truncated=mask_truncated,
-            mask_aborted=mask_aborted,
+            _twin.builder.collate_arrays(
+                items,
+                pad_id,
+                pad_to_multiple_of=pad_to_multiple_of,
+                mask_truncated=mask_truncated,
+                mask_aborted=mask_aborted,
+            ),
         )
     if not all(results):
         from ..errors import CollateError
@@ -99,6 +106,13 @@ def collate_arrays(
         if arrays["completion_mask"][row, :n].any():  # a row not masked whole by mask_truncated/mask_aborted
             arrays["tool_mask"][row, :n] = result.loss_mask[:n]
     arrays[VERSIONS_KEY] = versions
+    return _images([r.trajectory for r in items], arrays)
+
+
+def _images(trajectories: list[Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with the batch's image keys when a trajectory holds images (tmpl.trajectory.images)."""
+    if images._CLASSES and any(images.has_images(t) for t in trajectories):
+        arrays.update(images.collate_images(trajectories))
     return arrays
 
 
@@ -138,7 +152,7 @@ def collate(
         mask_truncated=mask_truncated,
         mask_aborted=mask_aborted,
     )
-    tensors = {key: torch.from_numpy(arrays[key]) for key in (*BATCH_KEYS, VERSIONS_KEY) if key in arrays}
+    tensors = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in arrays.items()}
     if device is not None:
         tensors = {key: value.to(device) for key, value in tensors.items()}
     return tensors
