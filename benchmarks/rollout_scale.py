@@ -11,7 +11,9 @@ call). Samples stop at different turns (most use every turn).
 
 Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``) is its own:
 
-- ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/16, every sample);
+- ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/16, every sample),
+  timed on its second run over the conversations (``--warm N``: the first run covers only N of them),
+  so the suffix frames (built once per tool-message shape and process) are already there;
   time outside the engine = wall - engine time, broken down by the rollout's phases that run on
   the event loop's thread (``RolloutMetrics.outside``: tokenize, parse, suffix, bookkeeping,
   drift) and the rest: running the tools (sync tools on worker threads, overlapping other
@@ -215,7 +217,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             measure_drift=config["drift"],
             progress=False,
         )
-        rollout.run(conversations[: min(64, samples)])  # warm the parser, frames and caches
+        # warm the parser, the suffix frames (one per tool-message shape, built once per template and
+        # process) and caches: by default on every conversation, so the timed run is the steady state
+        rollout.run(conversations[: config.get("warm") or samples])
+        frames = len(tpl.engine.state.frames)
         cpu = _cpu()
         results = rollout.run(conversations)
         cpu = _cpu() - cpu
@@ -233,6 +238,7 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             "tool_calls": m.tool_calls,
             "tool_failures": m.tool_failures,
             "drift_measured": m.drift_measured,
+            "frames_built": len(tpl.engine.state.frames) - frames,
         }
     out["cpu"] = cpu
     out["rss_before_mib"] = rss_before / 1024
@@ -244,14 +250,15 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[str, float]:
-    """Seconds of the work no loop can skip, each part done the fastest way there is, after the run.
+    """Seconds of the work no loop can skip, each part done the fastest way there is, after the run
+    (and ``cpu``: the CPU seconds of all three, every thread).
 
     Run the calls the samples made (the tool functions, their results serialized as the
     Toolbox does); encode every tool result text in one ``encode_batch_fast`` (the tokenizer's
     fastest call, threaded); decode every completion in one ``decode_batch`` (a loop must read
     the calls). No parsing, no bookkeeping, no scheduling: a loop doing only this would be free.
     """
-    from tmpl.tools.toolbox import _content
+    from tmpl.tools.procworker import content_of as _content
 
     fns = {f.__name__: f for f in TOOLS}
     calls, contents = [], []
@@ -263,6 +270,7 @@ def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[s
                 fn, args = fns.get(tc["function"]["name"]), tc["function"]["arguments"]
                 if fn is not None and isinstance(args, dict):
                     calls.append((fn, args))
+    cpu = _cpu()
     start = time.perf_counter()
     for fn, args in calls:
         try:
@@ -279,7 +287,7 @@ def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[s
     start = time.perf_counter()
     backend.decode_batch(completions, skip_special_tokens=False)
     decode = time.perf_counter() - start
-    return {"tools": tools, "encode": encode, "decode": decode}
+    return {"tools": tools, "encode": encode, "decode": decode, "cpu": _cpu() - cpu}
 
 
 def _cpu() -> float:
@@ -526,6 +534,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--naive-samples", type=int, default=512, help="the naive loop runs on this many samples")
     parser.add_argument("--drift", default="0,0.0625,1", help="measure_drift values to run, comma-separated")
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="conversations of the tmpl rows' warm-up run (0: all, the steady state; 64 was the old default, "
+        "whose timed run also built the suffix frames of the tool-message shapes it met first)",
+    )
     parser.add_argument("--workers", default="1,2", help="worker counts of the scale-out rows ('' for none)")
     parser.add_argument("--modes", default="process,ray", help="DistributedRollout modes of the scale-out rows")
     parser.add_argument("--scale-samples", type=int, help="samples of the scale-out rows (default: --samples)")
@@ -573,7 +588,8 @@ def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
     )
     for position, value in enumerate(args.drift.split(",")):
         drift = float(value)
-        r = spawn({**base, "mode": "tmpl", "samples": args.samples, "drift": drift, "floor": position == 0})
+        config = {**base, "mode": "tmpl", "samples": args.samples, "drift": drift, "floor": position == 0}
+        r = spawn({**config, "warm": args.warm})
         n = r["sample_turns"]
         ms, cpu = r["outside"] * 1e3 / n, r["cpu"] * 1e3 / n
         # phases run on the event loop's thread one at a time: their sums do not overlap; tools
@@ -589,14 +605,17 @@ def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
         print(
             "      by phase: "
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
-            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s)"
+            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s;"
+            f" suffix frames built in this run: {r['frames_built']})"
         )
         if "floor" in r:
             parts = {k: v * 1e3 / n for k, v in r["floor"].items()}
+            floor_cpu = parts.pop("cpu")
             total = sum(parts.values())
             print(
                 f"  floor (only the work no loop can skip, each the fastest way, in the process above): {total:.3f} ms"
-                f"   naive / floor = {naive_ms / total:.1f}x: the most any loop could reach here\n"
+                f" (cpu {floor_cpu:.3f})   naive / floor = {naive_ms / total:.1f}x: the most any loop could reach here;"
+                f" tmpl / floor = {ms / total:.2f}x (cpu {cpu / floor_cpu:.2f}x)\n"
                 "      "
                 + "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
                 + "   (run the calls, serialize; encode every tool result, one encode_batch_fast; decode every"
