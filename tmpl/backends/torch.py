@@ -10,6 +10,13 @@ Each result is cut at its first stop token (kept) or at its own ``max_tokens``. 
 are those of the sampled tokens: ``raw`` (log-softmax of the logits) or ``processed``
 (log-softmax of the scores after temperature, top-k and top-p). Works on CPU and GPU.
 
+Vision-language models: a request whose ``images`` (:class:`tmpl.vision.ImageInputs`) hold images
+gets its image inputs passed to ``generate`` (``pixel_values``, ``image_grid_thw``... exactly the
+arrays the processor made, concatenated over the batch in request order, floats in the model's
+dtype) with its token-type keys (``mm_token_type_ids``: 1 on placeholders) left-padded like the IDs.
+Tested on a tiny Qwen2.5-VL (tests/test_vision_backends.py): the same tokens as ``model.generate``
+on the processor's own full render of the conversation.
+
 The logprob of each sampled token is taken at the step it is sampled (see
 :class:`_StepLogprobs`): ``generate`` never keeps a vocabulary row per generated token
 (``output_logits`` / ``output_scores`` would hold ``batch x steps x vocab`` floats, 79 GB
@@ -24,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import TrajectoryError
 from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling
 
 #: the model generation_config's sampling warpers that Sampling does not name: switched off,
@@ -206,9 +214,12 @@ class Torch(Backend):
                 out[req.request_id] = GenerationResult.failed(req.request_id, "empty prompt")
             elif req.max_tokens <= 0:
                 out[req.request_id] = GenerationResult(req.request_id, [], [], "length", req.sampling.logprobs)
-            else:
-                groups[(req.sampling, tuple(sorted(req.stop_token_ids)))].append(req)
-        for (sampling, stops), group in groups.items():
+            elif (problem := _image_problem(req)) is not None:
+                out[req.request_id] = GenerationResult.failed(req.request_id, problem)
+            else:  # requests with images batch with those whose image arrays have the same keys
+                arrays = tuple(sorted(req.images.arrays)) if req.images is not None and req.images.count else None
+                groups[(req.sampling, tuple(sorted(req.stop_token_ids)), arrays)].append(req)
+        for (sampling, stops, _), group in groups.items():
             for lo in range(0, len(group), self.max_batch_size):
                 for result in self._generate_halving(group[lo : lo + self.max_batch_size], sampling, stops):
                     out[result.request_id] = result
@@ -219,6 +230,10 @@ class Torch(Backend):
         request). Any other RuntimeError, or OOM on a single request, fails those requests only."""
         try:
             return self._generate(chunk, sampling, stops)
+        except ValueError as exc:  # generate's validation of image inputs (a text-only model given some...)
+            if not any(r.images is not None and r.images.count for r in chunk):
+                raise
+            return [GenerationResult.failed(r.request_id, f"{type(exc).__name__}: {exc}") for r in chunk]
         except RuntimeError as exc:
             if _is_out_of_memory(exc) and len(chunk) > 1:
                 _release_cached_memory()
@@ -240,6 +255,7 @@ class Torch(Backend):
             n = len(req.prompt_ids)
             input_ids[i, width - n :] = torch.tensor(list(req.prompt_ids), dtype=torch.long)
             attention[i, width - n :] = 1
+        images = _image_kwargs(group, width, device, next(self.model.parameters()).dtype)
         steps = _StepLogprobs()
         kwargs: dict[str, Any] = dict(
             input_ids=input_ids.to(device),
@@ -249,6 +265,7 @@ class Torch(Backend):
             eos_token_id=list(stops) or None,
             return_dict_in_generate=True,
             stopping_criteria=StoppingCriteriaList([steps.criterion()]),
+            **images,
         )
         processors: list[Any] = []
         if sampling.greedy:
@@ -285,3 +302,49 @@ class Torch(Backend):
                 GenerationResult(req.request_id, ids[:end], lps[:end], reason, logprobs_mode=sampling.logprobs)
             )
         return results
+
+
+def _image_problem(req: GenerationRequest) -> str | None:
+    """Why a request's image inputs cannot be used with its prompt IDs, or None."""
+    if req.images is None or not req.images.count:
+        return None
+    try:
+        req.images.check_aligned(req.prompt_ids)
+    except TrajectoryError as exc:
+        return f"Torch backend: the image inputs do not fit the prompt IDs: {exc.reason}"
+    return None
+
+
+def _image_kwargs(group: list[GenerationRequest], width: int, device: Any, dtype: Any) -> dict[str, Any]:
+    """``generate`` keyword arguments for the image inputs of a left-padded batch (empty without images).
+
+    Per request, :meth:`ImageInputs.model_inputs` of its prompt; token-type keys are left-padded
+    with 0 to ``width`` (0 for requests without images), image arrays are concatenated over the
+    batch in request order (requests with images in one batch carry the same array keys).
+    """
+    import numpy as np
+    import torch
+
+    inputs = {
+        r.request_id: r.images.model_inputs(list(r.prompt_ids))
+        for r in group
+        if r.images is not None and r.images.count
+    }
+    if not inputs:
+        return {}
+    with_images = [r for r in group if r.request_id in inputs]
+    type_keys = sorted({k for r in with_images if r.images is not None for k in r.images.token_type_keys})
+    out: dict[str, Any] = {}
+    for key in type_keys:
+        column = torch.zeros((len(group), width), dtype=torch.long)
+        for i, req in enumerate(group):
+            if req.request_id in inputs:
+                row = inputs[req.request_id][key][0]
+                column[i, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
+        out[key] = column.to(device)
+    assert with_images[0].images is not None
+    for key in sorted(with_images[0].images.arrays):
+        arr = np.concatenate([inputs[r.request_id][key] for r in with_images], axis=0)
+        tensor = torch.from_numpy(np.ascontiguousarray(arr))
+        out[key] = tensor.to(device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device)
+    return out

@@ -1,0 +1,221 @@
+"""Backends with images (issue 24, item 3): the Torch backend on a tiny Qwen2.5-VL built offline.
+
+The model is tests/fixture_vlm.py's (random weights, the real Qwen2.5 tokenizer, the image-only
+Qwen2.5-VL processor, llama.cpp's Qwen3.5-4B template). Ground truth is ``model.generate`` called
+directly on the processor's own full render of the conversation
+(``processor.apply_chat_template(..., tokenize=True, return_dict=True, return_tensors="pt")``);
+tmpl's side builds the request from ``VisionTemplate`` (prompt, completion, tool-result suffix,
+``ImageInputs.concat``) and the backend passes ``ImageInputs.model_inputs`` to ``generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tmpl.backends import GenerationRequest, Sampling, Torch
+
+from .fixture_vlm import TEMPLATE_KWARGS, TinyVLM, build_tiny_vlm, missing
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+PIL = pytest.importorskip("PIL.Image")
+if missing():
+    pytest.skip(missing(), allow_module_level=True)
+
+from tmpl.vision import ImageInputs, VisionTemplate  # noqa: E402
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "screenshot",
+            "description": "Take a screenshot of a page",
+            "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+        },
+    }
+]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="session")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> TinyVLM:
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+@pytest.fixture(scope="session")
+def vt(vlm: TinyVLM) -> VisionTemplate:
+    return VisionTemplate(vlm.processor, name="tiny-qwen2.5-vl/Qwen3.5-4B", **TEMPLATE_KWARGS)
+
+
+def image(w: int, h: int, seed: int = 0) -> Any:
+    rng = np.random.default_rng(seed + 7919 * w + h)
+    arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    arr[: h // 2, : w // 3] = (250, 20, 20)
+    return PIL.fromarray(arr, "RGB")
+
+
+def user_turn(img: Any) -> list[dict]:
+    return [
+        {"role": "system", "content": "You read screenshots."},
+        {"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "Is it the same?"}]},
+    ]
+
+
+def tool_turn(tool_imgs: list[Any]) -> tuple[dict, list[dict]]:
+    calls = [
+        {"type": "function", "id": f"call{i}", "function": {"name": "screenshot", "arguments": {"url": f"u{i}"}}}
+        for i in range(len(tool_imgs))
+    ]
+    results = [
+        {
+            "role": "tool",
+            "name": "screenshot",
+            "tool_call_id": f"call{i}",
+            "content": [{"type": "text", "text": f"page u{i}:"}, {"type": "image", "image": img}],
+        }
+        for i, img in enumerate(tool_imgs)
+    ]
+    return {"role": "assistant", "content": "", "tool_calls": calls}, results
+
+
+def full_render(vlm: TinyVLM, messages: list[dict]) -> dict[str, Any]:
+    """The processor's own render of the whole conversation, with the generation prompt (the oracle)."""
+    return dict(
+        vlm.processor.apply_chat_template(
+            messages,
+            tools=TOOLS,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            **TEMPLATE_KWARGS,
+        )
+    )
+
+
+def direct_generate(vlm: TinyVLM, inputs: dict[str, Any], stops: list[int], sampling: Sampling) -> list[int]:
+    """``model.generate`` on the processor's outputs, cut as the backend cuts (at the first stop, kept)."""
+    kwargs: dict[str, Any] = dict(max_new_tokens=MAX_TOKENS, eos_token_id=stops, pad_token_id=151643)
+    if sampling.greedy:
+        kwargs.update(do_sample=False)
+    else:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0)
+        torch.manual_seed(sampling.seed)
+    with torch.no_grad():
+        out = vlm.model.generate(**inputs, **kwargs)
+    ids = out[0, inputs["input_ids"].shape[1] :].tolist()
+    for t, tok in enumerate(ids):
+        if tok in stops:
+            return ids[: t + 1]
+    return ids
+
+
+def request(rid: str, ids: list[int], images: ImageInputs | None, stops: list[int], sampling: Sampling):
+    return GenerationRequest(rid, ids, MAX_TOKENS, frozenset(stops), sampling=sampling, images=images)
+
+
+def tool_conversation(vt: VisionTemplate, vlm: TinyVLM, user_img: Any, tool_imgs: list[Any]):
+    """tmpl's IDs and image inputs for [system, user(image), assistant(calls), tool results(images)] and
+    the processor's full render of the same conversation."""
+    history = user_turn(user_img)
+    assistant, results = tool_turn(tool_imgs)
+    truth = full_render(vlm, history + [assistant] + results)
+    truth_ids = truth["input_ids"][0].tolist()
+    prompt = vt.prompt(history, tools=TOOLS)
+    assert truth_ids[: len(prompt.ids)] == prompt.ids  # this template is prefix-stable without thinking
+    end = next(i for i in range(len(prompt.ids), len(truth_ids)) if truth_ids[i] in vt.stop_token_ids)
+    completion = truth_ids[len(prompt.ids) : end + 1]  # the assistant's tool-call turn, as a model would write it
+    suffix = vt.suffix_ids(results, completion_ids=completion, tools=TOOLS, history=history)
+    ids = prompt.ids + completion + suffix.ids
+    images = ImageInputs.concat([prompt.images, suffix.images.shifted(len(prompt.ids) + len(completion))])
+    return ids, images, truth
+
+
+def forward_logprobs(vlm: TinyVLM, inputs: dict[str, Any], completion: list[int]) -> list[float]:
+    """Teacher-forced log-softmax of the completion's tokens (one forward pass over prompt + completion)."""
+    n = inputs["input_ids"].shape[1]
+    ids = torch.cat([inputs["input_ids"], torch.tensor([completion])], dim=1)
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    mm = torch.cat([inputs["mm_token_type_ids"], torch.zeros((1, len(completion)), dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        logits = vlm.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm, **extra).logits
+    logp = torch.log_softmax(logits[0, n - 1 : -1].float(), dim=-1)
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
+
+
+# -- the Torch backend --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(28, 28), (100, 80), (333, 517)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_torch_prompt_with_image_generates_as_model_generate(vlm: TinyVLM, vt: VisionTemplate, size) -> None:
+    history = user_turn(image(*size))
+    truth = full_render(vlm, history)
+    prompt = vt.prompt(history, tools=TOOLS)
+    assert prompt.ids == truth["input_ids"][0].tolist()
+    stops = sorted(vt.stop_token_ids)
+    greedy = Sampling(temperature=0)
+    [result] = Torch(vlm.model).generate_batch([request("r0", prompt.ids, prompt.images, stops, greedy)])
+    expected = direct_generate(vlm, truth, stops, greedy)
+    assert result.token_ids == expected
+    assert result.finish_reason == ("stop" if expected[-1] in stops else "length")
+    # logprobs kept: the sampled tokens' raw log-softmax, as a teacher-forced forward pass gives them
+    assert result.logprobs is not None and len(result.logprobs) == len(result.token_ids)
+    np.testing.assert_allclose(result.logprobs, forward_logprobs(vlm, truth, expected), atol=2e-3)
+    # not vacuous: the image reaches the model (another image of the same size, other tokens; the
+    # 28x28 image is 4 placeholders among ~200 tokens, which this random model's peaked attention ignores)
+    if size != (28, 28):
+        other = vt.prompt(user_turn(image(*size, seed=5)), tools=TOOLS)
+        assert other.ids == prompt.ids
+        [changed] = Torch(vlm.model).generate_batch([request("r1", other.ids, other.images, stops, greedy)])
+        assert changed.token_ids != result.token_ids
+
+
+def test_torch_tool_result_images_generate_as_model_generate(vlm: TinyVLM, vt: VisionTemplate) -> None:
+    ids, images, truth = tool_conversation(vt, vlm, image(60, 90), [image(200, 120, 3), image(90, 300, 4)])
+    assert ids == truth["input_ids"][0].tolist()
+    assert images.count == 3
+    stops = sorted(vt.stop_token_ids)
+    for sampling in (Sampling(temperature=0), Sampling(temperature=1.0, seed=7)):
+        [result] = Torch(vlm.model).generate_batch([request("r0", ids, images, stops, sampling)])
+        assert result.token_ids == direct_generate(vlm, truth, stops, sampling), sampling
+
+
+def test_torch_stop_token_with_images(vlm: TinyVLM, vt: VisionTemplate) -> None:
+    """A stop token the model does emit (its third greedy token): generation stops there, kept."""
+    history = user_turn(image(100, 80))
+    truth = full_render(vlm, history)
+    greedy = Sampling(temperature=0)
+    free = direct_generate(vlm, truth, [], greedy)
+    stop = free[2]
+    prompt = vt.prompt(history, tools=TOOLS)
+    [result] = Torch(vlm.model).generate_batch([request("r0", prompt.ids, prompt.images, [stop], greedy)])
+    assert result.finish_reason == "stop"
+    assert result.token_ids == free[: free.index(stop) + 1]
+
+
+def test_torch_batch_mixes_image_and_text_requests(vlm: TinyVLM, vt: VisionTemplate) -> None:
+    """Left-padded batches: each request's tokens are those of its own direct ``model.generate``."""
+    greedy = Sampling(temperature=0)
+    stops = sorted(vt.stop_token_ids)
+    a_hist = user_turn(image(333, 517, 1))
+    a = vt.prompt(a_hist, tools=TOOLS)
+    b_ids, b_images, b_truth = tool_conversation(vt, vlm, image(56, 56), [image(100, 80, 2)])
+    c_hist = [{"role": "user", "content": "Hello!"}]
+    c = vt.prompt(c_hist, tools=TOOLS)
+    assert c.images.count == 0
+    bad = ImageInputs(a.images.arrays, ((0, 1),), a.images.parts, a.images.image_token_id, a.images.token_type_keys)
+    requests = [
+        request("a", a.ids, a.images, stops, greedy),
+        request("bad", a.ids, bad, stops, greedy),  # misaligned with its IDs: fails alone
+        request("b", b_ids, b_images, stops, greedy),
+        request("c", c.ids, None, stops, greedy),
+    ]
+    results = Torch(vlm.model).generate_batch(requests)
+    assert [r.request_id for r in results] == ["a", "bad", "b", "c"]
+    assert results[1].finish_reason == "error" and "do not fit the prompt IDs" in (results[1].error or "")
+    assert results[0].token_ids == direct_generate(vlm, full_render(vlm, a_hist), stops, greedy)
+    assert results[2].token_ids == direct_generate(vlm, b_truth, stops, greedy)
+    assert results[3].token_ids == direct_generate(vlm, full_render(vlm, c_hist), stops, greedy)
