@@ -30,6 +30,7 @@ from ..toolcalls.api import parse_completion, parser_for
 from ..tools.toolbox import as_toolbox
 from ..trajectory import _twin
 from ..trajectory.types import Status
+from . import images as _images
 from .codes import EndCode
 from .collector import fewer_collections
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
@@ -46,6 +47,7 @@ from .weights import StalePolicy, WeightUpdates
 if TYPE_CHECKING:
     from ..toolcalls.types import ParsedCompletion
     from ..trajectory import Trajectory
+    from ..vision import VisionTemplate
 
 __all__ = ["PARSE_OFF_LOOP", "Rollout", "RolloutResult", "StalePolicy"]
 
@@ -80,11 +82,14 @@ class Rollout(WeightUpdates):
     (cancelled as soon as an update makes it too stale: ABORTED, ``EndCode.STALE_DROPPED``,
     nothing appended) or ``"mask"`` (``loss_mask`` off on the tokens sampled more than
     ``max_staleness`` versions ago). :meth:`stream` yields finished groups while generation goes on.
+
+    Given a :class:`tmpl.vision.VisionTemplate`, prompts and tool results may carry images
+    (docs/vision.md, "Rollouts"): trajectories hold their image inputs, requests carry them.
     """
 
     def __init__(
         self,
-        template: ChatTemplate,
+        template: ChatTemplate | VisionTemplate,
         backend: Backend,
         *,
         tools: Any = None,
@@ -106,11 +111,12 @@ class Rollout(WeightUpdates):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self._init_weights(version, max_staleness, stale)
-        self.tpl = template
+        # a tmpl.vision.VisionTemplate: its text template, and the images hooks (images.py)
+        self.tpl, self.vision = _images.unwrap(template)
         self.backend = backend
         self.toolbox = as_toolbox(tools)
         if self.toolbox is not None:
-            parser_for(template)  # fail now (NoToolParserError, with why) rather than mid-rollout
+            parser_for(self.tpl)  # fail now (NoToolParserError, with why) rather than mid-rollout
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
         self.max_turns = max_turns
         self.max_length = max_length
@@ -146,12 +152,17 @@ class Rollout(WeightUpdates):
             validate_messages(conv, where=f"conversations[{i}]")
         setup = SetupTimes()
         with PhaseClock(setup)("tokenize"):  # validated above: render each, one call into the tokenizer
-            texts = [
-                self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
-            ]
-            prompts = self.tpl.codec.encode_shared(texts)
+            if self.vision is not None:  # through the processor, each with its images
+                prompts = [_images.prompt_ids(self.vision, conv, self.tool_schemas) for conv in conversations]
+            else:
+                texts = [
+                    self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
+                ]
+                prompts = self.tpl.codec.encode_shared(texts)
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
-        rounds = ToolRounds(self.tpl, self.toolbox, self.tool_schemas) if self.toolbox is not None else None
+        rounds = (
+            ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision) if self.toolbox is not None else None
+        )
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]
         bar = self._bar(len(jobs))
         results: list[RolloutResult] = []
@@ -272,6 +283,8 @@ class Rollout(WeightUpdates):
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
         run = SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
+        if self.vision is not None:
+            run.images = _images.images_of(traj)
         sampling = self.sampling
         if sampling.seed is not None and sampling.n > 1:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + s, n=1)
@@ -342,6 +355,7 @@ class Rollout(WeightUpdates):
                     sampling,
                     version=submitted,
                     sample=f"{run.index}/{run.sample}",
+                    images=run.images,
                 )
             )
             own = token_versions(result, submitted, self.version)
@@ -443,7 +457,10 @@ class Rollout(WeightUpdates):
         message_index = len(run.history)
         run.history += tool_messages
         with run.clock("bookkeeping"):
-            appended = run.traj.add_suffix(suffix, message=message_index)
+            if self.vision is None:
+                appended = run.traj.add_suffix(suffix, message=message_index)
+            else:  # with the images of its placeholders
+                appended = _images.add_suffix(run, suffix, message_index)
             run.sequence += suffix[:appended]
             run.versions += [-1] * appended
         if done.stop:
@@ -453,6 +470,8 @@ class Rollout(WeightUpdates):
         return True
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Trajectory:
+        if self.vision is not None:
+            return _images.trajectory(self, i, s, prompt)  # type: ignore[no-any-return]
         return _twin.builder.Trajectory(
             prompt,
             self.max_length,
@@ -488,6 +507,8 @@ class Rollout(WeightUpdates):
     def _drift(self, history: list[dict[str, Any]], traj: Trajectory) -> tuple[bool | None, DriftDetail | None]:
         """Would decoding and re-rendering this sample have changed its token IDs? Where and why?"""
         ours = traj.prompt_ids.tolist() + traj.completion_ids.tolist()
+        if self.vision is not None:  # through the processor, images included
+            return _images.drift(self.vision, history, ours, self.tool_schemas)
         return rerender_drift(self.tpl, history, ours, self.tool_schemas)
 
     def _verify(
@@ -500,6 +521,8 @@ class Rollout(WeightUpdates):
         self._suffix_count += 1
         if self._suffix_count % self.verify_every:
             return True
+        if self.vision is not None:  # through the processor: IDs and image inputs
+            return _images.verify(self.vision, history + [assistant] + tool_messages, self.tool_schemas, suffix)
         try:
             text = self.tpl.renderer.text(
                 history + [assistant] + tool_messages, tools=self.tool_schemas, add_generation_prompt=True

@@ -47,6 +47,7 @@ class SampleRun:
     oldest: int | None = None  # the version its first request was submitted under
     resumed: int = 0  # generations continued after an abort-mode weight update
     dropped: bool = False  # cancelled by the staleness policy (stale="drop")
+    images: Any = None  # the ImageInputs of ``sequence`` (vision rollouts: rollout/images.py), else None
 
     def __post_init__(self) -> None:
         self.clock = PhaseClock(self.times)

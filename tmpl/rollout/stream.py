@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, M
 from typing import TYPE_CHECKING, Any
 
 from ..messages import validate_messages
+from . import images
 from .metrics import RolloutMetrics
 from .result import RolloutResult
 from .scheduler import Scheduler
@@ -52,7 +53,11 @@ async def stream_groups(
         raise ValueError(f"max_in_flight={bound} cannot hold one group of n={n} samples")
     start = time.perf_counter()
     scheduler = Scheduler(rollout.backend, max_batch=rollout.max_batch, max_concurrency=rollout.max_concurrency)
-    rounds = ToolRounds(rollout.tpl, rollout.toolbox, rollout.tool_schemas) if rollout.toolbox is not None else None
+    rounds = (
+        ToolRounds(rollout.tpl, rollout.toolbox, rollout.tool_schemas, rollout.vision)
+        if rollout.toolbox is not None
+        else None
+    )
     setup = SetupTimes()
     done: asyncio.Queue[tuple[int, list[RolloutResult]] | BaseException] = asyncio.Queue()
     room = asyncio.Condition()
@@ -87,12 +92,15 @@ async def stream_groups(
         async for conv in prompts_from(prompts):
             validate_messages(conv, where=f"prompts[{count}]")
             with PhaseClock(setup)("tokenize"):
-                text = rollout.tpl.render(conv, tools=rollout.tool_schemas, add_generation_prompt=True)
-                prompt = rollout.tpl.codec.encode_shared([text])[0]
+                if rollout.vision is not None:  # through the processor, with its images (images.py)
+                    prompt = images.prompt_ids(rollout.vision, conv, rollout.tool_schemas)
+                else:
+                    text = rollout.tpl.render(conv, tools=rollout.tool_schemas, add_generation_prompt=True)
+                    prompt = rollout.tpl.codec.encode_shared([text])[0]
             async with room:
                 await room.wait_for(lambda: in_flight + n <= bound)  # noqa: B023 - read when woken
                 in_flight += n
-            task = asyncio.ensure_future(group(count, conv, list(prompt)))
+            task = asyncio.ensure_future(group(count, conv, prompt if rollout.vision is not None else list(prompt)))
             groups.add(task)
             task.add_done_callback(groups.discard)
             count += 1

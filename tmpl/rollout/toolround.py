@@ -34,6 +34,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..tools.outputs import body, cut_to_tokens
+from . import images
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
@@ -88,8 +89,11 @@ class _Job:
 class ToolRounds:
     """Starts the tool rounds begun in one pass of the event loop as one batch; builds suffixes in batches."""
 
-    def __init__(self, template: ChatTemplate, toolbox: Toolbox, schemas: Sequence[Any] | None) -> None:
+    def __init__(
+        self, template: ChatTemplate, toolbox: Toolbox, schemas: Sequence[Any] | None, vision: Any = None
+    ) -> None:
         self.tpl = template
+        self.vision = vision  # a VisionTemplate: tools may return images (rollout/images.py)
         self.toolbox = toolbox
         self.schemas = schemas
         self.batches = 0  # Toolbox batches started
@@ -160,6 +164,8 @@ class ToolRounds:
         n = len(jobs)
         cuts = [job.cut if job.cut is not None else self._bound(job) for job in jobs]
         messages = [[o.message() for o in job.outcomes] for job in jobs]
+        if self.vision is not None:  # tools that returned images: their results as image parts
+            messages = [images.tool_messages(job.outcomes, msgs) for job, msgs in zip(jobs, messages)]
         start = perf_counter()
         suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
         suffix_seconds = (perf_counter() - start) / n
@@ -204,6 +210,8 @@ class ToolRounds:
         histories: list[list[dict[str, Any]]],
     ) -> list[tuple[list[int] | None, Exception | None]]:
         """Every sample's suffix in one call; when that fails, each alone (so an error is its sample's only)."""
+        if self.vision is not None:
+            return images.suffixes(self.vision, messages, completions, histories, self.schemas)
         try:
             out = self.tpl.suffix_ids_batch(
                 messages, completion_ids=completions, tools=self.schemas, histories=histories

@@ -126,9 +126,18 @@ class VisionTemplate:
         Equal to ``processor.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
         tokenize=True, return_dict=True)`` (``input_ids`` and the image arrays).
         """
+        return self.render_ids(messages, tools=tools, add_generation_prompt=True)
+
+    def render_ids(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None = None, *, add_generation_prompt: bool = True
+    ) -> VisionIds:
+        """The IDs of the whole conversation ``messages``, images expanded, and their image inputs:
+        ``processor.apply_chat_template(messages, tools=tools, add_generation_prompt=...,
+        tokenize=True, return_dict=True)`` (what the rollout's drift and suffix checks compare with).
+        """
         render, images, parts = split_images(messages, where="messages")
         validate_messages(render)
-        text = self.chat.render(render, tools=tools, add_generation_prompt=True)
+        text = self.chat.render(render, tools=tools, add_generation_prompt=add_generation_prompt)
         return self._expand(text, images, parts)
 
     def suffix_ids(

@@ -1,0 +1,243 @@
+"""Images in rollouts: what :class:`tmpl.Rollout` does when its template is a :class:`tmpl.vision.VisionTemplate`.
+
+The loop keeps its text-only path as it is; with a vision template (``rollout.vision``) it calls
+the hooks here:
+
+- prompts: :func:`prompt_ids` renders each conversation through the processor (images in user
+  messages expanded as the model's processor expands them), as :class:`ImageIds`: token IDs that
+  carry their :class:`~tmpl.vision.ImageInputs`;
+- trajectories: :func:`trajectory` makes an :class:`~tmpl.trajectory.images.ImageTrajectory`
+  holding the prompt's images; each :class:`~tmpl.backends.base.GenerationRequest` gets the image
+  inputs of its whole ``prompt_ids`` (``images``), so a backend can send them to its engine;
+- tool results: a tool that returns an image (a PIL image, an image content part, or a list of
+  content parts with images) gets a tool message with those parts (:func:`tool_messages`); its
+  suffix is built by :meth:`VisionTemplate.suffix_ids` (:func:`suffixes`), and appended with its
+  images (:func:`add_suffix`); text-only results of the same round keep the batched text path;
+- checks: ``verify_every`` (:func:`verify`) and ``measure_drift`` (:func:`drift`) re-render the
+  whole conversation, images included, through the processor and compare.
+
+>>> from tmpl.rollout.images import ImageIds
+>>> ids = ImageIds([1, 2, 3], None)
+>>> ids + [4], ids.images is None
+([1, 2, 3, 4], True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import TmplError
+from ..trajectory.images import ImageInputs, ImageTrajectory
+from ..vision import VisionTemplate
+from .drift import DriftDetail, explain_drift
+
+if TYPE_CHECKING:
+    from ..chat_template import ChatTemplate
+    from ..tools.metrics import CallOutcome
+    from .loop import Rollout
+    from .sample import SampleRun
+
+
+class ImageIds(list):  # type: ignore[type-arg]
+    """Token IDs (a plain ``list`` of ints) with the :class:`ImageInputs` of their placeholders
+    (spans relative to these IDs; None: no images)."""
+
+    __slots__ = ("images",)
+
+    def __init__(self, ids: Sequence[int], images: ImageInputs | None) -> None:
+        super().__init__(ids)
+        self.images = images
+
+
+def unwrap(template: Any) -> tuple[ChatTemplate, VisionTemplate | None]:
+    """``(text template, vision template or None)`` of what a Rollout was given."""
+    if isinstance(template, VisionTemplate):
+        return template.chat, template
+    return template, None
+
+
+def prompt_ids(vision: VisionTemplate, conversation: Sequence[Mapping[str, Any]], tools: Any) -> list[int]:
+    """The prompt of one conversation through the processor (its images expanded), with its images."""
+    out = vision.render_ids(conversation, tools=tools, add_generation_prompt=True)
+    return ImageIds(out.ids, out.images)
+
+
+def trajectory(rollout: Rollout, i: int, s: int, prompt: Sequence[int]) -> Any:
+    """The sample's :class:`~tmpl.trajectory.images.ImageTrajectory` (its prompt's images, if any)."""
+    assert rollout.vision is not None
+    images = getattr(prompt, "images", None)
+    return ImageTrajectory(
+        prompt,
+        rollout.max_length,
+        rollout.max_completion_length,
+        vocab_size=rollout.tpl.codec.vocab_size,
+        sample_id=f"{i}/{s}",
+        images=images,
+        image_token_id=rollout.vision.image_token_id,
+    )
+
+
+def images_of(traj: Any) -> Any:
+    """The image inputs of a trajectory made by :func:`trajectory` (its whole sequence's)."""
+    return traj.images
+
+
+def add_suffix(run: SampleRun, suffix: Sequence[int], message: int) -> int:
+    """Append a tool suffix and its images (if it carries any) to the sample; tokens appended."""
+    traj: Any = run.traj  # an ImageTrajectory (trajectory() made it)
+    appended = int(traj.add_suffix(suffix, message=message, images=getattr(suffix, "images", None)))
+    run.images = traj.images
+    return appended
+
+
+# -- tool results -------------------------------------------------------------------------------
+
+
+def _is_image(value: Any) -> bool:
+    return type(value).__module__.startswith("PIL.") and hasattr(value, "size") and hasattr(value, "mode")
+
+
+def _is_image_part(part: Any) -> bool:
+    return _is_image(part) or (isinstance(part, Mapping) and part.get("type") in ("image", "image_url"))
+
+
+def image_content(output: Any) -> list[Any] | None:
+    """The content parts of a tool's return value when it holds images, else None (text as usual).
+
+    An image (PIL), an image content part (``{"type": "image", ...}``, ``{"type": "image_url", ...}``),
+    or a list of content parts with at least one image.
+
+    >>> image_content("text"), image_content({"type": "image", "path": "chart.png"})
+    (None, [{'type': 'image', 'path': 'chart.png'}])
+    """
+    if _is_image(output):
+        return [{"type": "image", "image": output}]
+    if isinstance(output, Mapping) and _is_image_part(output):
+        return [dict(output)]
+    if isinstance(output, (list, tuple)) and any(_is_image_part(p) for p in output):
+        return [{"type": "image", "image": p} if _is_image(p) else p for p in output]
+    return None
+
+
+def tool_messages(outcomes: Sequence[CallOutcome], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` (the outcomes' text messages) with the content of image-returning tools as parts."""
+    out = messages
+    for k, o in enumerate(outcomes):
+        if o.error is None and o.output is not None:
+            parts = image_content(o.output)
+            if parts is not None:
+                if out is messages:
+                    out = list(messages)
+                out[k] = {**messages[k], "content": parts}
+    return out
+
+
+def has_image_parts(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a message holds an image content part."""
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, (list, tuple)) and any(_is_image_part(p) for p in content):
+            return True
+    return False
+
+
+def suffixes(
+    vision: VisionTemplate,
+    messages: list[list[dict[str, Any]]],
+    completions: list[list[int]],
+    histories: list[list[dict[str, Any]]],
+    schemas: Any,
+) -> list[tuple[list[int] | None, Exception | None]]:
+    """Each sample's suffix: tool results with images through :meth:`VisionTemplate.suffix_ids`
+    (as :class:`ImageIds`), the others in one batch of the text template (each alone if it fails)."""
+    out: list[tuple[list[int] | None, Exception | None]] = [(None, None)] * len(messages)
+    text = [k for k, msgs in enumerate(messages) if not has_image_parts(msgs)]
+    if text:
+        try:
+            ids = vision.chat.suffix_ids_batch(
+                [messages[k] for k in text],
+                completion_ids=[completions[k] for k in text],
+                tools=schemas,
+                histories=[histories[k] for k in text],
+            )
+            for k, got in zip(text, ids):
+                out[k] = (got, None)
+            text = []
+        except Exception:  # noqa: BLE001 - found again below, sample by sample
+            pass
+    for k in range(len(messages)):
+        if out[k][0] is not None:
+            continue
+        try:
+            if k in text:
+                got = vision.chat.suffix_ids(
+                    messages[k], completion_ids=completions[k], tools=schemas, history=histories[k]
+                )
+                out[k] = (got, None)
+            else:
+                v = vision.suffix_ids(messages[k], completion_ids=completions[k], tools=schemas, history=histories[k])
+                out[k] = (ImageIds(v.ids, v.images), None)
+        except Exception as exc:  # noqa: BLE001 - handed to the sample, which ends or crashes with it
+            out[k] = (None, exc)
+    return out
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def verify(vision: VisionTemplate, messages: list[dict[str, Any]], tools: Any, suffix: Sequence[int]) -> bool:
+    """Is ``suffix`` (and its images) the tail of the processor's full render of ``messages``?
+
+    The IDs must be the render's last ones, right after a stop token; the suffix's images must be
+    the render's last images: the same placeholder runs there and the same arrays, value for value.
+    """
+    try:
+        full = vision.render_ids(messages, tools=tools, add_generation_prompt=True)
+    except TmplError:
+        return True  # the template cannot render it: nothing to compare with
+    ids, n = full.ids, len(suffix)
+    if not (n < len(ids) and ids[len(ids) - n :] == list(suffix) and ids[len(ids) - n - 1] in vision.stop_token_ids):
+        return False
+    mine: ImageInputs | None = getattr(suffix, "images", None)
+    k = mine.count if mine is not None else 0
+    theirs = full.images.split(full.images.count - k)[1]
+    if theirs.count != k:
+        return False
+    if mine is None or not k:
+        return True
+    if mine.shifted(len(ids) - n).spans != theirs.spans or set(mine.arrays) != set(theirs.arrays):
+        return False
+    return all(np.array_equal(mine.arrays[key], theirs.arrays[key]) for key in mine.arrays)
+
+
+def drift(
+    vision: VisionTemplate, history: list[dict[str, Any]], ours: list[int], tools: Any
+) -> tuple[bool | None, DriftDetail | None]:
+    """:func:`tmpl.rollout.drift.rerender_drift` through the processor: would re-rendering the
+    conversation (its images expanded by the processor) have changed the sample's IDs?"""
+    try:
+        gen = history[-1]["role"] != "assistant"
+        full = vision.render_ids(history, tools=tools, add_generation_prompt=gen)
+    except TmplError:
+        return None, None
+    detail = explain_drift(vision.chat, ours, full.ids)
+    return detail is not None, detail
+
+
+__all__ = [
+    "ImageIds",
+    "add_suffix",
+    "drift",
+    "has_image_parts",
+    "image_content",
+    "images_of",
+    "prompt_ids",
+    "suffixes",
+    "tool_messages",
+    "trajectory",
+    "unwrap",
+    "verify",
+]
