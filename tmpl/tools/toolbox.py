@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import json
@@ -348,17 +349,19 @@ class Toolbox:
         loop = asyncio.get_running_loop()
         batch = _Batch(self, loop)
         out: list[asyncio.Future[list[CallOutcome]]] = []
-        for sample in plan:
-            calls = [batch.start(item) for item in sample]
-            done: asyncio.Future[list[CallOutcome]] = loop.create_future()
-            _when_all(calls, done)
-            out.append(done)
+        with batch.together():  # the sync calls of every sample go to the worker pool as one lot
+            for sample in plan:
+                calls = [batch.start(item) for item in sample]
+                done: asyncio.Future[list[CallOutcome]] = loop.create_future()
+                _when_all(calls, done)
+                out.append(done)
         return out
 
     async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
         start = time.perf_counter()
         batch = _Batch(self, asyncio.get_running_loop())
-        futures = [[batch.start(item) for item in sample] for sample in plan]
+        with batch.together():
+            futures = [[batch.start(item) for item in sample] for sample in plan]
         outcomes = [[await f for f in sample] for sample in futures]
         stop = [self.on_error == "stop" and any(not o.ok for o in sample) for sample in outcomes]
         metrics = ToolMetrics.from_outcomes(
@@ -446,10 +449,13 @@ def as_toolbox(tools: Toolbox | Iterable[Any] | None) -> Toolbox | None:
 class _Batch:
     """The calls of one :meth:`Toolbox.run_batch`: started at most ``max_concurrency`` at a time.
 
-    Sync calls go to the Toolbox's :class:`WorkerPool` with a timer at their timeout; their
-    results come back to the event loop through one callback each (no task, no waiter per call).
-    Async calls run as tasks. While sync calls are in flight a ticker asks the pool to add
-    workers when every worker is stuck (see :mod:`.workers`).
+    Sync calls go to the Toolbox's :class:`WorkerPool` with a timer at their timeout, those
+    started inside :meth:`together` as one lot (:meth:`WorkerPool.put`: one lock, one wake-up).
+    Their answers come back to the event loop through an inbox: a worker that finds it empty
+    wakes the loop once (``call_soon_threadsafe``), and the calls answered until the loop runs
+    are handled in that one callback, in the order they were answered (no task, no waiter, no
+    wake-up per call). Async calls run as tasks. While sync calls are in flight a ticker asks
+    the pool to add workers when every worker is stuck (see :mod:`.workers`).
     """
 
     def __init__(self, box: Toolbox, loop: asyncio.AbstractEventLoop) -> None:
@@ -458,6 +464,50 @@ class _Batch:
         self.waiting: collections.deque[Any] = collections.deque()  # launches waiting for a free slot
         self.sync_in_flight = 0
         self.ticking = False
+        #: sync calls started inside :meth:`together`, handed to the pool when it ends
+        self.lot: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] | None = None
+        self.inbox: list[_SyncCall] = []  # answered by a worker, not yet handled on the loop
+        self.inbox_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Hand the sync calls started inside the block to the worker pool as one lot, at its end."""
+        self.lot = []
+        try:
+            yield
+        finally:
+            lot, self.lot = self.lot, None
+            if lot:
+                self.box._workers.put(lot)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """``fn`` for the worker pool: now, or with the lot of :meth:`together`."""
+        if self.lot is None:
+            return self.box._workers.submit(fn)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.lot.append((fn, future))
+        return future
+
+    def answered(self, call: _SyncCall) -> None:
+        """In a worker's thread: ``call`` has its answer; wake the loop unless a wake-up is pending."""
+        with self.inbox_lock:
+            self.inbox.append(call)
+            if len(self.inbox) > 1:
+                return  # the loop was woken for the first one and has not drained yet
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is gone (the call hung past its batch): nothing waits for it
+            pass
+
+    def _drain(self) -> None:
+        with self.inbox_lock:
+            calls, self.inbox = self.inbox, []
+        with self.together():  # calls waiting for a free slot, launched as these finish: one lot too
+            for call in calls:
+                try:
+                    call.on_result()
+                except Exception as exc:  # noqa: BLE001 - one call's failure must not keep the others unanswered
+                    self.loop.call_exception_handler({"message": "tool call answer failed", "exception": exc})
 
     def start(self, item: ToolCall | CallProblem) -> asyncio.Future[CallOutcome]:
         out: asyncio.Future[CallOutcome] = self.loop.create_future()
@@ -559,18 +609,15 @@ class _SyncCall:
     def start(self, args: dict[str, Any]) -> None:
         batch = self.batch
         self.began = time.perf_counter()
-        future = batch.box._workers.submit(functools.partial(self.tool.fn, **args))
+        future = batch.submit(functools.partial(self.tool.fn, **args))
         batch.sync_in_flight += 1
         self.future = future
         self.timer = batch.loop.call_later(self.tool.timeout, self.on_timeout)
         future.add_done_callback(self.from_worker)
 
     def from_worker(self, _: concurrent.futures.Future[Any]) -> None:
-        """In the worker's thread: hand the answer to the loop."""
-        try:
-            self.batch.loop.call_soon_threadsafe(self.on_result)
-        except RuntimeError:  # the loop is gone (the call hung past its batch): nothing waits for it
-            pass
+        """In the worker's thread: hand the answer to the loop (through the batch's inbox)."""
+        self.batch.answered(self)
 
     def on_timeout(self) -> None:
         future = self.future

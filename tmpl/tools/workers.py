@@ -22,7 +22,7 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: seconds a worker may spend in one call before waiting calls get another worker
@@ -64,13 +64,29 @@ class WorkerPool:
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Queue ``fn()``; its outcome lands in the returned future."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.put([(fn, future)])
+        return future
+
+    def put(self, calls: Sequence[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]) -> None:
+        """Queue several calls at once, each with the future its outcome lands in: one lock and one
+        wake-up for the lot (a tick's calls), waking as many idle workers as :meth:`submit` one by
+        one would (one per call, while any is idle).
+
+        >>> pool = WorkerPool()
+        >>> futures = [concurrent.futures.Future() for _ in range(3)]
+        >>> pool.put([(lambda k=k: k * k, f) for k, f in enumerate(futures)])
+        >>> [f.result(timeout=5) for f in futures]
+        [0, 1, 4]
+        >>> pool.close()
+        """
+        if not calls:
+            return
         with self._cond:
-            self._queue.append((fn, future))
+            self._queue.extend(calls)
             if self._idle:
-                self._cond.notify()
+                self._cond.notify(len(calls))
             elif not self._workers:
                 self._spawn(1)
-        return future
 
     def unstick(self) -> None:
         """Start more workers when calls are queued and every worker is busy with one call for too long."""

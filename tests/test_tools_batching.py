@@ -1,0 +1,120 @@
+"""A tick's sync tool calls go to the worker pool as one lot, and come back through one inbox.
+
+``Toolbox.start_batch`` (what a rollout's tool round calls once per pass of the event loop) hands
+every sync call of every sample to :meth:`WorkerPool.put` at once; workers post answers to the
+batch's inbox, which wakes the loop once per drain instead of once per call. What each sample gets
+(its outcomes, in call order) is what it got one call at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import pytest
+
+import tmpl
+from tmpl.toolcalls import ToolCall
+from tmpl.tools.toolbox import _Batch
+from tmpl.tools.workers import WorkerPool
+
+
+def square(n: int) -> int:
+    """Square a number.
+
+    Args:
+        n: The number.
+    """
+    return n * n
+
+
+def fail(n: int) -> int:
+    """Always fails.
+
+    Args:
+        n: Ignored.
+    """
+    raise ValueError(f"no {n}")
+
+
+def call(name: str, args: dict, cid: str) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=args, raw="")
+
+
+def test_pool_put_runs_every_call_and_wakes_workers_once():
+    pool = WorkerPool()
+    futures: list[concurrent.futures.Future[int]] = [concurrent.futures.Future() for _ in range(50)]
+    pool.put([(lambda k=k: k * 3, f) for k, f in enumerate(futures)])
+    assert [f.result(timeout=10) for f in futures] == [k * 3 for k in range(50)]
+    pool.put([])  # nothing to do: no error, no thread
+    pool.close()
+
+
+@pytest.mark.parametrize("concurrency", [1000, 16])
+def test_start_batch_puts_one_lot_and_drains_answers_in_few_wakeups(monkeypatch, concurrency):
+    """All calls in one lot (when max_concurrency allows; else the first max_concurrency, then
+    those that waited go in lots as answers free their slots)."""
+    box = tmpl.Toolbox([square, fail], timeout=10.0, max_concurrency=concurrency)
+    puts: list[int] = []
+    drains: list[int] = []
+    real_put, real_drain = WorkerPool.put, _Batch._drain
+
+    def put(self, calls):
+        puts.append(len(calls))
+        return real_put(self, calls)
+
+    def drain(self):
+        drains.append(len(self.inbox))
+        return real_drain(self)
+
+    monkeypatch.setattr(WorkerPool, "put", put)
+    monkeypatch.setattr(_Batch, "_drain", drain)
+    samples = [
+        [call("square", {"n": b}, f"s{b}")] + ([call("fail", {"n": b}, f"f{b}")] if b % 3 == 0 else [])
+        for b in range(120)
+    ]
+    samples.append([call("square", {"m": 1}, "bad")])  # wrong arguments: answered without the pool
+    calls = sum(len(s) for s in samples) - 1
+
+    async def main():
+        futures = box.start_batch(samples)
+        return await asyncio.gather(*futures)
+
+    outcomes = asyncio.run(main())
+    if concurrency >= calls:
+        assert puts == [calls], "the batch's sync calls went to the pool in more than one lot"
+    else:
+        assert puts[0] == concurrency and sum(puts) == calls
+    assert sum(drains) == calls and len(drains) <= calls
+    for b, got in enumerate(outcomes[:-1]):
+        assert got[0].content == str(b * b) and got[0].error is None
+        if b % 3 == 0:
+            assert got[1].error == "exception" and f"no {b}" in got[1].content
+        else:
+            assert len(got) == 1
+    assert outcomes[-1][0].error == "bad_arguments"
+    # each answer is the one a batch of one gives
+    alone = box.run_batch([[call("square", {"n": 7}, "x")]]).outcomes[0][0]
+    assert alone.content == outcomes[7][0].content
+    box.close()
+
+
+def test_an_answer_after_the_loop_is_gone_is_dropped_quietly():
+    """A call that outlives its loop (it hung past its timeout) answers into a closed loop: no error."""
+    release = threading.Event()
+
+    def hang(n: int) -> int:
+        """Wait for the test.
+
+        Args:
+            n: Returned.
+        """
+        release.wait(10)
+        return n
+
+    box = tmpl.Toolbox([hang], timeout=0.2)
+    result = box.run_batch([[call("hang", {"n": 1}, "h")]])
+    assert result.outcomes[0][0].error == "timeout"
+    release.set()  # the worker answers now, into the finished loop's inbox
+    box.close()
