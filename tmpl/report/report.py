@@ -108,12 +108,16 @@ class TemplateReport:
     kwargs_tried: dict[str, list[Any]] = field(default_factory=dict)
     #: checks that could not run, and why (any makes the verdict UNPROVEN)
     unproven: list[str] = field(default_factory=list)
+    #: templates that render image parts: the images check (:mod:`tmpl.report.multimodal`); else None
+    images: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (checks and verdicts included)."""
         out = asdict(self)
         out["stability"] = {k: v.to_dict() for k, v in self.stability.items()}
         out["verdicts"] = {k: {**asdict(v), "label": v.label} for k, v in self.verdicts.items()}
+        if self.images is not None:
+            out["images"]["label"] = self.images.label
         return out
 
     def to_json(self, **kwargs: Any) -> str:
@@ -170,6 +174,16 @@ class TemplateReport:
             f"- assistant mask (`{{% generation %}}`): {yn(self.assistant_mask)}",
         ]
         lines += self._search_lines()
+        if self.images is not None:
+            im = self.images
+            lines += [
+                "",
+                "## Images",
+                f"- image placeholder: `{json.dumps(im.placeholder)[1:-1][:120]}`",
+                f"- processor: {im.processor or 'none buildable here'}",
+                f"- placeholders expanded as the processor's full render: {im.placeholders.label}",
+                f"- suffix of a tool result with an image: {im.suffix.label}",
+            ] + [f"- {n}" for n in im.notes]
         if self.notes:
             lines += ["", "## Notes"] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
@@ -376,10 +390,18 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
     if frame is not None and not frame.calls_visible:
         notes.append("the assistant's tool calls are not rendered: history does not show what was called")
     report.verdicts = judge(report)
+    report.images = _images(tpl)
     if shipped and any(v.level in (UNSAFE, UNSUPPORTED) for v in report.verdicts.values()):
         _try_shipped(tpl, report)
     report.probe_ms = (time.perf_counter() - start) * 1000
     return report
+
+
+def _images(tpl: Any) -> Any:
+    """The images check of a template that renders image parts (None otherwise)."""
+    from .multimodal import check_images
+
+    return check_images(tpl)
 
 
 def judge(r: TemplateReport) -> dict[str, Verdict]:
