@@ -141,10 +141,7 @@ def _processor(tpl: Any, placeholder: str) -> tuple[Any, str] | str:
             return f"{processor_class} cannot be built here: {type(exc).__name__}: {exc}"
         return processor, f"{processor_class} ({image_class}, class defaults)"
     shown = placeholder if len(placeholder) <= 48 else placeholder[:48] + "..."
-    return (
-        f"no processor buildable here for the placeholder {shown!r} (tmpl builds Qwen2-VL/2.5-VL, Gemma 3 "
-        "and Gemma 4 processors around transformers' PIL image processors)"
-    )
+    return f"no processor buildable here for the placeholder {shown!r}"  # (the three kinds above: docs/vision.md)
 
 
 def _truth(processor: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any], gen: bool = True) -> dict[str, Any]:
