@@ -139,3 +139,120 @@ def build_tiny_vlm(folder: Path) -> TinyVLM:
     settings["processor_class"] = "Qwen2_5_VLProcessor"
     (folder / "processor_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
     return TinyVLM(folder, model, processor, chat_template)
+
+
+# -- vLLM on this machine -------------------------------------------------------------------------
+
+#: ``sitecustomize.py`` for vLLM processes (a server, its engine core, its model-inspection subprocess)
+#: that must load the tiny VLM without torchvision: applied only where torchvision is not importable.
+#: vLLM 0.32's ``model_executor/models/qwen2_vl.py`` (imported by ``qwen2_5_vl.py``) imports
+#: ``smart_resize`` from ``transformers.models.qwen2_vl.image_processing_qwen2_vl``, which imports
+#: torchvision at module level; and ``Qwen2_5_VLProcessor.from_pretrained`` loads a video processor
+#: (torchvision again). The hooks: (1) that module is a stand-in holding the PIL module's
+#: ``smart_resize`` and ``Qwen2VLImageProcessorPil`` (as ``Qwen2VLImageProcessor``); (2) once
+#: ``processing_qwen2_5_vl`` is imported, ``Qwen2_5_VLProcessor.from_pretrained`` builds tmpl's
+#: image-only processor from the folder (tokenizer, the saved image-processor settings, the saved
+#: template) with a stand-in video processor that declares no video kwargs (vLLM reads
+#: ``video_processor.valid_kwargs``). Everything else is vLLM's own code.
+SITECUSTOMIZE = """
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+
+_STAND_IN = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+_PROCESSING = "transformers.models.qwen2_5_vl.processing_qwen2_5_vl"
+
+
+def _image_only_from_folder(path):
+    import json
+    import os
+    import types
+
+    import transformers
+
+    from tmpl.vision import image_only_processor
+
+    with open(os.path.join(path, "processor_config.json"), encoding="utf-8") as fh:
+        settings = json.load(fh)["image_processor"]
+    settings = {k: v for k, v in settings.items() if k != "image_processor_type"}
+    with open(os.path.join(path, "chat_template.jinja"), encoding="utf-8") as fh:
+        template = fh.read()
+    processor = image_only_processor(
+        transformers.Qwen2_5_VLProcessor,
+        transformers.Qwen2VLImageProcessorPil(**settings),
+        transformers.AutoTokenizer.from_pretrained(path),
+        template,
+    )
+    processor.video_processor = types.SimpleNamespace(valid_kwargs=type("NoVideoKwargs", (), {"__annotations__": {}}))
+    return processor
+
+
+class _StandIn(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
+
+        module.smart_resize = pil.smart_resize
+        module.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
+
+
+class _Patched(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        module.Qwen2_5_VLProcessor.from_pretrained = classmethod(
+            lambda cls, path, *args, **kwargs: _image_only_from_folder(str(path))
+        )
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == _STAND_IN:
+            return importlib.machinery.ModuleSpec(name, _StandIn())
+        if name == _PROCESSING:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Patched(spec.loader)
+            return spec
+        return None
+
+
+if __name__ == "sitecustomize" and importlib.util.find_spec("torchvision") is None:
+    sys.meta_path.insert(0, _Finder())
+"""
+
+
+def shims(folder: Path) -> Any:
+    """:data:`SITECUSTOMIZE` as a module (``_image_only_from_folder``, ``_StandIn``...) loaded from
+    ``folder``, for applying the same shims inside this process (loading it installs nothing)."""
+    import importlib.util
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny_vlm_shims.py"
+    path.write_text(SITECUSTOMIZE, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("tiny_vlm_shims", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def vllm_env(folder: Path) -> dict[str, str]:
+    """Environment additions for a vLLM process that loads the tiny VLM here: ``PYTHONPATH`` with a
+    ``sitecustomize.py`` (:data:`SITECUSTOMIZE`) written into ``folder``, and the repository (tmpl)."""
+    import os
+
+    from .conftest import REPO
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+    rest = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(folder), str(REPO), *([rest] if rest else [])])}

@@ -17,6 +17,9 @@ the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with three shims, u
    a stand-in video processor that only declares no video kwargs (vLLM reads
    ``video_processor.valid_kwargs``; videos are off: ``limit_mm_per_prompt={"video": 0}``).
 
+Shims 1 and 3 are the code of tests/fixture_vlm.py's ``SITECUSTOMIZE``, which a server's processes
+load at startup instead (tests/test_vision_backends_server.py).
+
 Everything else is vLLM's own: its multimodal input processing (the HF processor on the PIL images,
 its placeholder expansion, which must give back the request's IDs), its Qwen2.5-VL vision tower and
 language model, its scheduler and sampler. Ground truth: transformers' ``model.generate`` on the
@@ -26,7 +29,6 @@ processor's own full render of the conversation, in float32 like the engine.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import types
@@ -37,7 +39,7 @@ import pytest
 
 from tmpl.backends import VLLM, GenerationRequest, Sampling
 
-from .fixture_vlm import TEMPLATE_KWARGS, TinyVLM, build_tiny_vlm, missing
+from .fixture_vlm import TEMPLATE_KWARGS, TinyVLM, build_tiny_vlm, missing, shims
 from .test_vision_backends import (
     MAX_TOKENS,
     TOOLS,
@@ -68,22 +70,6 @@ def torchvision_loads() -> bool:
     return True
 
 
-def image_only_from_folder(path: str) -> Any:
-    """tmpl's image-only Qwen2.5-VL processor from a saved folder, with a stand-in video processor."""
-    from tmpl.vision import image_only_processor
-
-    settings = json.loads(open(os.path.join(path, "processor_config.json"), encoding="utf-8").read())
-    image_settings = {k: v for k, v in settings["image_processor"].items() if k != "image_processor_type"}
-    processor = image_only_processor(
-        transformers.Qwen2_5_VLProcessor,
-        transformers.Qwen2VLImageProcessorPil(**image_settings),
-        transformers.AutoTokenizer.from_pretrained(path),
-        open(os.path.join(path, "chat_template.jinja"), encoding="utf-8").read(),
-    )
-    processor.video_processor = types.SimpleNamespace(valid_kwargs=type("NoVideoKwargs", (), {"__annotations__": {}}))
-    return processor
-
-
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory: pytest.TempPathFactory) -> TinyVLM:
     return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm-vllm"))
@@ -95,16 +81,14 @@ def vt(vlm: TinyVLM) -> VisionTemplate:
 
 
 @pytest.fixture(scope="module")
-def llm(vlm: TinyVLM):
+def llm(vlm: TinyVLM, tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not torchvision_loads():  # shims 1-3 (see the module docstring)
-            from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
-
+        if not torchvision_loads():  # shims 1-3 (see the module docstring), fixture_vlm.SITECUSTOMIZE's code
+            code = shims(tmp_path_factory.mktemp("shims"))
             stand_in = types.ModuleType(SHIMMED)
-            stand_in.smart_resize = pil.smart_resize  # type: ignore[attr-defined]
-            stand_in.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
+            code._StandIn().exec_module(stand_in)
             patch.setitem(sys.modules, SHIMMED, stand_in)
             import vllm.model_executor.models.registry as registry
 
@@ -112,7 +96,7 @@ def llm(vlm: TinyVLM):
             patch.setattr(
                 transformers.Qwen2_5_VLProcessor,
                 "from_pretrained",
-                classmethod(lambda cls, path, *a, **k: image_only_from_folder(str(path))),
+                classmethod(lambda cls, path, *a, **k: code._image_only_from_folder(str(path))),
             )
         from vllm import LLM
 

@@ -30,6 +30,13 @@ once), and a cancelled rollout whose requests the server logs as aborted. A stoc
 ``--enable-scale-out``: such requests fail with an error that says so (no silent fallback);
 ``api="completions"`` works on a stock server.
 
+Images: a request with ``images`` and ``image_sources`` goes to ``/inference/v1/generate`` (vLLM
+0.32's only route that takes token IDs with images) as ``token_ids`` with one ``<|image_pad|>``
+per image (vLLM expands it, see :mod:`tmpl.backends.vllm`), ``content_parts`` of
+``{"type": "image_url", "url": "data:image/png;base64,..."}`` (lossless) and
+``return_token_ids: true``; the server's expanded ``prompt_token_ids`` must equal the request's
+IDs. ``api="completions"`` refuses images (``/v1/completions`` takes no images with a token prompt).
+
 Weight updates (:meth:`VLLMServer.update_weights`, called by ``Rollout.update_weights``) use vLLM's
 RL endpoints (a server started with ``VLLM_SERVER_DEV_MODE=1``): pause (keep, abort, wait), reload
 from a folder (``/collective_rpc`` ``reload_weights``), ``/reset_prefix_cache``,
@@ -50,7 +57,7 @@ from typing import Any, Literal
 from ..errors import BackendError, HTTPConnectionError, WeightUpdateError
 from .base import Backend, GenerationRequest, GenerationResult, UpdateMode, WeightSource, versions_from_spans
 from .http import HTTPClient
-from .vllm import sampling_kwargs
+from .vllm import engine_prompt_ids, expansion_problem, image_problem, sampling_kwargs
 
 
 @dataclass
@@ -195,6 +202,12 @@ class VLLMServer(Backend):
                 "sampling_params": params,
                 "stream": False,
             }
+            if req.images is not None and req.images.count:  # vLLM expands one placeholder per image itself
+                payload["token_ids"] = engine_prompt_ids(req)
+                payload["content_parts"] = [
+                    {"type": "image_url", "url": image_data_url(img)} for img in req.image_sources or ()
+                ]
+                payload["return_token_ids"] = True  # the expanded prompt comes back: checked in _parse
             path = "/inference/v1/generate"
         else:
             params.pop("detokenize")
@@ -209,6 +222,12 @@ class VLLMServer(Backend):
         """Generate on the least loaded server; retry elsewhere, under a new id, when it fails."""
         avoid: set[str] = set()
         last_error = ""
+        if request.images is not None and request.images.count:
+            problem = image_problem(request)
+            if problem is None and self.api != "generate":
+                problem = "images need api='generate' (/inference/v1/generate takes token IDs with images)"
+            if problem is not None:
+                return GenerationResult.failed(request.request_id, f"{type(self).__name__}: {problem}")
         for attempt in range(self.retries + 1):
             try:
                 server = self._pick(avoid, request.sample)
@@ -287,6 +306,12 @@ class VLLMServer(Backend):
                 logprobs = [float(x) for x in lp.get("token_logprobs") or []]
             if logprobs is not None and len(logprobs) != len(ids):
                 logprobs = None
+            if req.images is not None and req.images.count:
+                problem = expansion_problem(req, body.get("prompt_token_ids"))
+                if problem is None and body.get("prompt_token_ids") is None:
+                    problem = "the response has no prompt_token_ids (the expanded prompt) to check the images against"
+                if problem is not None:
+                    return GenerationResult.failed(req.request_id, f"{url}: {problem}")
             reason = choice.get("finish_reason") or "stop"
             versions = versions_from_spans(choice.get("weight_versions"), len(ids), req.version)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -507,6 +532,24 @@ def entry_token_id(entry: dict[str, Any]) -> int:
     if token.startswith("token_id:"):
         return int(token[len("token_id:") :])
     raise ValueError(f"a logprobs entry without a token id: {str(entry)[:80]}")
+
+
+def image_data_url(source: Any) -> str:
+    """A lossless ``data:image/png;base64,...`` URL of an image (a PIL image or any source
+    :func:`tmpl.vision.load_image` reads), for vLLM's ``content_parts``.
+
+    >>> from PIL import Image
+    >>> image_data_url(Image.new("RGB", (2, 2)))[:30]
+    'data:image/png;base64,iVBORw0K'
+    """
+    import base64
+    import io
+
+    from ..vision import load_image
+
+    buf = io.BytesIO()
+    load_image(source, part="image_sources").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def scale_out_hint(url: str, body: Any) -> str:
