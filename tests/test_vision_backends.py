@@ -219,3 +219,15 @@ def test_torch_batch_mixes_image_and_text_requests(vlm: TinyVLM, vt: VisionTempl
     assert results[0].token_ids == direct_generate(vlm, full_render(vlm, a_hist), stops, greedy)
     assert results[2].token_ids == direct_generate(vlm, b_truth, stops, greedy)
     assert results[3].token_ids == direct_generate(vlm, full_render(vlm, c_hist), stops, greedy)
+
+
+def test_sglang_refuses_images(vt: VisionTemplate) -> None:
+    """Not wired for images: the request fails before any HTTP call (never the IDs without their pixels)."""
+    import asyncio
+
+    from tmpl.backends.sglang import SGLang
+
+    a = vt.prompt(user_turn(image(100, 80)), tools=TOOLS)
+    backend = SGLang("http://127.0.0.1:9")
+    result = asyncio.run(backend.agenerate(request("a", a.ids, a.images, [], Sampling(temperature=0))))
+    assert result.finish_reason == "error" and "images are not supported" in (result.error or "")

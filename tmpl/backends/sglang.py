@@ -106,7 +106,13 @@ class SGLang(Backend):
         self.aborted: list[str] = []
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
-        """One generation; retried on a lost connection or a 5xx answer."""
+        """One generation; retried on a lost connection or a 5xx answer. Requests with images fail
+        (not wired for SGLang: sending the IDs alone would generate from placeholders without pixels)."""
+        if request.images is not None and request.images.count:
+            return GenerationResult.failed(
+                request.request_id,
+                "SGLang: requests with images are not supported (use Torch, VLLM or VLLMServer)",
+            )
         last = ""
         for attempt in range(self.retries + 1):
             rid = request.request_id if attempt == 0 else f"{request.request_id}~a{attempt}"
