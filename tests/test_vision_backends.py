@@ -231,3 +231,27 @@ def test_sglang_refuses_images(vt: VisionTemplate) -> None:
     backend = SGLang("http://127.0.0.1:9")
     result = asyncio.run(backend.agenerate(request("a", a.ids, a.images, [], Sampling(temperature=0))))
     assert result.finish_reason == "error" and "images are not supported" in (result.error or "")
+
+
+def test_trl_rollout_func_refuses_prompts_with_images() -> None:
+    """TRL 1.16's rollout_func path has no channel for images (docs/vision.md, "Backends"): a prompt
+    with an image part is refused before any rollout, naming the prompt and message."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("trl")
+    from tmpl.errors import TrainerConfigError
+    from tmpl.integrations.trl import make_rollout_func
+
+    trainer = SimpleNamespace(
+        tools=None,
+        environment_factories=None,
+        repetition_penalty=1.0,
+        min_p=None,
+        args=SimpleNamespace(generation_kwargs=None),
+    )
+    prompts = [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "You read screenshots."}] + user_turn(image(28, 28))[1:],
+    ]
+    with pytest.raises(TrainerConfigError, match="prompt 1, message 1 holds an image"):
+        make_rollout_func()(prompts, trainer)

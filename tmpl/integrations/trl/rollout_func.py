@@ -37,6 +37,7 @@ from ...errors import TmplError, TrainerConfigError
 from ...rollout.loop import Rollout, RolloutResult
 from ...rollout.metrics import RolloutMetrics
 from ...tools.toolbox import as_toolbox
+from ...vision.parts import is_image_part
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
 
@@ -311,8 +312,24 @@ def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, 
                 f"prompt {i} is {type(prompt).__name__}, not a conversation: tmpl's rollout renders prompts with the "
                 "chat template, so the dataset's 'prompt' column must hold lists of messages",
             )
+        for j, message in enumerate(prompt):
+            content = message.get("content")
+            if isinstance(content, Sequence) and not isinstance(content, str) and any(map(is_image_part, content)):
+                raise TrainerConfigError(
+                    trainer_name(trainer),
+                    "train_dataset",
+                    f"prompt {i}, message {j} holds an image: TRL's rollout_func cannot carry images. TRL "
+                    f"{_TRL_IMAGES_CHECKED} rebuilds the loss pass's image inputs from the dataset's images and "
+                    "its own render of the prompts without tools, not from what rollout_func returns (its "
+                    "mm_token_type_ids/token_type_ids would not line up with tmpl's prompt_ids, rendered with the "
+                    "tools), and takes tool-result images only from its own tool loop",
+                )
         out.append([dict(m) for m in prompt])
     return out
+
+
+#: the TRL version whose GRPOTrainer._generate / _generate_and_score_completions were read for images
+_TRL_IMAGES_CHECKED = "1.16"
 
 
 # -- running and converting ------------------------------------------------------------------------
