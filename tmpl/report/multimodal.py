@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ImagePlaceholderError, TmplError
-from .report import SAFE, UNPROVEN, UNSAFE, UNSUPPORTED, Verdict
+from .verdict import SAFE, UNPROVEN, UNSAFE, UNSUPPORTED, Verdict
 
 #: image sizes (width, height) of the prompt check and of the tool-result check
 PROMPT_SIZES = ((64, 48), (333, 517))

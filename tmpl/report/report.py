@@ -31,31 +31,16 @@ from ..suffix.probe import count_anchors
 from ..toolcalls.api import parser_for
 from .search import USES, SearchResult, counterexample_text, search, space_for
 from .stability import PROBE_TOOLSET, Check, conversations, date_injected, frozen_date
+from .verdict import SAFE as SAFE
+from .verdict import SAFE_WITH as SAFE_WITH
+from .verdict import UNPROVEN as UNPROVEN
+from .verdict import UNSAFE as UNSAFE
+from .verdict import UNSUPPORTED as UNSUPPORTED
+from .verdict import Verdict as Verdict
 
 #: conversations generated per report (at least one per shape of the template's space), and their seed
 CASES = 32
 SEED = 0
-
-SAFE, SAFE_WITH, UNSAFE, UNSUPPORTED = "SAFE", "SAFE WITH tmpl TEMPLATE", "UNSAFE", "UNSUPPORTED"
-#: a check could not run (a render raised on a shape the template otherwise accepts, a budget ran out...)
-UNPROVEN = "UNPROVEN"
-
-
-@dataclass
-class Verdict:
-    """One use's verdict. ``label`` reads like ``UNSAFE (thinking stripped from earlier turns)``."""
-
-    level: str
-    reason: str = ""
-    template: str | None = None
-    #: SAFE: the checked steps of this use across the search's conversations
-    cases: int = 0
-
-    @property
-    def label(self) -> str:
-        if self.level == SAFE_WITH:
-            return f"{SAFE_WITH} {self.template}"
-        return f"{self.level} ({self.reason})" if self.reason and self.level != SAFE else self.level
 
 
 @dataclass
