@@ -101,18 +101,20 @@ def image_placeholder(tpl: Any) -> str | None:
 
 
 def _image(w: int, h: int, seed: int) -> Any:
-    from PIL import Image
+    from ..vision.parts import pil_image_module
 
     rng = np.random.default_rng(seed + 7919 * w + h)
     arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
     arr[: h // 2, : w // 3] = (250, 20, 20)
-    return Image.fromarray(arr, "RGB")
+    return pil_image_module().fromarray(arr, "RGB")
 
 
 def _processor(tpl: Any, placeholder: str) -> tuple[Any, str] | str:
     """A processor for ``tpl`` (and its description), or why none can be built here."""
+    from ..vision.parts import pil_image_module
+
     try:
-        import PIL  # noqa: F401
+        pil_image_module()
         import transformers
     except ImportError as exc:
         return f"the images check needs transformers and Pillow ({exc})"
