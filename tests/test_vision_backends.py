@@ -255,3 +255,33 @@ def test_trl_rollout_func_refuses_prompts_with_images() -> None:
     ]
     with pytest.raises(TrainerConfigError, match="prompt 1, message 1 holds an image"):
         make_rollout_func()(prompts, trainer)
+
+
+def test_verl_backend_passes_image_data(vt: VisionTemplate) -> None:
+    """verl's server manager gets the expanded IDs and ``image_data`` (the PIL images), as verl's own
+    agent loops send them; a request whose images are missing fails before any call."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tmpl.integrations.verl.backend import VerlServerBackend
+
+    calls: list[dict] = []
+
+    class Manager:
+        async def generate(self, request_id, **kwargs):
+            calls.append(kwargs)
+            return SimpleNamespace(token_ids=[7, 151645], log_probs=[-0.5, -0.1], stop_reason="completed")
+
+    img = image(100, 80)
+    a = vt.prompt(user_turn(img), tools=TOOLS)
+    backend = VerlServerBackend(Manager(), {"temperature": 1.0})
+    stops = frozenset(vt.stop_token_ids)
+    req = GenerationRequest("a", a.ids, 8, stops, images=a.images, image_sources=[img])
+    result = asyncio.run(backend.agenerate(req))
+    assert result.token_ids == [7, 151645] and result.finish_reason == "stop"
+    assert calls[0]["prompt_ids"] == a.ids and calls[0]["image_data"] == [img]
+    missing_sources = GenerationRequest("b", a.ids, 8, stops, images=a.images)
+    failed = asyncio.run(backend.agenerate(missing_sources))
+    assert failed.finish_reason == "error" and "image_sources" in (failed.error or "") and len(calls) == 1
+    text = asyncio.run(backend.agenerate(GenerationRequest("c", [1, 2], 8, stops)))
+    assert text.finish_reason == "stop" and "image_data" not in calls[1]

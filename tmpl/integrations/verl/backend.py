@@ -3,7 +3,10 @@
 verl's agent loops generate through ``server_manager.generate(request_id, *, prompt_ids,
 sampling_params) -> TokenOutput`` (``token_ids``, ``log_probs``, ``stop_reason``). This backend
 sends each of tmpl's requests there under one sticky id per sample (the same server, so its prefix
-cache is reused), with the request's per-turn budget and the template's stop tokens.
+cache is reused), with the request's per-turn budget and the template's stop tokens. A request
+with images also sends ``image_data`` (``GenerationRequest.image_sources``, the PIL images in
+placeholder order) with the expanded IDs, as verl's own agent loops do (verl 0.9's vLLM server
+collapses Qwen2.5-VL's expanded ``<|image_pad|>`` runs itself and passes ``multi_modal_data``).
 
 >>> backend = VerlServerBackend(agent_loop.server_manager, {"temperature": 1.0})  # doctest: +SKIP
 """
@@ -47,11 +50,22 @@ class VerlServerBackend(Backend):
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         """One turn on verl's server; the result is cut at the request's budget."""
+        extra: dict[str, Any] = {}
+        if request.images is not None and request.images.count:
+            sources = list(request.image_sources or ())
+            if len(sources) != request.images.count:
+                return GenerationResult.failed(
+                    request.request_id,
+                    f"verl server manager: {request.images.count} image(s) in the prompt but {len(sources)} in "
+                    "image_sources (verl's server runs the processor on the images themselves)",
+                )
+            extra["image_data"] = sources
         try:
             out = await self.server_manager.generate(
                 self.sticky_id,
                 prompt_ids=list(request.prompt_ids),
                 sampling_params=verl_sampling_params(self.params, request),
+                **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a server error fails this generation, not the batch
             return GenerationResult.failed(request.request_id, f"verl server manager: {type(exc).__name__}: {exc}")
