@@ -125,6 +125,16 @@ def test_date_is_render_time_value():
     assert d.cause is DriftCause.RENDER_TIME_VALUE and "2024" in d.ours
 
 
+@pytest.mark.parametrize("other", ["26 Nov 2026", "3 Mar 2025", "26 Jul 2025"])
+def test_a_date_is_a_render_time_value_whatever_it_shares_with_the_other(other):
+    """Two renders of dates that share their day (or day and month) differ only after it: still a date."""
+    tpl = _tpl("llama-3.2-instruct")
+    d = explain_drift(
+        tpl, _render(tpl, USER, True, date_string="26 Jul 2024"), _render(tpl, USER, True, date_string=other)
+    )
+    assert d is not None and d.cause is DriftCause.RENDER_TIME_VALUE, d
+
+
 def test_other_text_is_other():
     tpl = _tpl("qwen2.5-instruct")
     said = USER + [{"role": "assistant", "content": "Sunny."}]

@@ -132,10 +132,19 @@ def explain_drift(tpl: Any, ours: list[int], rendered: list[int]) -> DriftDetail
     )
     if objects is not None:  # show the whole object on both sides: a reordered key alone says little
         return DriftDetail(DriftCause.JSON_RESERIALIZED, p, *objects)
-    return DriftDetail(_cause(tpl, span_a, span_b, ours_text, rendered_text), p, ours_text, rendered_text)
+    cause = _cause(tpl, span_a, span_b, ours_text, rendered_text, before)
+    return DriftDetail(cause, p, ours_text, rendered_text)
 
 
-def _cause(tpl: Any, span_a: list[int], span_b: list[int], a: str, b: str) -> DriftCause:
+def _in_date(before: str, text: str) -> bool:
+    """Whether ``text`` (a differing span) is part of a date: a date match that overlaps it, read with
+    the text before it (two dates of the same day differ only after the day: ``26 Jul 2024`` vs
+    ``26 Nov 2026``)."""
+    tail = before[-12:]
+    return any(m.end() > len(tail) and m.start() < len(tail) + len(text) for m in _DATE.finditer(tail + text))
+
+
+def _cause(tpl: Any, span_a: list[int], span_b: list[int], a: str, b: str, before: str = "") -> DriftCause:
     stops = tpl.stop_token_ids
     if {t for t in span_a if t in stops} != {t for t in span_b if t in stops}:
         return DriftCause.TURN_CLOSE
@@ -143,7 +152,7 @@ def _cause(tpl: Any, span_a: list[int], span_b: list[int], a: str, b: str) -> Dr
         return DriftCause.REASONING_STRIPPED
     if a == b:
         return DriftCause.BPE_MERGE
-    if _DATE.search(a) or _DATE.search(b):
+    if _in_date(before, a) or _in_date(before, b):
         return DriftCause.RENDER_TIME_VALUE
     if "".join(a.split()) == "".join(b.split()):
         return DriftCause.WHITESPACE
