@@ -50,10 +50,10 @@ class TinyVLM:
     chat_template: str
 
 
-def missing() -> str | None:
+def missing(tokenizer: str = TOKENIZER) -> str | None:
     """Why the fixture cannot be built here (a skip reason), or None."""
-    if not (DATA / TOKENIZER / "tokenizer.json").is_file():
-        return f"tokenizer {TOKENIZER!r} not in TMPL_TEST_DATA={DATA}"
+    if not (DATA / tokenizer / "tokenizer.json").is_file():
+        return f"tokenizer {tokenizer!r} not in TMPL_TEST_DATA={DATA}"
     if not (DATA / TEMPLATE).is_file():
         return f"template {TEMPLATE!r} not in TMPL_TEST_DATA={DATA}"
     return None
@@ -105,19 +105,23 @@ def config(tokenizer: Any) -> Any:
     )
 
 
-def build_tiny_vlm(folder: Path) -> TinyVLM:
-    """Build the tiny VLM and save it (model, tokenizer, processor) into ``folder``."""
+def build_tiny_vlm(folder: Path, tokenizer_folder: str = TOKENIZER) -> TinyVLM:
+    """Build the tiny VLM and save it (model, tokenizer, processor) into ``folder``.
+
+    ``tokenizer_folder``: Qwen2.5's by default; ``"qwen3"`` (the same vision tokens) for tool rollouts,
+    whose calls tmpl's ``qwen3_xml`` parser reads with this template (not with Qwen2.5's tokenizer).
+    """
     import torch
     import transformers
 
     from tmpl.vision import image_only_processor
 
-    reason = missing()
+    reason = missing(tokenizer_folder)
     if reason is not None:
         raise FileNotFoundError(reason)
     folder.mkdir(parents=True, exist_ok=True)
     chat_template = (DATA / TEMPLATE).read_text(encoding="utf-8")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(DATA / TOKENIZER))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(DATA / tokenizer_folder))
     tokenizer.chat_template = chat_template
     torch.manual_seed(SEED)
     cfg = config(tokenizer)
