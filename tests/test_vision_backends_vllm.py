@@ -28,10 +28,12 @@ processor's own full render of the conversation, in float32 like the engine.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -80,13 +82,16 @@ def vt(vlm: TinyVLM) -> VisionTemplate:
     return VisionTemplate(vlm.processor, name="tiny-qwen2.5-vl/Qwen3.5-4B", **TEMPLATE_KWARGS)
 
 
-@pytest.fixture(scope="module")
-def llm(vlm: TinyVLM, tmp_path_factory: pytest.TempPathFactory):
+@contextlib.contextmanager
+def open_engine(vlm: TinyVLM, shims_dir: Any) -> Iterator[Any]:
+    """vLLM's offline engine on the tiny VLM's folder, in this process, with shims 1-3 where torchvision
+    does not load (see the module docstring; fixture_vlm.SITECUSTOMIZE's code); shut down and the shims
+    undone on exit."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not torchvision_loads():  # shims 1-3 (see the module docstring), fixture_vlm.SITECUSTOMIZE's code
-            code = shims(tmp_path_factory.mktemp("shims"))
+        if not torchvision_loads():
+            code = shims(shims_dir)
             stand_in = types.ModuleType(SHIMMED)
             code._StandIn().exec_module(stand_in)
             patch.setitem(sys.modules, SHIMMED, stand_in)
@@ -108,12 +113,20 @@ def llm(vlm: TinyVLM, tmp_path_factory: pytest.TempPathFactory):
             dtype="float32",
             limit_mm_per_prompt={"image": 4, "video": 0},
         )
+        try:
+            yield engine
+        finally:
+            core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+            if hasattr(core, "shutdown"):
+                core.shutdown()
+            del engine
+            gc.collect()
+
+
+@pytest.fixture(scope="module")
+def llm(vlm: TinyVLM, tmp_path_factory: pytest.TempPathFactory):
+    with open_engine(vlm, tmp_path_factory.mktemp("shims")) as engine:
         yield engine
-        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-        if hasattr(core, "shutdown"):
-            core.shutdown()
-        del engine
-        gc.collect()
 
 
 def sources(messages: list[dict]) -> list[Any]:

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import TmplError
 from ..trajectory.images import ImageInputs, ImageTrajectory
 from ..vision import VisionTemplate
+from ..vision.parts import split_images
 from .drift import DriftDetail, explain_drift
 
 if TYPE_CHECKING:
@@ -91,6 +92,30 @@ def add_suffix(run: SampleRun, suffix: Sequence[int], message: int) -> int:
     appended = int(traj.add_suffix(suffix, message=message, images=getattr(suffix, "images", None)))
     run.images = traj.images
     return appended
+
+
+def sources(run: SampleRun) -> list[Any] | None:
+    """The images of the sample's sequence themselves (PIL images, in placeholder order), for engines
+    that run the model's processor on them (vLLM, verl's server): ``GenerationRequest.image_sources``.
+
+    Read from the sample's messages (its conversation's images, then its tool results'), cut to the
+    images its sequence carries (a budget cut may have stopped before the last); read again only when
+    that count grows.
+    """
+    images = run.images
+    if images is None or not images.count:
+        return None
+    cached = run.image_sources
+    if cached is None or len(cached) != images.count:
+        cached = run.image_sources = split_images(run.history, where=f"sample {run.index}/{run.sample}")[1][
+            : images.count
+        ]
+    if len(cached) != images.count:
+        raise TmplError(
+            f"sample {run.index}/{run.sample}: its sequence carries {images.count} image(s) but its messages "
+            f"hold {len(cached)}"
+        )
+    return cached
 
 
 # -- tool results -------------------------------------------------------------------------------

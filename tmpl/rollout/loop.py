@@ -356,6 +356,7 @@ class Rollout(WeightUpdates):
                     version=submitted,
                     sample=f"{run.index}/{run.sample}",
                     images=run.images,
+                    image_sources=None if run.images is None else _images.sources(run),
                 )
             )
             own = token_versions(result, submitted, self.version)

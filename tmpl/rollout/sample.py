@@ -48,6 +48,7 @@ class SampleRun:
     resumed: int = 0  # generations continued after an abort-mode weight update
     dropped: bool = False  # cancelled by the staleness policy (stale="drop")
     images: Any = None  # the ImageInputs of ``sequence`` (vision rollouts: rollout/images.py), else None
+    image_sources: list[Any] | None = None  # those images themselves (PIL), read by images.sources
 
     def __post_init__(self) -> None:
         self.clock = PhaseClock(self.times)
