@@ -12,13 +12,21 @@ policy versions: ``tmpl_versions`` (one per response token, -1 on appended token
 ``max_global_steps`` are not set: verl fills them from its server's ``global_steps``, which
 ``VerlServerBackend`` does not read (tmpl's versions are those of ``Rollout.update_weights``).
 
+Vision-language models: when verl gives the loop a processor with an image processor, the loop
+renders through a :class:`tmpl.vision.VisionTemplate` of that processor. The prompt's images are
+those verl's own loops use (``process_multi_modal_info``: the dataset class's extraction, e.g.
+``qwen_vl_utils``' resizing), put back into the prompt's image parts in order; tools may return
+images. The server manager gets the expanded IDs with ``image_data`` (every image of the sequence so
+far, in placeholder order), and ``AgentLoopOutput.multi_modal_data`` is ``{"images": [...]}``, the
+images of the whole sequence in placeholder order, from which verl recomputes the model inputs.
+
 >>> from tmpl.integrations.verl import register_tool_agent          # doctest: +SKIP
 >>> register_tool_agent(tools=[get_weather, get_time], max_turns=8)  # then agent_name: tmpl_tool_agent  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (
@@ -30,12 +38,60 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from ...chat_template import ChatTemplate
+from ...errors import ImageInputError, TrainerConfigError
 from ...rollout import Rollout
+from ...vision import VisionTemplate
+from ...vision.parts import is_image_part, split_images
 from .backend import VerlServerBackend
 
-__all__ = ["TmplToolAgentLoop", "register_tool_agent"]
+__all__ = ["TmplToolAgentLoop", "register_tool_agent", "with_images"]
 
-_TEMPLATES: dict[tuple[int, str], ChatTemplate] = {}
+_TEMPLATES: dict[tuple[int, str], ChatTemplate | VisionTemplate] = {}
+
+
+def with_images(messages: Sequence[Mapping[str, Any]], images: Sequence[Any]) -> list[dict[str, Any]]:
+    """``messages`` with their image parts' sources replaced, in order, by ``images``.
+
+    verl's agent loops render and send the images their dataset class extracted
+    (``process_multi_modal_info``, which may resize them); the loop renders those same images.
+    Raises :class:`tmpl.errors.ImageInputError` when the counts differ.
+
+    >>> from PIL import Image
+    >>> img = Image.new("RGB", (28, 28))
+    >>> msgs = [{"role": "user", "content": [{"type": "image", "path": "a.png"}, {"type": "text", "text": "?"}]}]
+    >>> with_images(msgs, [img])[0]["content"][0]["image"] is img
+    True
+    """
+    out: list[dict[str, Any]] = []
+    k = 0
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, (str, bytes)) or not isinstance(content, Sequence):
+            out.append(dict(message))
+            continue
+        parts: list[Any] = []
+        for j, part in enumerate(content):
+            if not is_image_part(part):
+                parts.append(part)
+                continue
+            if k >= len(images):
+                raise ImageInputError(
+                    i,
+                    f"raw_prompt[{i}].content[{j}]",
+                    f"verl's multi_modal_data holds {len(images)} image(s) only",
+                    where="raw_prompt",
+                )
+            parts.append({"type": "image", "image": images[k]})
+            k += 1
+        out.append({**message, "content": parts})
+    if k != len(images):
+        raise ImageInputError(
+            0,
+            "raw_prompt",
+            f"{k} image part(s) but verl's multi_modal_data holds {len(images)} image(s)",
+            where="raw_prompt",
+        )
+    return out
 
 
 @register("tmpl_tool_agent")
@@ -53,15 +109,25 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
         kwargs.pop("tools", None)  # verl's own tool objects: tmpl runs its Toolbox instead
         super().__init__(*args, **kwargs)
         opts = dict(self.apply_chat_template_kwargs or {})
-        key = (id(self.tokenizer), repr(sorted(opts.items())))
-        if key not in _TEMPLATES:  # one template (and its proven frames) per tokenizer, settings and process
-            _TEMPLATES[key] = ChatTemplate(self.tokenizer, opts.pop("chat_template", None), **opts)
+        #: a VLM: verl's processor has an image processor; the loop renders through it
+        self.vision = getattr(self.processor, "image_processor", None) is not None
+        owner = self.processor if self.vision else self.tokenizer
+        key = (id(owner), repr(sorted(opts.items())))
+        if key not in _TEMPLATES:  # one template (and its proven frames) per tokenizer/processor, settings and process
+            source = opts.pop("chat_template", None)
+            if self.vision:
+                _TEMPLATES[key] = VisionTemplate(self.processor, source, **opts)
+            else:
+                _TEMPLATES[key] = ChatTemplate(self.tokenizer, source, **opts)
         self.template = _TEMPLATES[key]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Roll out ``kwargs["raw_prompt"]`` (a message list) with tools; one ``AgentLoopOutput``."""
         config = self.rollout_config
         options = {"max_turns": 8, **self.rollout_options}
+        messages = list(kwargs["raw_prompt"])
+        if self.vision:
+            messages = await self._prompt_images(messages)
         rollout = Rollout(
             self.template,
             VerlServerBackend(self.server_manager, sampling_params),
@@ -71,7 +137,12 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
             progress=False,
             **options,
         )
-        [result] = await rollout.run_async([list(kwargs["raw_prompt"])])
+        [result] = await rollout.run_async([messages])
+        multi_modal: dict[str, Any] = {}
+        if self.vision and result.images is not None and result.images.count:
+            # the images of the whole sequence, in placeholder order (prompt's, then tool results')
+            images = split_images(result.messages, where=f"sample {result.index}")[1][: result.images.count]
+            multi_modal["images"] = images
         return AgentLoopOutput(
             prompt_ids=result.prompt_ids.tolist(),
             response_ids=result.completion_ids.tolist(),
@@ -79,6 +150,9 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
             response_logprobs=result.logprobs.tolist(),
             num_turns=len(result.messages),
             metrics=AgentLoopMetrics(),
+            # as verl's own loops return it ({} without images); verl recomputes the model inputs from it
+            multi_modal_data=multi_modal if self.vision else None,
+            mm_processor_kwargs={} if self.vision else None,
             extra_fields={
                 "tmpl_status": result.status.name,
                 "tmpl_reason": result.reason,
@@ -92,6 +166,24 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 "tmpl_staleness": result.staleness,
             },
         )
+
+    async def _prompt_images(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The prompt with the images verl's own loops would use for it (its dataset class's extraction)."""
+        if self.mm_processor_kwargs:
+            raise TrainerConfigError(
+                "verl",
+                "data.mm_processor_kwargs",
+                "tmpl renders images with the processor's own settings; set them on the processor instead "
+                f"(given: {sorted(self.mm_processor_kwargs)})",
+            )
+        if not any(is_image_part(p) for m in messages if isinstance(m.get("content"), list) for p in m["content"]):
+            return messages
+        data = await self.process_multi_modal_info(messages)
+        if data.get("videos") or data.get("audios"):
+            raise ImageInputError(
+                0, "raw_prompt", "videos and audio are not supported (images only)", where="raw_prompt"
+            )
+        return with_images(messages, list(data.get("images") or []))
 
 
 def register_tool_agent(

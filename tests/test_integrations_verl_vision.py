@@ -1,0 +1,329 @@
+"""``tmpl_tool_agent`` with a vision-language model, run by verl 0.9.1's own ``AgentLoopWorker`` (issue 24, item 3).
+
+The processor is tests/fixture_vlm.py's image-only ``Qwen2_5_VLProcessor`` (``Qwen2VLImageProcessorPil``,
+the qwen3 tokenizer, llama.cpp's Qwen3.5-4B template, thinking off), with the model's ``get_rope_index``
+bound to it as verl's ``hf_processor`` binds it. The worker is made without Ray as in
+tests/test_integrations_verl_agent_loop.py; everything after the agent loop is verl's code: its
+``process_multi_modal_info`` hook, ``_agent_loop_postprocess`` (which recomputes the model inputs
+from ``AgentLoopOutput.multi_modal_data`` with the processor, and the M-RoPE position IDs with
+``get_rope_index``) and ``_postprocess``.
+
+The server manager is a stand-in that answers with scripted turns (the first: the tool-call turn as
+the template renders it; the second: a short answer) and records what it was sent. Ground truth is
+``processor.apply_chat_template(..., tokenize=True, return_dict=True)`` of the conversation so far,
+with the images given as PIL images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "verl.experimental.agent_loop",
+    reason="verl is not installed here; tests/run_envs.sh runs this in build/venv-verl (made by .ci/run)",
+)
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+PIL = pytest.importorskip("PIL.Image")
+
+from .conftest import DATA  # noqa: E402
+from .fixture_vlm import TEMPLATE, TEMPLATE_KWARGS, config, missing  # noqa: E402
+
+if missing("qwen3"):
+    pytest.skip(missing("qwen3"), allow_module_level=True)
+
+PROMPT_LENGTH, RESPONSE_LENGTH = 512, 384
+
+
+def image(w: int, h: int, seed: int = 0) -> Any:
+    rng = np.random.default_rng(seed + 7919 * w + h)
+    arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    arr[: h // 2, : w // 3] = (250, 20, 20)
+    return PIL.fromarray(arr, "RGB")
+
+
+SHOTS = {"a.io": image(200, 120, 3), "b.io": image(90, 300, 4)}
+
+
+def screenshot(url: str) -> Any:
+    """Take a screenshot of a page.
+
+    Args:
+        url: The page.
+    """
+    return SHOTS[url]
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    """The image-only Qwen2.5-VL processor, with ``config`` and ``get_rope_index`` bound as verl's
+    ``verl.utils.tokenizer.hf_processor`` binds them (``get_vision_position_ids`` too) (its ``AutoProcessor.from_pretrained`` needs a
+    video processor: torchvision, which does not load here)."""
+    from transformers.models.qwen2_5_vl import Qwen2_5_VLModel
+
+    from tmpl.vision import image_only_processor
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(DATA / "qwen3"))
+    proc = image_only_processor(
+        transformers.Qwen2_5_VLProcessor,
+        transformers.Qwen2VLImageProcessorPil(),
+        tok,
+        (DATA / TEMPLATE).read_text(encoding="utf-8"),
+    )
+    proc.config = config(tok)
+    proc.get_rope_index = types.MethodType(Qwen2_5_VLModel.get_rope_index, proc)
+    if hasattr(Qwen2_5_VLModel, "get_vision_position_ids"):
+        proc.get_vision_position_ids = types.MethodType(Qwen2_5_VLModel.get_vision_position_ids, proc)
+    return proc
+
+
+def render(processor: Any, messages: list[dict], tools: list[dict]) -> dict[str, Any]:
+    """The processor's own full render (the oracle), with the generation prompt."""
+    out = processor.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True, **TEMPLATE_KWARGS
+    )
+    return {k: (v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v) for k, v in out.items()}
+
+
+def user_turn(img: Any) -> list[dict]:
+    return [
+        {"role": "system", "content": "You read screenshots."},
+        {"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "Is a.io the same?"}]},
+    ]
+
+
+def call_turn(urls: list[str]) -> dict:
+    calls = [
+        {"type": "function", "id": f"c{i}", "function": {"name": "screenshot", "arguments": {"url": u}}}
+        for i, u in enumerate(urls)
+    ]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+def tool_results(urls: list[str]) -> list[dict]:
+    return [
+        {
+            "role": "tool",
+            "name": "screenshot",
+            "tool_call_id": f"c{i}",
+            "content": [{"type": "image", "image": SHOTS[u]}],
+        }
+        for i, u in enumerate(urls)
+    ]
+
+
+class ImagesAsGiven:
+    """A verl dataset class whose ``process_multi_modal_info`` returns the prompt's PIL images as they
+    are (RLHFDataset's own runs ``qwen_vl_utils``, not installed in verl's environment here); verl
+    documents overriding it. Its images are what verl's loops would render, send and return."""
+
+    calls = 0
+
+    @classmethod
+    async def process_multi_modal_info(cls, messages, image_patch_size, config):
+        cls.calls += 1
+        images = [
+            p["image"]
+            for m in messages
+            if isinstance(m.get("content"), list)
+            for p in m["content"]
+            if p.get("type") == "image"
+        ]
+        return images or None, None, None
+
+
+class ScriptedManager:
+    """verl's server-manager interface: records each call; answers with the scripted turns in order."""
+
+    def __init__(self, turns: list[list[int]]) -> None:
+        self.turns = turns
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), **kwargs})
+        ids = self.turns[min(len(self.calls), len(self.turns)) - 1]
+        return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
+
+
+def make_worker(manager: Any, processor: Any) -> Any:
+    """verl's AgentLoopWorker without Ray, with the VLM's processor (see the agent-loop test)."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    config_ = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "name": "vllm",
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "calculate_log_probs": True,
+                    "prompt_length": PROMPT_LENGTH,
+                    "response_length": RESPONSE_LENGTH,
+                    "val_kwargs": {"top_p": 1.0, "top_k": -1, "temperature": 0.0},
+                    "agent": {"default_agent_loop": "tmpl_tool_agent"},
+                    "multi_turn": {},
+                }
+            },
+            "data": {"apply_chat_template_kwargs": dict(TEMPLATE_KWARGS)},
+        }
+    )
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    worker.config = config_
+    worker.llm_client = manager
+    worker.teacher_client = None
+    worker.reward_loop_worker_handles = None
+    worker.rollout_config = config_.actor_rollout_ref.rollout
+    worker.dataset_cls = ImagesAsGiven
+    worker.tokenizer = processor.tokenizer
+    worker.processor = processor
+    worker.hf_model_type = "qwen2_5_vl"
+    worker.mm_processor_kwargs = {}
+    worker.distillation_enabled = False
+    worker.tools = []
+    return worker
+
+
+def runs_of(ids: list[int], token: int) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, t in enumerate([*ids, -1]):
+        if t == token and start is None:
+            start = i
+        elif t != token and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_vlm_tool_rollout_through_verls_worker(processor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl import DataProto
+
+    import tmpl
+    from tmpl.integrations.verl import register_tool_agent
+
+    schemas = tmpl.Toolbox([screenshot]).schemas
+    stop = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    image_token = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    user_img = image(100, 80)
+    history = user_turn(user_img)
+    urls = ["a.io", "b.io"]  # two parallel calls, each returning an image
+    first = render(processor, history, schemas)
+    second = render(processor, history + [call_turn(urls)] + tool_results(urls), schemas)
+    first_ids, second_ids = list(first["input_ids"]), list(second["input_ids"])
+    assert second_ids[: len(first_ids)] == first_ids  # prefix-stable without thinking
+    end = second_ids.index(stop, len(first_ids))
+    call_ids = second_ids[len(first_ids) : end + 1]  # the tool-call turn as the template renders it
+    answer = processor.tokenizer.encode("Yes, the same.", add_special_tokens=False) + [stop]
+
+    register_tool_agent([screenshot], max_turns=3)
+    manager = ScriptedManager([call_ids, answer])
+    worker = make_worker(manager, processor)
+    outputs: list[Any] = []
+    inner = worker._agent_loop_postprocess
+
+    async def recording(output, validate, **kwargs):
+        outputs.append(output)
+        return await inner(output, validate, **kwargs)
+
+    monkeypatch.setattr(worker, "_agent_loop_postprocess", recording)
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([history, None], dtype=object)[:1],
+            "agent_name": np.array(["tmpl_tool_agent"], dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+
+    # the server manager got the processor's full renders, with every image of the sequence so far
+    assert [c["prompt_ids"] for c in manager.calls] == [first_ids, second_ids]
+    assert manager.calls[0]["image_data"] == [user_img]
+    assert manager.calls[1]["image_data"] == [user_img, SHOTS["a.io"], SHOTS["b.io"]]
+    assert len({c["request_id"] for c in manager.calls}) == 1  # one sticky id
+    assert ImagesAsGiven.calls == 1  # the prompt's images came through verl's hook
+
+    # AgentLoopOutput: the sequence, and multi_modal_data as verl's own loops return it
+    [output] = outputs
+    assert output.prompt_ids == first_ids
+    assert output.response_ids == second_ids[len(first_ids) :] + answer
+    assert output.response_mask == [1] * len(call_ids) + [0] * (len(second_ids) - end - 1) + [1] * len(answer)
+    assert set(output.multi_modal_data) == {"images"}
+    assert output.multi_modal_data["images"] == [user_img, SHOTS["a.io"], SHOTS["b.io"]]
+    assert output.extra_fields["tmpl_status"] == "DONE" and output.extra_fields["tool_calls"] == 2
+
+    # verl's batch: the IDs (left-padded prompt, right-padded response) are the full render's
+    n_prompt = int(out.batch["attention_mask"][0, :PROMPT_LENGTH].sum())
+    n_resp = int(out.batch["attention_mask"][0, PROMPT_LENGTH:].sum())
+    ids = out.batch["input_ids"][0, PROMPT_LENGTH - n_prompt : PROMPT_LENGTH + n_resp].tolist()
+    assert ids == second_ids + answer
+    # what verl recomputed from multi_modal_data equals the processor's full render, array for array
+    [mmi] = out.non_tensor_batch["multi_modal_inputs"]
+    np.testing.assert_array_equal(mmi["image_grid_thw"].numpy(), np.asarray(second["image_grid_thw"]))
+    np.testing.assert_array_equal(mmi["pixel_values"].numpy(), np.asarray(second["pixel_values"]))
+    # and lines up with tmpl's IDs: one placeholder run per image, as long as its grid, in order
+    merge = processor.image_processor.merge_size**2
+    runs = runs_of(ids, image_token)
+    assert [e - s for s, e in runs] == [int(np.prod(g)) // merge for g in second["image_grid_thw"]]
+    assert len(runs) == 3 and mmi["images_seqlens"].tolist() == [int(np.prod(g[1:])) for g in second["image_grid_thw"]]
+    # the M-RoPE position IDs verl computed (get_rope_index on tmpl's IDs and its recomputed grids) are
+    # the model's for the full render
+    full = torch.tensor([second_ids + answer])
+    expected, _ = processor.get_rope_index(
+        input_ids=full,
+        image_grid_thw=torch.as_tensor(np.asarray(second["image_grid_thw"])),
+        attention_mask=torch.ones_like(full),
+        mm_token_type_ids=(full == image_token).long(),
+    )
+    pos = out.batch["position_ids"][0, 1:, PROMPT_LENGTH - n_prompt : PROMPT_LENGTH + n_resp]
+    assert torch.equal(pos, expected[:, 0, :])
+    assert out.batch["position_ids"][0, 0, PROMPT_LENGTH - n_prompt : PROMPT_LENGTH + n_resp].tolist() == list(
+        range(len(ids))
+    )
+    # no placeholder is a loss position
+    rmask = out.batch["response_mask"][0, :n_resp].tolist()
+    for s, e in runs:
+        if s >= n_prompt:
+            assert not any(rmask[s - n_prompt : e - n_prompt])
+
+
+def test_vlm_mm_processor_kwargs_refused(processor: Any) -> None:
+    """tmpl renders with the processor's own settings: verl's ``data.mm_processor_kwargs`` (which verl
+    applies when it recomputes the model inputs) would give other counts, so it is refused, not ignored."""
+    from verl import DataProto
+
+    from tmpl.errors import TrainerConfigError
+    from tmpl.integrations.verl import register_tool_agent
+
+    register_tool_agent([screenshot], max_turns=2)
+    manager = ScriptedManager([[processor.tokenizer.convert_tokens_to_ids("<|im_end|>")]])
+    worker = make_worker(manager, processor)
+    worker.config.data.mm_processor_kwargs = {"max_pixels": 50176}
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([user_turn(image(100, 80)), None], dtype=object)[:1],
+            "agent_name": np.array(["tmpl_tool_agent"], dtype=object),
+        },
+    )
+    with pytest.raises(TrainerConfigError, match="mm_processor_kwargs"):
+        asyncio.run(worker.generate_sequences(batch))
+    assert manager.calls == []
+
+
+def test_with_images_counts() -> None:
+    from tmpl.errors import ImageInputError
+    from tmpl.integrations.verl.agent_loop import with_images
+
+    msgs = user_turn("page.png")
+    img = image(28, 28)
+    assert with_images(msgs, [img])[1]["content"] == [{"type": "image", "image": img}, msgs[1]["content"][1]]
+    with pytest.raises(ImageInputError, match="holds 0 image"):
+        with_images(msgs, [])
+    with pytest.raises(ImageInputError, match="1 image part"):
+        with_images(msgs, [img, img])
