@@ -118,3 +118,28 @@ def test_an_answer_after_the_loop_is_gone_is_dropped_quietly():
     assert result.outcomes[0][0].error == "timeout"
     release.set()  # the worker answers now, into the finished loop's inbox
     box.close()
+
+
+def test_a_lot_inside_a_lot_goes_with_the_outer_one(monkeypatch):
+    box = tmpl.Toolbox([square], timeout=10.0)
+    puts: list[int] = []
+    real_put = WorkerPool.put
+
+    def put(self, calls):
+        puts.append(len(calls))
+        return real_put(self, calls)
+
+    monkeypatch.setattr(WorkerPool, "put", put)
+
+    async def main():
+        batch = _Batch(box, asyncio.get_running_loop())
+        with batch.together():
+            first = batch.start(call("square", {"n": 2}, "a"))
+            with batch.together():
+                second = batch.start(call("square", {"n": 3}, "b"))
+            assert puts == []  # nothing handed over before the outer block ends
+        return await first, await second
+
+    first, second = asyncio.run(main())
+    assert puts == [2] and (first.content, second.content) == ("4", "9")
+    box.close()

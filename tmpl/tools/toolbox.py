@@ -471,7 +471,11 @@ class _Batch:
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
-        """Hand the sync calls started inside the block to the worker pool as one lot, at its end."""
+        """Hand the sync calls started inside the block to the worker pool as one lot, at its end
+        (inside another such block: with that block's lot)."""
+        if self.lot is not None:
+            yield
+            return
         self.lot = []
         try:
             yield
