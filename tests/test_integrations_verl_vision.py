@@ -119,7 +119,7 @@ def tool_results(urls: list[str]) -> list[dict]:
 
 class ImagesAsGiven:
     """A verl dataset class whose ``process_multi_modal_info`` returns the prompt's PIL images as they
-    are (RLHFDataset's own runs ``qwen_vl_utils``, not installed in verl's environment here); verl
+    are (RLHFDataset's own runs ``qwen_vl_utils``, whose 0.0.14 imports torchvision: not loadable here); verl
     documents overriding it. Its images are what verl's loops would render, send and return."""
 
     calls = 0
@@ -272,6 +272,10 @@ def test_vlm_tool_rollout_through_verls_worker(processor: Any, monkeypatch: pyte
     runs = runs_of(ids, image_token)
     assert [e - s for s, e in runs] == [int(np.prod(g)) // merge for g in second["image_grid_thw"]]
     assert len(runs) == 3 and mmi["images_seqlens"].tolist() == [int(np.prod(g[1:])) for g in second["image_grid_thw"]]
+    # negative control: the same images out of placeholder order would not line up (verl would not notice)
+    swapped = output.model_copy(update={"multi_modal_data": {"images": [user_img, SHOTS["b.io"], SHOTS["a.io"]]}})
+    wrong = worker._compute_multi_modal_inputs(swapped, out.batch["input_ids"][0:1])
+    assert [int(np.prod(g)) // merge for g in wrong["image_grid_thw"].tolist()] != [e - s for s, e in runs]
     # the M-RoPE position IDs verl computed (get_rope_index on tmpl's IDs and its recomputed grids) are
     # the model's for the full render
     full = torch.tensor([second_ids + answer])
