@@ -575,11 +575,17 @@ class FrameBuilder:
                 variant += 1
                 if j == 0 and self._suffix_of(frame, text, cids) != expected:
                     raise TemplateError(self.name, "the per-call render path disagrees with the full render")
-                candidates = [
-                    t
-                    for t in candidates
-                    if frame.fill(self.codec, frame.layouts[t], messages, [TRANSFORMS[t]] * k) == expected
-                ]
+                # transforms that give the same texts on the same layout give the same IDs: fill those once
+                filled: dict[tuple[int, tuple[str, ...]], bool] = {}
+                kept = []
+                for t in candidates:
+                    layout, fn = frame.layouts[t], TRANSFORMS[t]
+                    key = (id(layout), tuple(fn(c) for c in contents))
+                    if key not in filled:
+                        filled[key] = frame.fill(self.codec, layout, messages, [fn] * k) == expected
+                    if filled[key]:
+                        kept.append(t)
+                candidates = kept
                 if not candidates:
                     break
             if candidates:
