@@ -9,6 +9,11 @@ Appends tmpl does not handle (user or system messages, templates it refuses) go 
 for the model (``fallback="verl"``, counted in ``fallbacks``) or raise
 :class:`tmpl.errors.ContinuousTokenError` (``fallback="error"``).
 
+Given a VLM's processor (one with an image processor), the builder renders through a
+:class:`tmpl.vision.VisionTemplate` of it: ``build_initial_tokens`` with ``images`` (put into the
+messages' image parts in order) and tool results with image parts get each placeholder expanded as
+the processor's full render; ``supports_multimodal()`` is then True, as verl's VL builders say.
+
 >>> builder = TmplContinuousTokenBuilder(tokenizer)                              # doctest: +SKIP
 >>> prompt = builder.build_initial_tokens(messages, tools=tools)                  # doctest: +SKIP
 >>> merged = builder.merge_context_tokens(before, before + tool_msgs, prompt + completion, tools=tools)  # doctest: +SKIP
@@ -25,6 +30,8 @@ from verl.utils.tokenizer.continuous_token import ContinuousTokenBuilder, MergeR
 
 from ...chat_template import ChatTemplate
 from ...errors import ContinuousTokenError, MessageError, TemplateError
+from ...vision import VisionTemplate
+from ...vision.parts import is_image_part
 
 __all__ = ["TmplContinuousTokenBuilder", "create_tmpl_builder", "use_tmpl_builders"]
 
@@ -39,6 +46,8 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
     ``template``: a :class:`tmpl.ChatTemplate`, template text or path, or None for the tokenizer's
     own (or ``chat_template_kwargs["chat_template"]``); the other ``chat_template_kwargs`` are
     passed to every render, as verl does. ``hf_model_type`` picks verl's builder used as fallback.
+    ``processor``: a VLM's processor (with an image processor): images go through its
+    :class:`tmpl.vision.VisionTemplate` (``self.vision``).
     """
 
     def __init__(
@@ -50,6 +59,7 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         template: ChatTemplate | str | None = None,
         fallback: Fallback = "verl",
         hf_model_type: str | None = None,
+        processor: Any = None,
     ) -> None:
         if fallback not in ("verl", "error"):
             raise ValueError(f"fallback must be 'verl' or 'error', not {fallback!r}")
@@ -58,7 +68,12 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         )
         kwargs = dict(chat_template_kwargs or {})
         source = kwargs.pop("chat_template", None)
-        if isinstance(template, ChatTemplate):
+        self.vision: VisionTemplate | None = None
+        if getattr(processor, "image_processor", None) is not None:
+            given = None if isinstance(template, ChatTemplate) else template
+            self.vision = VisionTemplate(processor, given if given is not None else source, **kwargs)
+            self.template = self.vision.chat
+        elif isinstance(template, ChatTemplate):
             self.template = template
         else:
             self.template = ChatTemplate(tokenizer, template if template is not None else source, **kwargs)
@@ -68,9 +83,14 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         if fallback == "verl":
             from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
+            extra: dict[str, Any] = {"processor": processor} if self.vision is not None else {}
             self._verl_builder = create_continuous_token_builder(
-                tokenizer, hf_model_type=hf_model_type, chat_template_kwargs=dict(chat_template_kwargs or {})
+                tokenizer, hf_model_type=hf_model_type, chat_template_kwargs=dict(chat_template_kwargs or {}), **extra
             )
+
+    def supports_multimodal(self) -> bool:
+        """Whether images go through this builder (a VLM processor was given)."""
+        return self.vision is not None
 
     # -- verl's runtime API ----------------------------------------------------------------
     def build_initial_tokens(
@@ -83,9 +103,18 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         audios: list[Any] | None = None,
         mm_inputs_out: dict[str, Any] | None = None,  # noqa: ARG002 - verl's signature
     ) -> list[int]:
-        """The first prompt: the template's render of ``messages`` with the generation prompt."""
-        if images or videos or audios:
-            raise ContinuousTokenError(self.template.name, "tmpl's builder is text-only (multimodal inputs given)")
+        """The first prompt: the template's render of ``messages`` with the generation prompt (with a
+        VLM processor, ``images`` in the messages' image parts, in order, expanded by the processor)."""
+        if videos or audios or (images and self.vision is None):
+            raise ContinuousTokenError(
+                self.template.name,
+                "videos and audio are not supported" if videos or audios else "images given but no VLM processor",
+            )
+        if self.vision is not None and (images or _has_images(messages)):
+            from .agent_loop import with_images
+
+            msgs = with_images(messages, list(images)) if images else messages
+            return self.vision.render_ids(msgs, tools=tools, add_generation_prompt=True).ids
         return self.template.prompt_ids(messages, tools=tools)
 
     def merge_context_tokens(
@@ -104,9 +133,14 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         why = self._unsupported(previous_messages, appended)
         if why is None:
             try:
-                ids = self.template.suffix_ids(
-                    appended, completion_ids=runtime_token_ids, tools=tools, history=previous_messages[:-1]
-                )
+                if self.vision is not None:  # images in the tool results (or the history) expanded by the processor
+                    ids = self.vision.suffix_ids(
+                        appended, completion_ids=runtime_token_ids, tools=tools, history=previous_messages[:-1]
+                    ).ids
+                else:
+                    ids = self.template.suffix_ids(
+                        appended, completion_ids=runtime_token_ids, tools=tools, history=previous_messages[:-1]
+                    )
             except (TemplateError, MessageError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
             else:
@@ -137,16 +171,19 @@ def create_tmpl_builder(
 ) -> TmplContinuousTokenBuilder:
     """A drop-in for verl's ``create_continuous_token_builder``: tmpl's builder for any model type.
 
-    Multimodal processors are refused (tmpl's builder is text-only): use verl's VL builders there.
+    A VLM's processor renders images through a :class:`tmpl.vision.VisionTemplate`; verl's
+    ``mm_processor_kwargs`` are refused (tmpl renders with the processor's own settings, verl would
+    apply them when it recomputes the model inputs).
     """
     processor = kwargs.pop("processor", None)
-    kwargs.pop("mm_processor_kwargs", None)
+    mm_kwargs = kwargs.pop("mm_processor_kwargs", None)
     kwargs.pop("model_family", None)
-    if processor is not None and getattr(processor, "image_processor", None) is not None:
+    if mm_kwargs and getattr(processor, "image_processor", None) is not None:
         raise ContinuousTokenError(
-            getattr(tokenizer, "name_or_path", "tokenizer"), "a multimodal processor was given: use verl's VL builders"
+            getattr(tokenizer, "name_or_path", "tokenizer"),
+            f"mm_processor_kwargs {sorted(mm_kwargs)}: set them on the processor (tmpl renders with its own settings)",
         )
-    return TmplContinuousTokenBuilder(tokenizer, hf_model_type=hf_model_type, **kwargs)
+    return TmplContinuousTokenBuilder(tokenizer, hf_model_type=hf_model_type, processor=processor, **kwargs)
 
 
 def use_tmpl_builders() -> None:
@@ -160,3 +197,7 @@ def use_tmpl_builders() -> None:
     import verl.experimental.agent_loop.agent_loop as agent_loop
 
     agent_loop.create_continuous_token_builder = create_tmpl_builder
+
+
+def _has_images(messages: list[dict[str, Any]]) -> bool:
+    return any(is_image_part(p) for m in messages if isinstance(m.get("content"), (list, tuple)) for p in m["content"])
