@@ -290,29 +290,27 @@ def test_verl_backend_passes_image_data(vt: VisionTemplate) -> None:
 # -- a rollout with a tool that returns an image, on the real engine ------------------------------
 
 
-def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """tmpl.Rollout with a VisionTemplate and the Torch backend on the tiny VLM (qwen3 tokenizer, whose
-    Qwen3.5-4B tool calls tmpl parses). The random model does not call tools, so its first turn is the
-    full render's tool-call turn (scripted); the tool returns a PIL image; the second turn is the real
-    model's: it must equal ``model.generate`` on the processor's full render of the conversation with
-    both images, and the request that produced it must be that render."""
+SHOT = image(200, 120, 3)  # what the screenshot tool returns
+
+
+def screenshot(url: str) -> Any:
+    """Take a screenshot of a page.
+
+    Args:
+        url: The page.
+    """
+    return SHOT
+
+
+def screenshot_rollout(vlm: TinyVLM, engine: Any) -> tuple[Any, list[GenerationRequest], list[int], dict[str, Any]]:
+    """Run ``tmpl.Rollout(VisionTemplate, engine, tools=[screenshot])`` on a user turn with an image: the
+    random model calls no tools, so the first turn is the full render's tool-call turn (scripted), and
+    every later one is ``engine``'s. Returns ``(result, requests seen, first prompt, full render after
+    the tool result)``, the renders being the processor's own (``apply_chat_template``)."""
     import tmpl
     from tmpl.backends import Backend, GenerationResult
 
-    if missing("qwen3"):
-        pytest.skip(missing("qwen3"))
-    vlm3 = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm-qwen3"), "qwen3")
-    vt3 = VisionTemplate(vlm3.processor, name="tiny-qwen2.5-vl/qwen3-tok/Qwen3.5-4B", **TEMPLATE_KWARGS)
-    shot = image(200, 120, 3)
-
-    def screenshot(url: str) -> Any:
-        """Take a screenshot of a page.
-
-        Args:
-            url: The page.
-        """
-        return shot
-
+    vt = VisionTemplate(vlm.processor, name="tiny-qwen2.5-vl/qwen3-tok/Qwen3.5-4B", **TEMPLATE_KWARGS)
     schemas = tmpl.Toolbox([screenshot]).schemas
     history = user_turn(image(60, 90))
     call = {
@@ -326,12 +324,12 @@ def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.Te
         "role": "tool",
         "name": "screenshot",
         "tool_call_id": "c0",
-        "content": [{"type": "image", "image": shot}],
+        "content": [{"type": "image", "image": SHOT}],
     }
 
     def render(messages: list[dict]) -> dict[str, Any]:
         return dict(
-            vlm3.processor.apply_chat_template(
+            vlm.processor.apply_chat_template(
                 messages,
                 tools=schemas,
                 add_generation_prompt=True,
@@ -345,10 +343,8 @@ def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.Te
     first = render(history)["input_ids"][0].tolist()
     second = render(history + [call, result_msg])
     second_ids = second["input_ids"][0].tolist()
-    end = next(i for i in range(len(first), len(second_ids)) if second_ids[i] in vt3.stop_token_ids)
+    end = next(i for i in range(len(first), len(second_ids)) if second_ids[i] in vt.stop_token_ids)
     call_ids = second_ids[len(first) : end + 1]  # the tool-call turn as the template renders it
-
-    engine = Torch(vlm3.model)
     seen: list[GenerationRequest] = []
 
     class FirstTurnScripted(Backend):
@@ -356,16 +352,12 @@ def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.Te
 
         def generate_batch(self, requests):
             seen.extend(requests)
-            out = []
-            for r in requests:
-                if len(seen) == 1:  # the first turn: the tool call
-                    out.append(GenerationResult(r.request_id, call_ids, [0.0] * len(call_ids), "stop"))
-                else:
-                    out.extend(engine.generate_batch([r]))
-            return out
+            if len(seen) == 1:  # the first turn: the tool call
+                return [GenerationResult(r.request_id, call_ids, [0.0] * len(call_ids), "stop") for r in requests]
+            return engine.generate_batch(requests)
 
     rollout = tmpl.Rollout(
-        vt3,
+        vt,
         FirstTurnScripted(),
         tools=[screenshot],
         max_turns=2,
@@ -375,8 +367,22 @@ def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.Te
         progress=False,
     )
     [r] = rollout.run([history])
+    return r, seen, first, second
+
+
+def test_rollout_tool_image_reaches_the_torch_engine(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tmpl.Rollout with a VisionTemplate and the Torch backend on the tiny VLM (qwen3 tokenizer, whose
+    Qwen3.5-4B tool calls tmpl parses), as :func:`screenshot_rollout` runs it: the second turn is the
+    real model's and must equal ``model.generate`` on the processor's full render of the conversation
+    with both images, and the request that produced it must be that render."""
+    if missing("qwen3"):
+        pytest.skip(missing("qwen3"))
+    vlm3 = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm-qwen3"), "qwen3")
+    r, seen, first, second = screenshot_rollout(vlm3, Torch(vlm3.model))
+    second_ids = second["input_ids"][0].tolist()
     assert len(seen) == 2 and r.tool_calls == 1 and r.tool_failures == 0
     assert seen[0].prompt_ids == first and seen[0].images is not None and seen[0].images.count == 1
     assert seen[1].prompt_ids == second_ids and seen[1].images is not None and seen[1].images.count == 2
-    expected = direct_generate(vlm3, second, sorted(vt3.stop_token_ids), Sampling(temperature=0))
+    stops = sorted(VisionTemplate(vlm3.processor, **TEMPLATE_KWARGS).stop_token_ids)
+    expected = direct_generate(vlm3, second, stops, Sampling(temperature=0))
     assert r.completion_ids.tolist() == second_ids[len(first) :] + expected

