@@ -234,8 +234,10 @@ def test_sglang_refuses_images(vt: VisionTemplate) -> None:
 
 
 def test_trl_rollout_func_refuses_prompts_with_images() -> None:
-    """TRL 1.16's rollout_func path has no channel for images (docs/vision.md, "Backends"): a prompt
-    with an image part is refused before any rollout, naming the prompt and message."""
+    """A trainer whose processing_class is a text tokenizer (no image processor) cannot carry a prompt's
+    images into TRL's loss pass (docs/vision.md, "Backends"): a prompt with an image part is refused
+    before any rollout, naming the prompt and message. With a processor, see
+    tests/test_integrations_trl_vision.py."""
     from types import SimpleNamespace
 
     pytest.importorskip("trl")
@@ -253,7 +255,10 @@ def test_trl_rollout_func_refuses_prompts_with_images() -> None:
         [{"role": "user", "content": "Hello!"}],
         [{"role": "system", "content": "You read screenshots."}] + user_turn(image(28, 28))[1:],
     ]
-    with pytest.raises(TrainerConfigError, match="prompt 1, message 1 holds an image"):
+    with pytest.raises(
+        TrainerConfigError,
+        match="prompt 1, message 1 holds an image, and the trainer's processing_class is a text tokenizer",
+    ):
         make_rollout_func()(prompts, trainer)
 
 

@@ -20,6 +20,20 @@ one completion per prompt received, as lists of lists:
   argument (a list, one value per completion): ``messages``, ``tool_results``, ``status``,
   ``reason``, ``turns``, ``tool_calls``, ``tool_failures``, and ``rollout_metrics`` (the same
   dict for every completion). They replace dataset columns of the same name.
+
+Prompts with images (a VLM; checked in TRL 1.16): TRL keeps only the three lists above and rebuilds the
+loss pass's image inputs itself, from the dataset's ``images``/``image`` column and
+``processing_class(images=..., text=apply_chat_template(prompt, tools=trainer.tools,
+**chat_template_kwargs))``. So with a processor as ``processing_class``, image prompts are rendered
+through its :class:`tmpl.vision.VisionTemplate` without tools, and each ``prompt_ids`` is checked to
+equal that rebuild (:func:`check_trl_rebuild`); image prompts with tools, images outside the dataset's
+column, a processor padding on the right with prompts of different lengths, and tools that return
+images (TRL takes none from a ``rollout_func``) raise :class:`tmpl.errors.TrainerConfigError`.
+
+>>> ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is it?"}], "images": [img]}])  # doctest: +SKIP
+>>> processor.tokenizer.padding_side = "left"                                                          # doctest: +SKIP
+>>> GRPOTrainer(model=vlm, processing_class=processor, train_dataset=ds, reward_funcs=reward,
+...             rollout_func=make_rollout_func(max_turns=1), args=GRPOConfig(...)).train()             # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from ...rollout.loop import Rollout, RolloutResult
 from ...rollout.metrics import RolloutMetrics
 from ...tools.toolbox import as_toolbox
 from ...vision.parts import is_image_part
+from ...vision.template import VisionTemplate
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
 
@@ -124,12 +139,23 @@ class TmplRolloutFunc:
         self.last_backend: Backend | None = None
         self._tpl: ChatTemplate | None = None
         self._tpl_trainer: Any = None
+        self._vt: VisionTemplate | None = None
+        self._vt_trainer: Any = None
 
     # -- the contract -----------------------------------------------------------------------
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, Any]:
         check_trainer(trainer)
-        conversations = _conversations(prompts, trainer)
-        tpl = self.chat_template(trainer)
+        processor = vision_processor(trainer)
+        conversations, with_images = _conversations(prompts, trainer, processor=processor)
+        tpl: ChatTemplate | VisionTemplate
+        if with_images:
+            check_vision_trainer(trainer, self.toolbox)
+        if processor is not None and (with_images or not isinstance(self.template, ChatTemplate)):
+            # a VLM's processor: render through it, so tool results that are images become image parts
+            # (refused below: TRL has no channel for them) rather than text
+            tpl = self.vision_template(trainer)
+        else:
+            tpl = self.chat_template(trainer)
         sampling = self.sampling or sampling_of(trainer)
         with _backend(self.backend, trainer) as backend:
             rollout = Rollout(
@@ -144,6 +170,9 @@ class TmplRolloutFunc:
             results = _run(rollout, conversations)
         metrics = rollout.metrics
         assert metrics is not None
+        check_no_tool_images(results, conversations, trainer)
+        if with_images:
+            check_trl_rebuild(results, conversations, trainer)
         self.last_results, self.last_metrics, self.last_backend = results, metrics, backend
         if self.log_metrics:
             _log(trainer, metrics)
@@ -164,6 +193,15 @@ class TmplRolloutFunc:
             self._tpl = template_for(trainer, self.template)
             self._tpl_trainer = trainer
         return self._tpl
+
+    def vision_template(self, trainer: Any) -> VisionTemplate:
+        """The :class:`tmpl.vision.VisionTemplate` of the trainer's processor (built once per trainer):
+        the processor's own chat template (or ``template``'s text) with the trainer's ``chat_template_kwargs``,
+        the template TRL's loss pass renders the prompts with."""
+        if self._vt is None or self._vt_trainer is not trainer:
+            self._vt = vision_template_for(trainer, self.template)
+            self._vt_trainer = trainer
+        return self._vt
 
     def _length_kwargs(self, trainer: Any) -> dict[str, Any]:
         kwargs = dict(self.rollout_kwargs)
@@ -298,8 +336,17 @@ def default_max_length(trainer: Any) -> int:
     return int(size) if isinstance(size, int) and size > 0 else 32768
 
 
-def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, Any]]]:
+def _conversations(
+    prompts: Sequence[Any], trainer: Any, *, processor: Any = None
+) -> tuple[list[list[dict[str, Any]]], bool]:
+    """The prompts as conversations, and whether any holds an image part.
+
+    Image parts are accepted only when the trainer's ``processing_class`` is a processor with an image
+    processor (``processor``) and only in TRL's own shape, ``{"type": "image", "image": <PIL image>}``
+    (what TRL puts into the prompts from the dataset's ``images``/``image`` column).
+    """
     out = []
+    with_images = False
     for i, prompt in enumerate(prompts):
         if (
             isinstance(prompt, str)
@@ -314,18 +361,182 @@ def _conversations(prompts: Sequence[Any], trainer: Any) -> list[list[dict[str, 
             )
         for j, message in enumerate(prompt):
             content = message.get("content")
-            if isinstance(content, Sequence) and not isinstance(content, str) and any(map(is_image_part, content)):
+            if not (isinstance(content, Sequence) and not isinstance(content, str)):
+                continue
+            for part in content:
+                if not is_image_part(part):
+                    continue
+                if processor is None:
+                    raise TrainerConfigError(
+                        trainer_name(trainer),
+                        "processing_class",
+                        f"prompt {i}, message {j} holds an image, and the trainer's processing_class is a text "
+                        "tokenizer: pass the model's processor (with its image processor) as processing_class and "
+                        "the images in the dataset's 'images' column",
+                    )
+                if not (isinstance(part, Mapping) and part.get("type") == "image" and _is_pil(part.get("image"))):
+                    raise TrainerConfigError(
+                        trainer_name(trainer),
+                        "train_dataset",
+                        f"prompt {i}, message {j} holds an image part that is not TRL's "
+                        "{'type': 'image', 'image': <PIL image>}: TRL "
+                        f"{_TRL_IMAGES_CHECKED}'s loss pass takes a prompt's images only from the dataset's "
+                        "'images'/'image' column (put them there, with a {'type': 'image'} part where each goes)",
+                    )
+                with_images = True
+        out.append([dict(m) for m in prompt])
+    return out, with_images
+
+
+def _is_pil(obj: object) -> bool:
+    return type(obj).__module__.startswith("PIL.") and hasattr(obj, "convert")
+
+
+def vision_processor(trainer: Any) -> Any:
+    """The trainer's ``processing_class`` when it is a processor with an image processor, else None."""
+    processing_class = getattr(trainer, "processing_class", None)
+    if getattr(processing_class, "image_processor", None) is None:
+        return None
+    if getattr(processing_class, "tokenizer", None) is None:
+        return None
+    return processing_class
+
+
+def vision_template_for(trainer: Any, template: ChatTemplate | str | None) -> VisionTemplate:
+    """The :class:`VisionTemplate` of the trainer's processor: its chat template (or ``template``'s
+    text, or the template tmpl ships under that name) with the trainer's ``chat_template_kwargs``."""
+    processor = vision_processor(trainer)
+    if processor is None:
+        raise TrainerConfigError(
+            trainer_name(trainer), "processing_class", "prompts with images need a processor with an image processor"
+        )
+    kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+    if isinstance(template, ChatTemplate):
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "processing_class",
+            f"template {template.name!r} is a text ChatTemplate: prompts with images render through the processor "
+            "(make_rollout_func(template=None) uses the processor's own chat template, as TRL's loss pass does)",
+        )
+    text = template
+    if isinstance(template, str):
+        from ... import templates
+
+        if template in {t.name for t in templates.available()}:
+            text = templates.load(template)
+    return VisionTemplate(processor, text, **kwargs)
+
+
+def check_vision_trainer(trainer: Any, toolbox: Any) -> None:
+    """Refuse, before any rollout, image prompts whose images TRL's loss pass would not rebuild.
+
+    TRL (1.16) rebuilds a VLM's loss-pass inputs in ``_generate_and_score_completions`` from the dataset's
+    ``images``/``image`` column and its own render of the prompts, ``apply_chat_template(prompt,
+    processing_class, tools=trainer.tools, **chat_template_kwargs)``; ``trainer.tools`` must be None
+    with tmpl's rollout_func (else TRL runs its own tool loop and its tool mask replaces ``env_mask``),
+    so tmpl's rollout must render the prompts without tools too.
+    """
+    if toolbox is not None and len(toolbox):
+        names = ", ".join(toolbox.names)
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "tools",
+            f"prompts with images and tools ({names}) cannot go through TRL's rollout_func: TRL "
+            f"{_TRL_IMAGES_CHECKED} rebuilds the loss pass's image inputs (pixel_values, image_grid_thw, "
+            "mm_token_type_ids) from its own render of the prompts with trainer.tools, which must be None with "
+            "tmpl's rollout_func (TRL's own tool loop would run and replace env_mask), so its prompts would "
+            "lack the tool schemas tmpl renders; use make_rollout_func() without tools for image prompts",
+        )
+    training = getattr(getattr(trainer, "model", None), "training", True)
+    dataset = getattr(trainer, "train_dataset" if training else "eval_dataset", None)
+    found = list(dataset.values()) if isinstance(dataset, Mapping) else [dataset]
+    for d in found:
+        columns = getattr(d, "column_names", None)
+        if columns is None or not {"images", "image"} & set(columns):
+            raise TrainerConfigError(
+                trainer_name(trainer),
+                "train_dataset" if training else "eval_dataset",
+                f"prompts hold images but the dataset's columns are {columns}: TRL {_TRL_IMAGES_CHECKED}'s loss "
+                "pass takes a prompt's images only from an 'images' (or 'image') column; images written into "
+                "the prompts alone would reach its forward pass as placeholders without pixel_values",
+            )
+
+
+def check_no_tool_images(
+    results: Sequence[RolloutResult], conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any
+) -> None:
+    """Refuse completions in which a tool returned an image: TRL has no channel for them from a rollout_func.
+
+    TRL (1.16) keeps only ``prompt_ids``/``completion_ids``/``logprobs`` from a ``rollout_func``; its loss
+    pass gets images returned by tools only from its own tool loop (``tool_images``), so a tool image in
+    tmpl's completion would reach the model as placeholders without ``pixel_values``.
+    """
+    for i, (r, conversation) in enumerate(zip(results, conversations)):
+        for j, message in enumerate(r.messages[len(conversation) :], start=len(conversation)):
+            content = message.get("content")
+            if message.get("role") != "tool" or isinstance(content, str) or not isinstance(content, Sequence):
+                continue
+            if any(map(is_image_part, content)):
                 raise TrainerConfigError(
                     trainer_name(trainer),
-                    "train_dataset",
-                    f"prompt {i}, message {j} holds an image: TRL's rollout_func cannot carry images. TRL "
-                    f"{_TRL_IMAGES_CHECKED} rebuilds the loss pass's image inputs from the dataset's images and "
-                    "its own render of the prompts without tools, not from what rollout_func returns (its "
-                    "mm_token_type_ids/token_type_ids would not line up with tmpl's prompt_ids, rendered with the "
-                    "tools), and takes tool-result images only from its own tool loop",
+                    "rollout_func",
+                    f"sample {i}, message {j}: the tool {message.get('name')!r} returned an image. TRL "
+                    f"{_TRL_IMAGES_CHECKED} takes no images from a rollout_func (only prompt_ids, completion_ids, "
+                    "logprobs); its loss pass gets images returned by tools only from its own tool loop "
+                    "(tool_images), so this one would reach the model as placeholders without pixel_values",
                 )
-        out.append([dict(m) for m in prompt])
-    return out
+
+
+def check_trl_rebuild(
+    results: Sequence[RolloutResult], conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any
+) -> None:
+    """Check that each prompt_ids equals what TRL's loss pass rebuilds, and that its rows line up.
+
+    TRL renders each prompt with ``trl.data_utils.apply_chat_template(..., tools=trainer.tools,
+    **chat_template_kwargs)`` and calls the processor on that text and the prompt's images
+    (``padding=True``); its ``mm_token_type_ids`` (and ``pixel_values``/``image_grid_thw``, in order)
+    go with tmpl's ``prompt_ids`` left-padded. This does the same per prompt and compares the IDs;
+    a processor padding on the right is refused when the batch's prompts differ in length.
+    """
+    from trl.data_utils import apply_chat_template as trl_render
+
+    processor = vision_processor(trainer)
+    kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+    tools = getattr(trainer, "tools", None)
+    done: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for i, (r, conversation) in enumerate(zip(results, conversations)):
+        images = [
+            part["image"]
+            for m in conversation
+            if isinstance(m.get("content"), list)
+            for part in m["content"]
+            if is_image_part(part)
+        ]
+        text = trl_render({"prompt": list(conversation)}, processor, tools=tools, **kwargs)["prompt"]
+        key = (text, tuple(id(im) for im in images))
+        if key not in done:
+            rebuilt = processor(images=images or None, text=[text])["input_ids"][0]
+            done[key] = [int(t) for t in rebuilt]
+        ours = r.prompt_ids.tolist()
+        if ours != done[key]:
+            at = next((k for k, (a, b) in enumerate(zip(ours, done[key])) if a != b), min(len(ours), len(done[key])))
+            raise TrainerConfigError(
+                trainer_name(trainer),
+                "train_dataset",
+                f"prompt {i}: tmpl's prompt_ids ({len(ours)} tokens) differ from what TRL {_TRL_IMAGES_CHECKED}'s "
+                f"loss pass rebuilds with the processor ({len(done[key])} tokens), first at token {at}: its "
+                "pixel_values/mm_token_type_ids would not line up with the IDs",
+            )
+    side = getattr(processor.tokenizer, "padding_side", "right")
+    lengths = {len(r.prompt_ids) for r in results}
+    if side != "left" and len(lengths) > 1:
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "processing_class",
+            f"the processor's tokenizer pads on the {side} and the batch's prompts differ in length "
+            f"({min(lengths)}-{max(lengths)} tokens): TRL pads prompt_ids on the left but its mm_token_type_ids "
+            "with the processor, so they would be shifted; set processing_class.tokenizer.padding_side = 'left'",
+        )
 
 
 #: the TRL version whose GRPOTrainer._generate / _generate_and_score_completions were read for images
@@ -355,8 +566,10 @@ def _run(rollout: Rollout, conversations: list[list[dict[str, Any]]]) -> list[Ro
         return pool.submit(rollout.run, conversations).result()
 
 
-def _fill_id(tpl: ChatTemplate) -> int:
+def _fill_id(tpl: ChatTemplate | VisionTemplate) -> int:
     """The token that stands in for an empty completion (the turn close, else EOS)."""
+    if isinstance(tpl, VisionTemplate):
+        tpl = tpl.chat
     try:
         return int(tpl.tool_close_ids[-1])
     except TmplError:  # a template that cannot render tool turns: EOS stands in
