@@ -319,3 +319,27 @@ def test_refuses_a_tool_that_returns_an_image(tmp_path_factory: pytest.TempPathF
     func = make_rollout_func(tools=[screenshot], max_turns=2, backend=Scripted())
     with pytest.raises(TrainerConfigError, match=r"sample 0, message 2: the tool 'screenshot' returned an image"):
         func([prompt, prompt], trainer)
+
+
+def test_server_mode_with_image_prompts_is_refused(vlm: TinyVLM, tmp_path: Any) -> None:
+    """TRL's vLLM server mode: tmpl's client backend does not send images (TRL's client takes them as
+    `features`), so image prompts are refused before any rollout, and a request with images given to the
+    client backend fails alone without reaching the client."""
+    from types import SimpleNamespace
+
+    from tmpl.backends import GenerationRequest
+    from tmpl.integrations.trl import VLLMClientBackend
+    from tmpl.vision import VisionTemplate
+
+    trainer = trainer_for(vlm, tmp_path, make_rollout_func(max_turns=1))
+    trainer.use_vllm, trainer.vllm_generation = True, SimpleNamespace(mode="server")
+    content = [{"type": "image", "image": image(*SIZES[0])}, {"type": "text", "text": QUESTIONS[0]}]
+    with pytest.raises(TrainerConfigError, match=r"vllm_mode=\.\.\.\): 'server' with prompts holding images"):
+        make_rollout_func(max_turns=1)([[{"role": "user", "content": content}]] * 2, trainer)
+
+    calls: list[Any] = []
+    client = SimpleNamespace(generate=lambda **kw: calls.append(kw))
+    vids = VisionTemplate(vlm.processor, **TEMPLATE_KWARGS).prompt([{"role": "user", "content": content}])
+    req = GenerationRequest("r0", vids.ids, 4, frozenset({151645}), images=vids.images)
+    [result] = VLLMClientBackend(client).generate_batch([req])
+    assert result.finish_reason == "error" and "holds images" in (result.error or "") and not calls

@@ -57,7 +57,13 @@ class VLLMClientBackend(Backend):
         out: dict[str, GenerationResult] = {}
         groups: dict[tuple, list[GenerationRequest]] = defaultdict(list)
         for req in requests:
-            if req.max_tokens <= 0:
+            if req.images is not None and req.images.count:
+                out[req.request_id] = GenerationResult.failed(
+                    req.request_id,
+                    "VLLMClient: the request holds images, which this backend does not send (TRL's client takes "
+                    "them as `features` from image_features(); not wired)",
+                )
+            elif req.max_tokens <= 0:
                 out[req.request_id] = GenerationResult(req.request_id, [], [], "length", self.logprobs_mode)
             else:
                 groups[(req.sampling, tuple(sorted(req.stop_token_ids)))].append(req)

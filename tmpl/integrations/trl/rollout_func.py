@@ -149,7 +149,7 @@ class TmplRolloutFunc:
         conversations, with_images = _conversations(prompts, trainer, processor=processor)
         tpl: ChatTemplate | VisionTemplate
         if with_images:
-            check_vision_trainer(trainer, self.toolbox)
+            check_vision_trainer(trainer, self.toolbox, forced_backend=self.backend is not None)
         if processor is not None and (with_images or not isinstance(self.template, ChatTemplate)):
             # a VLM's processor: render through it, so tool results that are images become image parts
             # (refused below: TRL has no channel for them) rather than text
@@ -427,7 +427,7 @@ def vision_template_for(trainer: Any, template: ChatTemplate | str | None) -> Vi
     return VisionTemplate(processor, text, **kwargs)
 
 
-def check_vision_trainer(trainer: Any, toolbox: Any) -> None:
+def check_vision_trainer(trainer: Any, toolbox: Any, *, forced_backend: bool = False) -> None:
     """Refuse, before any rollout, image prompts whose images TRL's loss pass would not rebuild.
 
     TRL (1.16) rebuilds a VLM's loss-pass inputs in ``_generate_and_score_completions`` from the dataset's
@@ -446,6 +446,16 @@ def check_vision_trainer(trainer: Any, toolbox: Any) -> None:
             "mm_token_type_ids) from its own render of the prompts with trainer.tools, which must be None with "
             "tmpl's rollout_func (TRL's own tool loop would run and replace env_mask), so its prompts would "
             "lack the tool schemas tmpl renders; use make_rollout_func() without tools for image prompts",
+        )
+    generation = getattr(trainer, "vllm_generation", None)
+    if not forced_backend and getattr(trainer, "use_vllm", False) and getattr(generation, "mode", None) == "server":
+        raise TrainerConfigError(
+            trainer_name(trainer),
+            "vllm_mode",
+            "'server' with prompts holding images is not wired: TRL's VLLMClient takes a prompt's images as "
+            "`features` from its image_features() call, which tmpl's client backend does not send (it would "
+            "generate from the placeholders alone); use vllm_mode='colocate', or pass backend=VLLMServer(..., "
+            "api='generate') to make_rollout_func",
         )
     training = getattr(getattr(trainer, "model", None), "training", True)
     dataset = getattr(trainer, "train_dataset" if training else "eval_dataset", None)
