@@ -16,6 +16,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -206,19 +207,16 @@ def test_tmpl_tool_agent_through_verls_worker(server, tokenizer_of):
     assert rounds >= 2, "the fixture model called no tool: nothing multi-turn was checked"
 
 
-def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch):
-    """verl's own ``tool_agent`` loop (its hermes parser, its tools) with tmpl's builder under it."""
-    import numpy as np
+def record_tmpl_merges(monkeypatch) -> tuple[list, list]:
+    """Put tmpl's builders under verl's agent loops (``use_tmpl_builders()``, checked) and record them:
+    ``(builders, merges)``, a merge being ``(updated messages, appended ids, tools)`` of every context
+    merge any builder made. Undone by ``monkeypatch``."""
     import verl.experimental.agent_loop.agent_loop as agent_loop
-    from verl import DataProto
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: F401 - registers tool_agent
-    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, function_tool
 
-    from tmpl.integrations.verl import TmplContinuousTokenBuilder, create_tmpl_builder, use_tmpl_builders
+    from tmpl.integrations.verl import create_tmpl_builder, use_tmpl_builders
 
-    tok = tokenizer_of("qwen2.5-instruct")
-    builders: list[TmplContinuousTokenBuilder] = []
-    merges: list[tuple[list, list]] = []  # (updated messages, appended ids) of every context merge
+    builders: list = []
+    merges: list[tuple[list, list, Any]] = []
 
     def recording(tokenizer, **kwargs):
         builder = create_tmpl_builder(tokenizer, **kwargs)
@@ -237,13 +235,32 @@ def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch
     use_tmpl_builders()
     assert agent_loop.create_continuous_token_builder is create_tmpl_builder
     monkeypatch.setattr(agent_loop, "create_continuous_token_builder", recording)
+    return builders, merges
+
+
+def use_verls_tool_agent(worker, fmt: str) -> None:
+    """verl's multi-turn settings for its ``tool_agent`` loop, with its tool-call parser ``fmt``."""
+    multi_turn = {"max_assistant_turns": 3, "max_user_turns": 3, "max_parallel_calls": 2}
+    multi_turn |= {"max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": fmt}
+    worker.config.actor_rollout_ref.rollout.multi_turn = multi_turn
+    worker.config.actor_rollout_ref.rollout.full_determinism = False
+
+
+def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch):
+    """verl's own ``tool_agent`` loop (its hermes parser, its tools) with tmpl's builder under it."""
+    import numpy as np
+    from verl import DataProto
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: F401 - registers tool_agent
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, function_tool
+
+    from tmpl.integrations.verl import TmplContinuousTokenBuilder
+
+    tok = tokenizer_of("qwen2.5-instruct")
+    builders, merges = record_tmpl_merges(monkeypatch)
 
     manager = VLLMServerManager(server)
     worker = make_worker(manager, tok)
-    multi_turn = {"max_assistant_turns": 3, "max_user_turns": 3, "max_parallel_calls": 2}
-    multi_turn |= {"max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes"}
-    worker.config.actor_rollout_ref.rollout.multi_turn = multi_turn
-    worker.config.actor_rollout_ref.rollout.full_determinism = False
+    use_verls_tool_agent(worker, "hermes")
     for fn in (get_time, get_weather):
         function_tool(fn)  # verl's registry of Python tools
     worker.tools = [FUNCTION_TOOL_REGISTRY["get_time"], FUNCTION_TOOL_REGISTRY["get_weather"]]

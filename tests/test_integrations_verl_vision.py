@@ -548,13 +548,12 @@ def test_verls_own_tool_agent_with_images_on_tmpls_builder(processor: Any, monke
     image) with the VLM's processor and ``use_tmpl_builders()`` under it: the first prompt and every
     merge are tmpl's, each equal to the processor's full render of verl's messages, and the server
     manager got those IDs with the images."""
-    import verl.experimental.agent_loop.agent_loop as agent_loop
     from verl import DataProto
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: F401 - registers tool_agent
     from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY, function_tool
     from verl.tools.schemas import ToolResponse
 
-    from tmpl.integrations.verl import TmplContinuousTokenBuilder, create_tmpl_builder, use_tmpl_builders
+    from .test_integrations_verl_agent_loop import record_tmpl_merges, use_verls_tool_agent
 
     def look(url: str) -> Any:
         """Take a screenshot of a page.
@@ -580,31 +579,10 @@ def test_verls_own_tool_agent_with_images_on_tmpls_builder(processor: Any, monke
     call_ids = full[len(first_ids) : full.index(stop, len(first_ids)) + 1]
     answer = processor.tokenizer.encode("Same.", add_special_tokens=False) + [stop]
 
-    builders: list[TmplContinuousTokenBuilder] = []
-    merges: list[tuple[list, list, Any]] = []
-
-    def recording(tokenizer, **kwargs):
-        builder = create_tmpl_builder(tokenizer, **kwargs)
-        inner = builder.merge_context_tokens
-
-        def merge(previous, updated, runtime, *, tools=None):
-            out = inner(previous, updated, runtime, tools=tools)
-            merges.append((list(updated), out.token_ids[len(runtime) :], tools))
-            return out
-
-        builder.merge_context_tokens = merge
-        builders.append(builder)
-        return builder
-
-    monkeypatch.setattr(agent_loop, "create_continuous_token_builder", agent_loop.create_continuous_token_builder)
-    use_tmpl_builders()
-    monkeypatch.setattr(agent_loop, "create_continuous_token_builder", recording)
+    builders, merges = record_tmpl_merges(monkeypatch)
     manager = ScriptedManager([call_ids, answer])
     worker = make_worker(manager, processor)
-    multi_turn = {"max_assistant_turns": 3, "max_user_turns": 3, "max_parallel_calls": 2}
-    multi_turn |= {"max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "qwen3_coder"}
-    worker.config.actor_rollout_ref.rollout.multi_turn = multi_turn
-    worker.config.actor_rollout_ref.rollout.full_determinism = False
+    use_verls_tool_agent(worker, "qwen3_coder")
     worker.tools = [FUNCTION_TOOL_REGISTRY["look"]]
     batch = DataProto.from_dict(
         non_tensors={
