@@ -489,8 +489,8 @@ def test_torch_backend_update_runs_the_callers_transfer_between_batches(tiny_qwe
 class FakeHTTP:
     """Answers vLLM's RL endpoints: ``down`` servers refuse connections, ``fail`` maps a path to an HTTP error."""
 
-    def __init__(self, down=(), fail=None):
-        self.down, self.fail, self.calls = set(down), dict(fail or {}), []
+    def __init__(self, down=(), fail=None, slow=()):
+        self.down, self.fail, self.slow, self.calls = set(down), dict(fail or {}), tuple(slow), []
 
     async def post_json(self, url, payload, *, timeout=None, headers=None):
         from tmpl.errors import HTTPConnectionError
@@ -499,6 +499,8 @@ class FakeHTTP:
         if base in self.down:
             raise HTTPConnectionError(url, "cannot connect: refused")
         self.calls.append((base, path, payload))
+        if path.startswith(self.slow):
+            raise asyncio.TimeoutError()
         for prefix, status in self.fail.items():
             if path.startswith(prefix):
                 return status, {"detail": "boom"}
@@ -543,6 +545,22 @@ def test_server_update_that_fails_names_the_server_and_step_and_still_resumes():
     backend.http = FakeHTTP(fail={"/pause": 404})
     with pytest.raises(WeightUpdateError, match="VLLM_SERVER_DEV_MODE=1"):
         asyncio.run(backend.update_weights(4, mode="drain"))
+
+
+def test_server_update_slower_than_the_timeout_fails_and_resumes_every_server():
+    """A reload that outlasts the client's timeout is a failed update of live servers: they are all
+    resumed and none is retired (a timeout used to retire every server for good)."""
+    from tmpl.backends import VLLMServer
+    from tmpl.errors import WeightUpdateError
+
+    backend = VLLMServer(["http://a:1", "http://b:1"])
+    backend.http = FakeHTTP(slow=("/collective_rpc",))
+    with pytest.raises(WeightUpdateError, match="failed at apply: no answer within"):
+        asyncio.run(backend.update_weights(3, "/ckpt/3", mode="keep"))
+    resumed = sorted(base for base, path, _ in backend.http.calls if path == "/resume")
+    assert resumed == ["http://a:1", "http://b:1"]
+    assert all(s["retired"] is None for s in backend.stats) and backend.weight_version == 0
+    assert backend._pick(set()).url in ("http://a:1", "http://b:1")
 
 
 def test_an_engine_label_newer_than_the_rollout_is_kept_and_warned_about(caplog):

@@ -397,14 +397,20 @@ class VLLMServer(Backend):
     ) -> str | None:
         """POST to one of vLLM's RL endpoints; None when it answered 200, else why not.
 
-        An unreachable server is retired (never raised); an error answer raises WeightUpdateError when
-        ``strict``.
+        An unreachable server is retired (never raised); an error answer, or no answer within the
+        timeout, raises WeightUpdateError when ``strict`` (a server slow to reload is alive: it is
+        resumed with the others, not retired).
         """
         try:
             status, answer = await self.http.post_json(
                 server.url + path, body if body is not None else {}, timeout=self.timeout
             )
-        except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError as exc:
+            if strict:  # a slow step (a reload longer than the timeout) of a live server: fail, resume all
+                raise WeightUpdateError(server.url, step, f"no answer within {self.timeout:g} s ({exc})") from exc
+            server.retired = f"unreachable during the weight update to a new version ({step}: timed out)"
+            return f"timed out ({exc})"
+        except HTTPConnectionError as exc:
             # retired, not raised, even when ``strict``: a server lost during the pause must not keep the
             # others from their update (they are updated and resumed; this one gets no request any more)
             server.retired = f"unreachable during the weight update to a new version ({step}: {exc})"

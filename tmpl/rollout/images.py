@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import TmplError
 from ..trajectory.images import ImageInputs, ImageTrajectory
 from ..vision import VisionTemplate
-from ..vision.parts import split_images
+from ..vision.parts import is_image_part, is_pil_image, split_images
 from .drift import DriftDetail, explain_drift
 
 if TYPE_CHECKING:
@@ -121,14 +121,6 @@ def sources(run: SampleRun) -> list[Any] | None:
 # -- tool results -------------------------------------------------------------------------------
 
 
-def _is_image(value: Any) -> bool:
-    return type(value).__module__.startswith("PIL.") and hasattr(value, "size") and hasattr(value, "mode")
-
-
-def _is_image_part(part: Any) -> bool:
-    return _is_image(part) or (isinstance(part, Mapping) and part.get("type") in ("image", "image_url"))
-
-
 def image_content(output: Any) -> list[Any] | None:
     """The content parts of a tool's return value when it holds images, else None (text as usual).
 
@@ -138,12 +130,12 @@ def image_content(output: Any) -> list[Any] | None:
     >>> image_content("text"), image_content({"type": "image", "path": "chart.png"})
     (None, [{'type': 'image', 'path': 'chart.png'}])
     """
-    if _is_image(output):
+    if is_pil_image(output):
         return [{"type": "image", "image": output}]
-    if isinstance(output, Mapping) and _is_image_part(output):
+    if isinstance(output, Mapping) and is_image_part(output):
         return [dict(output)]
-    if isinstance(output, (list, tuple)) and any(_is_image_part(p) for p in output):
-        return [{"type": "image", "image": p} if _is_image(p) else p for p in output]
+    if isinstance(output, (list, tuple)) and any(is_image_part(p) for p in output):
+        return [{"type": "image", "image": p} if is_pil_image(p) else p for p in output]
     return None
 
 
@@ -164,7 +156,7 @@ def has_image_parts(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a message holds an image content part."""
     for m in messages:
         content = m.get("content")
-        if isinstance(content, (list, tuple)) and any(_is_image_part(p) for p in content):
+        if isinstance(content, (list, tuple)) and any(is_image_part(p) for p in content):
             return True
     return False
 

@@ -50,10 +50,11 @@ def is_image_part(part: object) -> bool:
         return part.get("type") in IMAGE_PART_TYPES or (
             "type" not in part and any(k in part for k in ("image", "image_url"))
         )
-    return _is_pil(part)
+    return is_pil_image(part)
 
 
-def _is_pil(obj: object) -> bool:
+def is_pil_image(obj: object) -> bool:
+    """Whether ``obj`` is a PIL image (without importing PIL)."""
     return type(obj).__module__.startswith("PIL.") and hasattr(obj, "convert") and hasattr(obj, "size")
 
 
@@ -66,7 +67,7 @@ def load_image(source: object, *, index: int = 0, part: str = "image", where: st
     ...
     tmpl.errors.ImageInputError: messages[0]: content part messages[0].content[0]: remote URL 'https://example.com/a.png': pass the image, a path or a data: URL (a rollout does not fetch from the network)
     """
-    if _is_pil(source):
+    if is_pil_image(source):
         return source
 
     def fail(reason: str) -> ImageInputError:

@@ -51,7 +51,7 @@ from ...errors import TmplError, TrainerConfigError
 from ...rollout.loop import Rollout, RolloutResult
 from ...rollout.metrics import RolloutMetrics
 from ...tools.toolbox import as_toolbox
-from ...vision.parts import is_image_part
+from ...vision.parts import is_image_part, is_pil_image
 from ...vision.template import VisionTemplate
 from .backends import trainer_backend, trainer_name
 from .version import require_trl
@@ -374,7 +374,7 @@ def _conversations(
                         "tokenizer: pass the model's processor (with its image processor) as processing_class and "
                         "the images in the dataset's 'images' column",
                     )
-                if not (isinstance(part, Mapping) and part.get("type") == "image" and _is_pil(part.get("image"))):
+                if not (isinstance(part, Mapping) and part.get("type") == "image" and is_pil_image(part.get("image"))):
                     raise TrainerConfigError(
                         trainer_name(trainer),
                         "train_dataset",
@@ -386,10 +386,6 @@ def _conversations(
                 with_images = True
         out.append([dict(m) for m in prompt])
     return out, with_images
-
-
-def _is_pil(obj: object) -> bool:
-    return type(obj).__module__.startswith("PIL.") and hasattr(obj, "convert")
 
 
 def vision_processor(trainer: Any) -> Any:
