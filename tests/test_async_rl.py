@@ -577,3 +577,21 @@ def test_an_engine_label_newer_than_the_rollout_is_kept_and_warned_about(caplog)
         assert token_versions(result, submitted=2, current=3) == [2, 2, 2]  # older than the rollout: ordinary
         assert token_versions(GenerationResult("r", [1, 2], None, "stop"), submitted=3, current=3) == [3, 3]
     assert caplog.text == ""
+
+
+def test_a_newer_engine_label_is_warned_about_once_per_rollout(tpl, caplog):
+    """Every request of every sample labelled "2" by an engine a Rollout at 0 did not update: one
+    warning, not one per turn; the tokens keep the engine's label."""
+
+    class Labelled(Engine):
+        async def agenerate(self, req):
+            out = await super().agenerate(req)
+            out.versions = [2] * len(out.token_ids)
+            return out
+
+    rollout = tmpl.Rollout(tpl, Labelled(tpl, calls={0: 1, 1: 1, 2: 1}), tools=[get_weather], progress=False)
+    with caplog.at_level("WARNING", logger="tmpl.rollout"):
+        results = rollout.run([ask(i) for i in range(3)])
+    assert sum(r.turns for r in results) == 6
+    assert caplog.text.count("newer than this Rollout's version 0") == 1
+    assert all(int(v) in (2, -1) for r in results for v in r.versions)

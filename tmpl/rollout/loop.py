@@ -359,7 +359,10 @@ class Rollout(WeightUpdates):
                     image_sources=None if run.images is None else _images.sources(run),
                 )
             )
-            own = token_versions(result, submitted, self.version)
+            ceiling = self._label_check()
+            own = token_versions(result, submitted, ceiling)
+            if ceiling is not None and own and own[-1] > ceiling:
+                self._label_warned = True
             preempted = result.finish_reason == "abort" and epoch != self._abort_epoch
             if preempted and (result.logprobs is not None or not result.token_ids):
                 ids += result.token_ids

@@ -23,14 +23,14 @@ def token_versions(result: GenerationResult, submitted: int, current: int | None
     n = len(result.token_ids)
     if result.versions is not None and len(result.versions) == n:
         versions = [int(v) for v in result.versions]
-        if current is not None and versions and max(versions) > current:
+        if current is not None and versions and versions[-1] > current:  # versions only rise in a request
             logger.warning(
                 "request %s: the engine labels its weights version %d, newer than this Rollout's version %d; "
                 "start the Rollout with version=%d or call update_weights() so staleness counts right",
                 result.request_id,
-                max(versions),
+                versions[-1],
                 current,
-                max(versions),
+                versions[-1],
             )
         return versions
     return [submitted] * n

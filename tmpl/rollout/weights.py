@@ -43,6 +43,8 @@ class WeightUpdates:
         self.max_staleness = max_staleness
         self.stale: StalePolicy = stale
         self._gate: asyncio.Event | None = None  # set while a weight update holds new requests back
+        self._updating_to: int | None = None  # the version an update under way is labelling the engines with
+        self._label_warned = False  # an engine label newer than the Rollout's was warned about (once)
         self._abort_epoch = 0  # abort-mode updates so far: an aborted request older than the last one resumes
         self._schedulers: set[Scheduler] = set()  # of the runs and streams under way
         self._live: dict[tuple[int, int], tuple[SampleRun, asyncio.Task[Any]]] = {}  # running samples
@@ -115,14 +117,23 @@ class WeightUpdates:
             async with contextlib.AsyncExitStack() as stack:
                 for scheduler in list(self._schedulers):
                     await stack.enter_async_context(scheduler.hold())
+                self._updating_to = version  # keep-mode requests may come back labelled with it before it is set
                 await self.backend.update_weights(version, apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
             self.version = version
             self.updates.append({"version": version, "mode": mode, "seconds": time.perf_counter() - started})
             self._drop_stale()
         finally:
+            self._updating_to = None
             if self._gate is gate:
                 self._gate = None
             gate.set()
+
+    def _label_check(self) -> int | None:
+        """The newest version an engine label may rightly carry now (the Rollout's, or the one an update
+        under way is setting), or None once a newer label was warned about (the warning is given once)."""
+        if self._label_warned:
+            return None
+        return self.version if self._updating_to is None else max(self.version, self._updating_to)
 
     async def _open(self) -> None:
         """Wait while a weight update holds new requests back."""
