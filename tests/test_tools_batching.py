@@ -143,3 +143,32 @@ def test_a_lot_inside_a_lot_goes_with_the_outer_one(monkeypatch):
     first, second = asyncio.run(main())
     assert puts == [2] and (first.content, second.content) == ("4", "9")
     box.close()
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this")
+
+
+def unprintable(n: int) -> object:
+    """Returns something that cannot become text.
+
+    Args:
+        n: Ignored.
+    """
+    return Unprintable()
+
+
+def test_a_result_that_cannot_become_text_is_answered_as_a_failure():
+    """A tool whose return value's ``str()`` raises: its call is answered (a failure naming the error),
+    the batch ends, the other calls keep their answers (it used to wait forever)."""
+    box = tmpl.Toolbox([square, unprintable], timeout=5.0)
+
+    async def main():
+        futures = box.start_batch([[call("unprintable", {"n": 1}, "u"), call("square", {"n": 3}, "s")]])
+        return await asyncio.wait_for(asyncio.gather(*futures), 20)
+
+    [[bad, good]] = asyncio.run(main())
+    assert bad.error == "exception" and "no text for this" in bad.content
+    assert good.error is None and good.content == "9"
+    box.close()

@@ -512,6 +512,7 @@ class _Batch:
                     call.on_result()
                 except Exception as exc:  # noqa: BLE001 - one call's failure must not keep the others unanswered
                     self.loop.call_exception_handler({"message": "tool call answer failed", "exception": exc})
+                    call.settle(_raised(call.call, exc, None))  # nor itself (e.g. a result whose str() raises)
 
     def start(self, item: ToolCall | CallProblem) -> asyncio.Future[CallOutcome]:
         out: asyncio.Future[CallOutcome] = self.loop.create_future()
