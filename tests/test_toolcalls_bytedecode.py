@@ -99,6 +99,19 @@ def test_the_table_decodes_every_token_and_random_runs_like_the_tokenizer(family
             assert got == backend.decode(run, skip_special_tokens=False), run
 
 
+@pytest.mark.parametrize("family", sorted(BYTE_LEVEL)[:1])
+def test_a_negative_id_is_left_to_the_tokenizer(family):
+    """The table is a list: a negative ID would read an entry from its end. It says nothing (None)
+    and the tokenizer, which refuses such an ID, decides."""
+    codec = chat_template(family).codec
+    table = byte_table(codec)
+    assert table is not None
+    first = codec.encode("hello")
+    assert decode_run(table, first) is not None  # the entries are filled
+    assert decode_run(table, [first[0] - len(table)]) is None
+    assert decode_run(table, first + [-1]) is None
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_token_text_is_what_the_tokenizer_alone_gave(family):
     tpl = chat_template(family)

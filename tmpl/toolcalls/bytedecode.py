@@ -49,6 +49,8 @@ def _byte_chars() -> dict[str, int]:
 def decode_run(table: ByteTable, ids: Sequence[int]) -> str | None:
     """The text of ``ids`` as the tokenizer decodes it, or None when the table cannot say (an added
     token or an ID outside the vocabulary in the run): decode with the tokenizer then."""
+    if ids and min(ids) < 0:  # a list would read a negative ID from its end; the tokenizer refuses it
+        return None
     try:
         return b"".join(map(table.__getitem__, ids)).decode("utf-8", "replace")
     except TypeError:  # an entry not filled yet, or an added token's
