@@ -198,7 +198,20 @@ def _placeholders(vt: Any, processor: Any, kwargs: dict[str, Any]) -> Verdict:
     return Verdict(SAFE, cases=len(PROMPT_SIZES))
 
 
-def _suffix(vt: Any, processor: Any, kwargs: dict[str, Any], notes: list[str]) -> Verdict:
+def _drops_tool_images(vt: Any, messages: list[dict[str, Any]], placeholder: str) -> bool:
+    """Whether the template's text render of ``messages`` (a user image, a tool result with one) holds
+    fewer placeholders than images: checked, not read from the processor's error."""
+    from ..vision.parts import split_images
+
+    render, _, parts = split_images(messages, load=False)
+    try:
+        text = vt.chat.renderer.text(render, tools=_TOOLS, add_generation_prompt=True)
+    except TmplError:
+        return False
+    return text.count(placeholder) < len(parts)
+
+
+def _suffix(vt: Any, processor: Any, kwargs: dict[str, Any], notes: list[str], placeholder: str) -> Verdict:
     history = _user(_image(40, 40, 9))
     assistant = {
         "role": "assistant",
@@ -223,8 +236,10 @@ def _suffix(vt: Any, processor: Any, kwargs: dict[str, Any], notes: list[str]) -
             return Verdict(UNPROVEN, f"the prompt does not render: {exc}")
         try:
             truth = _truth(processor, history + [assistant] + results, kwargs)
+        except MemoryError:  # a budget's memory limit: the report says budget exceeded, not a verdict
+            raise
         except ValueError as exc:
-            if "number of" in str(exc) or "image" in str(exc).lower():
+            if _drops_tool_images(vt, history + [assistant] + results, placeholder):
                 return Verdict(UNSUPPORTED, "the template drops images in tool results (the processor's render fails)")
             return Verdict(UNPROVEN, f"the processor's render failed: {type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - e.g. a template that raises on tool messages
@@ -283,5 +298,9 @@ def check_images(tpl: Any) -> ImagesCheck | None:
         return ImagesCheck(placeholder, None, Verdict(UNPROVEN, reason), Verdict(UNPROVEN, reason))
     notes: list[str] = []
     return ImagesCheck(
-        placeholder, described, _placeholders(vt, processor, kwargs), _suffix(vt, processor, kwargs, notes), notes
+        placeholder,
+        described,
+        _placeholders(vt, processor, kwargs),
+        _suffix(vt, processor, kwargs, notes, placeholder),
+        notes,
     )
