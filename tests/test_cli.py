@@ -88,3 +88,20 @@ def test_compatibility_doc_is_current():
             committed.splitlines(), fresh.splitlines(), "committed", "fresh", lineterm="", n=0
         )
         pytest.fail("docs/compatibility.md differs from a fresh `tmpl matrix` run:\n" + "\n".join(list(changed)[:60]))
+
+
+def test_require_images_gates_on_the_images_check(tokenizer_of, capsys):
+    """``--require images``: a template that drops tool images exits 3 (UNSUPPORTED, named on stderr),
+    one whose images are exact exits 0, and one that renders no image parts has nothing to gate."""
+    tokenizer_of("gemma-4-it")  # skips without the data
+    folder = str(DATA / "gemma-4-it")
+    drops = DATA / "templates" / "llama.cpp" / "google-gemma-4-31B-it.jinja"
+    exact = DATA / "templates" / "ollama" / "gemma4_e2b_chat_template.jinja"
+    assert main(["check", folder, "--template", str(drops), "--require", "images"]) == 3
+    assert "images suffix is UNSUPPORTED (the template drops images in tool results" in capsys.readouterr().err
+    assert main(["check", folder, "--template", str(exact), "--require", "images"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(DATA / "qwen2.5-instruct"), "--require", "images"]) == 0
+    with pytest.raises(SystemExit) as bad:
+        main(["check", folder, "--template", str(drops), "--require", "nothing"])
+    assert bad.value.code == 2 and "choose from tool_loop, multi_user, images" in capsys.readouterr().err

@@ -16,8 +16,9 @@ hub cache is used, or the command fails naming ``HF_HUB_OFFLINE=1`` and the loca
 messages with that template (and the tool schemas of ``--tools``) and explains the difference afresh;
 without, it prints the causes stored at export.
 
-``--require tool_loop,multi_user`` chooses the verdicts that decide the exit status (default
-``tool_loop``). A verdict ``SAFE WITH tmpl TEMPLATE X`` gates as the given template's own verdict
+``--require tool_loop,multi_user,images`` chooses the verdicts that decide the exit status (default
+``tool_loop``; ``images``: the images check of a template that renders image parts, nothing to gate
+for one that renders none). A verdict ``SAFE WITH tmpl TEMPLATE X`` gates as the given template's own verdict
 (the template given is not safe; the shipped X is). Exit status:
 
 ==== ===============================================================================================
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 #: exit statuses (see the module docstring)
 EXIT_SAFE, EXIT_UNSAFE, EXIT_USAGE, EXIT_UNPROVEN = 0, 1, 2, 3
 #: the uses a report judges, in the order they are printed
-USES = ("tool_loop", "multi_user")
+USES = ("tool_loop", "multi_user", "images")
 
 
 # -- gating --------------------------------------------------------------------------------------
@@ -85,15 +86,30 @@ def _failures(report: TemplateReport, uses: Sequence[str]) -> list[tuple[str, st
 
     out = []
     for use in uses:
-        verdict = report.verdicts[use]
-        level = gated_level(verdict)
-        if level == SAFE:
-            continue
-        what = f"{use} is {verdict.label}"
-        if verdict.level == SAFE_WITH:
-            what = f"{use} is {verdict.reason}; tmpl ships a safe template for it: {verdict.template}"
-        out.append((level, what))
+        for name, verdict in use_verdicts(report, use):
+            level = gated_level(verdict)
+            if level == SAFE:
+                continue
+            what = f"{name} is {verdict.label}"
+            if verdict.level == SAFE_WITH:
+                what = f"{name} is {verdict.reason}; tmpl ships a safe template for it: {verdict.template}"
+            out.append((level, what))
     return out
+
+
+def use_verdicts(report: TemplateReport, use: str) -> list[tuple[str, Verdict]]:
+    """``(name, verdict)`` of the checks that gate ``use``. ``images``: the images check's two verdicts,
+    none for a template that renders no image parts, UNPROVEN where the report was not made (a budget
+    ran out before it)."""
+    from .report import UNPROVEN, Verdict
+
+    if use != "images":
+        return [(use, report.verdicts[use])]
+    if report.images is not None:
+        return [("images placeholders", report.images.placeholders), ("images suffix", report.images.suffix)]
+    if report.plain_renders is None:  # not found out (api.unproven_report)
+        return [("images", Verdict(UNPROVEN, f"not checked: {report.verdicts['tool_loop'].reason}"))]
+    return []
 
 
 def _gate(command: str, report: TemplateReport, uses: Sequence[str]) -> int:
@@ -230,7 +246,9 @@ def _matrix(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     levels = [
-        "SKIPPED" if row.report is None else _worst(gated_level(row.report.verdicts[use]) for use in args.require)
+        "SKIPPED"
+        if row.report is None
+        else _worst(gated_level(v) for use in args.require for _, v in use_verdicts(row.report, use))
         for row in rows
     ]
     status = exit_status(levels)
@@ -382,7 +400,8 @@ def _common(cmd: argparse.ArgumentParser, *, hub: bool = True) -> None:
         type=_uses,
         default=("tool_loop",),
         metavar="USES",
-        help="verdicts that decide the exit status, comma-separated: tool_loop, multi_user (default: tool_loop)",
+        help="verdicts that decide the exit status, comma-separated: tool_loop, multi_user, images "
+        "(default: tool_loop)",
     )
     cmd.add_argument(
         "--budget",
