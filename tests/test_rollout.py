@@ -660,3 +660,23 @@ def test_a_suffix_error_stays_with_its_sample(tokenizer_of, monkeypatch):
     for r in results[:3] + results[4:]:
         sequence = r.prompt_ids.tolist() + r.completion_ids.tolist()
         assert _ids(tpl, r.messages, False)[: len(sequence)] == sequence
+
+
+def test_a_text_rollout_refuses_a_prompt_with_an_image(tokenizer_of):
+    """A text template would render an image part as one placeholder with no pixels: refused, naming
+    the part (run and stream alike), before any request."""
+    from tmpl.errors import ImageInputError
+
+    seen = []
+    rollout = tmpl.Rollout(_tpl(tokenizer_of), Scripted(lambda req: seen.append(req) or [1]), progress=False)
+    ok = [{"role": "user", "content": "Hello"}]
+    shot = [{"role": "user", "content": [{"type": "text", "text": "Same?"}, {"type": "input_image", "image": "x.png"}]}]
+    with pytest.raises(ImageInputError, match=r"conversations\[1\]\[0\].content\[1\]: an image.*VisionTemplate"):
+        rollout.run([ok, shot])
+
+    async def stream():
+        return [r async for r in rollout.stream([shot])]
+
+    with pytest.raises(ImageInputError, match=r"prompts\[0\]\[0\].content\[1\]"):
+        asyncio.run(stream())
+    assert seen == []

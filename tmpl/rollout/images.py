@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import TmplError
+from ..errors import ImageInputError, TmplError
 from ..trajectory.images import ImageInputs, ImageTrajectory
 from ..vision import VisionTemplate
 from ..vision.parts import is_image_part, is_pil_image, split_images
@@ -150,6 +150,23 @@ def tool_messages(outcomes: Sequence[CallOutcome], messages: list[dict[str, Any]
                     out = list(messages)
                 out[k] = {**messages[k], "content": parts}
     return out
+
+
+def refuse_images(conversation: Sequence[Mapping[str, Any]], *, where: str) -> None:
+    """Raise :class:`~tmpl.errors.ImageInputError` naming the first image part of ``conversation``: a
+    Rollout on a text template would render it as one unexpanded placeholder with no pixels."""
+    for i, m in enumerate(conversation):
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):
+            for j, part in enumerate(content):
+                if is_image_part(part):
+                    raise ImageInputError(
+                        i,
+                        f"{where}[{i}].content[{j}]",
+                        "an image, and this Rollout's template is a text template (its image would be one "
+                        "placeholder with no pixels): give tmpl.Rollout a tmpl.vision.VisionTemplate",
+                        where=where,
+                    )
 
 
 def has_image_parts(messages: Sequence[Mapping[str, Any]]) -> bool:

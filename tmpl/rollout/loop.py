@@ -150,6 +150,8 @@ class Rollout(WeightUpdates):
         start = time.perf_counter()
         for i, conv in enumerate(conversations):
             validate_messages(conv, where=f"conversations[{i}]")
+            if self.vision is None:
+                _images.refuse_images(conv, where=f"conversations[{i}]")
         setup = SetupTimes()
         with PhaseClock(setup)("tokenize"):  # validated above: render each, one call into the tokenizer
             if self.vision is not None:  # through the processor, each with its images

@@ -91,6 +91,8 @@ async def stream_groups(
         count = 0
         async for conv in prompts_from(prompts):
             validate_messages(conv, where=f"prompts[{count}]")
+            if rollout.vision is None:
+                images.refuse_images(conv, where=f"prompts[{count}]")
             with PhaseClock(setup)("tokenize"):
                 if rollout.vision is not None:  # through the processor, with its images (images.py)
                     prompt = images.prompt_ids(rollout.vision, conv, rollout.tool_schemas)
