@@ -77,11 +77,13 @@ class StandinServer:
     """``POST /inference/v1/generate``, ``POST /v1/completions``, ``POST /[inference/v1/]abort_requests``.
 
     ``drop_first`` closes the connection without an answer on the first N generation requests
-    (a flaky server); ``aborted`` collects the ids posted to /abort_requests.
+    (a flaky server); ``aborted`` collects the ids posted to /abort_requests, answered with
+    ``abort_status``.
     """
 
-    def __init__(self, backend, *, drop_first: int = 0, delay: float = 0.0) -> None:
+    def __init__(self, backend, *, drop_first: int = 0, delay: float = 0.0, abort_status: int = 200) -> None:
         self.backend = backend
+        self.abort_status = abort_status
         self.drop_first = drop_first
         self.delay = delay
         self.requests = 0
@@ -100,7 +102,7 @@ class StandinServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path in ("/abort_requests", "/inference/v1/abort_requests"):
                     server.aborted.extend(body["request_ids"])
-                    return self._send(200, {})
+                    return self._send(server.abort_status, {})
                 with server.lock:
                     server.requests += 1
                     drop = server.requests <= server.drop_first

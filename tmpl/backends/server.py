@@ -72,6 +72,9 @@ class ServerState:
     lost: int = 0
     #: abort notices sent to this server (cancelled or abandoned requests)
     aborts: int = 0
+    #: abort notices by id (``api="generate"``) this server did not acknowledge: no answer within 5 s,
+    #: unreachable, or an error status (the closed connection is then the only notice it got)
+    abort_errors: int = 0
     #: ``time.monotonic()`` before which no new request is sent here (after a lost connection)
     down_until: float = 0.0
     #: why this server gets no request ever again (it missed a weight update: its weights are old)
@@ -471,9 +474,13 @@ class VLLMServer(Backend):
             try:
                 status, _ = await self.http.post_json(server.url + path, ids, timeout=5.0)
             except (HTTPConnectionError, asyncio.TimeoutError):
-                return  # unreachable: the closed connection already aborted it
-            if status != 404:
+                server.abort_errors += 1  # unreachable or busy: the closed connection is the only notice
                 return
+            if status != 404:
+                if status != 200:
+                    server.abort_errors += 1
+                return
+        server.abort_errors += 1  # neither path exists on this server
 
     def _note_abort(self, server: ServerState, rid: str) -> None:
         server.aborts += 1
@@ -486,7 +493,8 @@ class VLLMServer(Backend):
 
     @property
     def stats(self) -> list[dict[str, Any]]:
-        """Per-server counts: in flight, completed, failures, lost connections, abort notices; health."""
+        """Per-server counts: in flight, completed, failures, lost connections, abort notices (and those not
+        acknowledged); health."""
         return [
             {
                 "url": s.url,
@@ -495,6 +503,7 @@ class VLLMServer(Backend):
                 "failures": s.failures,
                 "lost": s.lost,
                 "aborts": s.aborts,
+                "abort_errors": s.abort_errors,
                 "healthy": s.healthy,
                 "retired": s.retired,
             }
