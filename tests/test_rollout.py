@@ -680,3 +680,53 @@ def test_a_text_rollout_refuses_a_prompt_with_an_image(tokenizer_of):
     with pytest.raises(ImageInputError, match=r"prompts\[0\]\[0\].content\[1\]"):
         asyncio.run(stream())
     assert seen == []
+
+
+# -- verify_every: a check that cannot run is never a pass --------------------------------------
+
+
+def test_a_suffix_whose_full_render_raises_is_unverified_not_verified(tokenizer_of, caplog):
+    """Qwen2.5's template with one rule added: it raises on a tool result that mentions a volcano (real
+    templates raise on content they refuse). The suffix of that result is built from the template's
+    dummy renders, so the rollout goes on; its verify_every check cannot render the conversation. It is
+    counted as unverified (result, metrics, one warning naming the template), not passed as verified."""
+    tok = tokenizer_of("qwen2.5-instruct")
+    guard = (
+        "{%- for m in messages %}{%- if m.role == 'tool' and 'VOLCANO' in m.content %}"
+        "{{ raise_exception('this template refuses volcano reports') }}{%- endif %}{%- endfor %}"
+    )
+    tpl = tmpl.ChatTemplate(tok, guard + tok.chat_template, name="qwen2.5-volcano")
+
+    def get_weather(city: str) -> str:
+        """Current weather.
+
+        Args:
+            city: The city.
+        """
+        return f"{city}: VOLCANO erupting" if city == "Catania" else f"{city}: 21 C, sunny"
+
+    def policy(request):
+        _, _, turn = request.request_id.split("-")
+        city = "Catania" if request.prompt_ids and "Catania" in tpl.codec.decode(request.prompt_ids) else "Paris"
+        if turn == "0":
+            text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + city + '"}}\n</tool_call><|im_end|>'
+        else:
+            text = "Done.<|im_end|>"
+        return tpl.codec.encode(text)
+
+    rollout = tmpl.Rollout(tpl, Scripted(policy), tools=[get_weather], max_turns=3, verify_every=1)
+    with caplog.at_level("WARNING", logger="tmpl.rollout"):
+        paris, catania = rollout.run(
+            [[{"role": "user", "content": "Weather in Paris?"}], [{"role": "user", "content": "Weather in Catania?"}]]
+        )
+    assert paris.status.name == catania.status.name == "DONE", (paris.reason, catania.reason)
+    assert paris.unverified == 0 and catania.unverified == 1
+    assert rollout.metrics.unverified == 1 and rollout.metrics.to_dict()["rollout/unverified"] == 1.0
+    assert catania.metrics["unverified"] == 1
+    warned = [r.getMessage() for r in caplog.records if "could not be verified" in r.getMessage()]
+    assert len(warned) == 1 and "qwen2.5-volcano" in warned[0] and "volcano reports" in warned[0]
+    # the appended suffix is still the template's: the conversation without the guard renders to it
+    plain = tmpl.ChatTemplate(tok, name="qwen2.5")
+    full = plain.codec.encode(plain.render(catania.messages, tools=rollout.tool_schemas, add_generation_prompt=False))
+    sequence = catania.prompt_ids.tolist() + catania.completion_ids.tolist()
+    assert full[: len(sequence)] == sequence

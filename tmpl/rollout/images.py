@@ -227,11 +227,10 @@ def verify(vision: VisionTemplate, messages: list[dict[str, Any]], tools: Any, s
 
     The IDs must be the render's last ones, right after a stop token; the suffix's images must be
     the render's last images: the same placeholder runs there and the same arrays, value for value.
+    Raises the processor's TmplError when it cannot render ``messages`` (nothing to compare with:
+    the caller counts the suffix as unverified, never as verified).
     """
-    try:
-        full = vision.render_ids(messages, tools=tools, add_generation_prompt=True)
-    except TmplError:
-        return True  # the template cannot render it: nothing to compare with
+    full = vision.render_ids(messages, tools=tools, add_generation_prompt=True)
     ids, n = full.ids, len(suffix)
     if not (n < len(ids) and ids[len(ids) - n :] == list(suffix) and ids[len(ids) - n - 1] in vision.stop_token_ids):
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import sys
 import time
 from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
@@ -43,6 +44,8 @@ from .timing import PhaseClock, SetupTimes
 from .toolround import ToolRounds
 from .versions import token_versions
 from .weights import StalePolicy, WeightUpdates
+
+logger = logging.getLogger("tmpl.rollout")
 
 if TYPE_CHECKING:
     from ..toolcalls.types import ParsedCompletion
@@ -131,6 +134,7 @@ class Rollout(WeightUpdates):
         self.progress = progress
         self.metrics: RolloutMetrics | None = None  # of the last run
         self._suffix_count = 0
+        self._unverified_logged = False
 
     # -- entry points ---------------------------------------------------------------------
     def run(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
@@ -457,7 +461,9 @@ class Rollout(WeightUpdates):
         assert suffix is not None
         with run.clock("suffix"):
             verified = not self.verify_every or self._verify(before, assistant, tool_messages, suffix)
-        if not verified:
+        if verified is None:  # the check could not run: appended, and counted as unverified
+            run.unverified += 1
+        elif not verified:
             run.history += tool_messages
             return run.end(EndCode.VERIFY_FAILED, "suffix verification against a full render failed")
         message_index = len(run.history)
@@ -523,18 +529,30 @@ class Rollout(WeightUpdates):
         assistant: dict[str, Any],
         tool_messages: list[dict[str, Any]],
         suffix: list[int],
-    ) -> bool:
+    ) -> bool | None:
+        """Is ``suffix`` the tail of the full render (every ``verify_every``-th suffix; the others pass)?
+
+        None when the check could not run: the template raised on the whole conversation (logged
+        once per rollout, with the error). Such a suffix is never reported as verified.
+        """
         self._suffix_count += 1
         if self._suffix_count % self.verify_every:
             return True
-        if self.vision is not None:  # through the processor: IDs and image inputs
-            return _images.verify(self.vision, history + [assistant] + tool_messages, self.tool_schemas, suffix)
+        messages = history + [assistant] + tool_messages
         try:
-            text = self.tpl.renderer.text(
-                history + [assistant] + tool_messages, tools=self.tool_schemas, add_generation_prompt=True
-            )
-        except TmplError:
-            return True  # the template cannot render it: nothing to compare with
+            if self.vision is not None:  # through the processor: IDs and image inputs
+                return _images.verify(self.vision, messages, self.tool_schemas, suffix)
+            text = self.tpl.renderer.text(messages, tools=self.tool_schemas, add_generation_prompt=True)
+        except TmplError as exc:
+            if not self._unverified_logged:
+                self._unverified_logged = True
+                logger.warning(
+                    "%s: a suffix could not be verified (the full render of its conversation raised: %s); "
+                    "it was appended unchecked and counted in RolloutResult.unverified",
+                    self.tpl.name,
+                    exc,
+                )
+            return None
         full = self.tpl.codec.encode(text)
         n = len(suffix)
         return full[len(full) - n :] == suffix and n < len(full) and full[len(full) - n - 1] in self.tpl.stop_token_ids

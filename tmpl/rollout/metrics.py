@@ -65,6 +65,7 @@ class RolloutMetrics:
     staleness_max: int = 0  # versions between a sample's oldest token and the version it ended under
     staleness_mean: float = 0.0
     resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
+    unverified: int = 0  # suffix checks due under verify_every that could not run (the full render raised)
     prefix_cache_queries: float = 0.0  # prompt tokens the engines looked up in their prefix caches during the run
     prefix_cache_hits: float = 0.0  # of which found (vLLM /metrics; the engines' whole traffic)
 
@@ -129,6 +130,7 @@ class RolloutMetrics:
                     m.stale[action] = m.stale.get(action, 0) + 1
                     m.stale_tokens_off += generated - int(r.loss_mask.sum()) if action != "drop" else 0
                 m.resumed += int(getattr(r, "resumed", 0))
+            m.unverified += int(getattr(r, "unverified", 0))
             if r.drift is not None:
                 m.drift_measured += 1
                 m.drift_samples += int(r.drift)
@@ -236,4 +238,5 @@ _COUNTS = (
     "tokens_generated",
     "tokens_appended",
     "batches",
+    "unverified",
 )

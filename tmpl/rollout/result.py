@@ -59,6 +59,9 @@ class RolloutResult:
     version: int = 0  # the rollout's policy version when the sample ended
     stale_action: str | None = None  # what max_staleness did: None, "withhold", "mask" or "drop"
     resumed: int = 0  # generations continued after an abort-mode weight update (partial rollouts)
+    #: suffix checks due under ``verify_every`` that could not run: the full render of the conversation
+    #: raised (the suffix was appended unchecked; the rollout logs the error once)
+    unverified: int = 0
     _loss_mask: np.ndarray | None = field(default=None, repr=False)  # mask after the staleness policy
 
     @property
@@ -151,6 +154,7 @@ class RolloutResult:
             "staleness": self.staleness,
             "stale_action": self.stale_action,
             "resumed": self.resumed,
+            "unverified": self.unverified,
             **{f"seconds/{k}": v for k, v in dataclasses.asdict(self.times).items()},
         }
 

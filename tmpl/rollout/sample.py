@@ -46,6 +46,7 @@ class SampleRun:
     versions: list[int] = field(default_factory=list)  # policy version per completion token (-1: appended)
     oldest: int | None = None  # the version its first request was submitted under
     resumed: int = 0  # generations continued after an abort-mode weight update
+    unverified: int = 0  # suffix checks (verify_every) that could not run: the full render raised
     dropped: bool = False  # cancelled by the staleness policy (stale="drop")
     images: Any = None  # the ImageInputs of ``sequence`` (vision rollouts: rollout/images.py), else None
     image_sources: list[Any] | None = None  # those images themselves (PIL), read by images.sources
@@ -100,4 +101,5 @@ class SampleRun:
             _versions=np.empty(0, dtype=np.int32) if dropped else np.asarray(self.versions, dtype=np.int32),
             stale_action="drop" if dropped else None,
             resumed=self.resumed,
+            unverified=self.unverified,
         )
