@@ -10,6 +10,7 @@ tmpl's side builds the request from ``VisionTemplate`` (prompt, completion, tool
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,24 @@ def test_sglang_refuses_images(vt: VisionTemplate) -> None:
     backend = SGLang("http://127.0.0.1:9")
     result = asyncio.run(backend.agenerate(request("a", a.ids, a.images, [], Sampling(temperature=0))))
     assert result.finish_reason == "error" and "images are not supported" in (result.error or "")
+
+
+def test_vllm_offline_image_request_fails_when_the_engine_hides_its_expansion(vt: VisionTemplate) -> None:
+    """The offline engine's expanded prompt must equal the request's IDs; an output without
+    ``prompt_token_ids`` cannot be checked, so the request fails (it used to pass unchecked)."""
+    from tmpl.backends.vllm import VLLM
+
+    a = vt.prompt(user_turn(image(100, 80)), tools=TOOLS)
+    req = request("a", a.ids, a.images, [], Sampling(temperature=0))
+    backend = VLLM.__new__(VLLM)  # only the output check: no engine needed
+    backend.logprobs_mode = "processed_logprobs"
+    completion = types.SimpleNamespace(token_ids=(5, 6), logprobs=None, finish_reason="stop")
+    hidden = backend._result(req, types.SimpleNamespace(outputs=[completion]))
+    assert hidden.finish_reason == "error" and "no prompt_token_ids" in (hidden.error or "")
+    other = backend._result(req, types.SimpleNamespace(outputs=[completion], prompt_token_ids=a.ids[:-1]))
+    assert other.finish_reason == "error" and "not the one the IDs came from" in (other.error or "")
+    same = backend._result(req, types.SimpleNamespace(outputs=[completion], prompt_token_ids=list(a.ids)))
+    assert same.finish_reason == "stop" and same.token_ids == [5, 6]
 
 
 def test_trl_rollout_func_refuses_prompts_with_images() -> None:

@@ -311,8 +311,6 @@ class VLLMServer(Backend):
                 logprobs = None
             if req.images is not None and req.images.count:
                 problem = expansion_problem(req, body.get("prompt_token_ids"))
-                if problem is None and body.get("prompt_token_ids") is None:
-                    problem = "the response has no prompt_token_ids (the expanded prompt) to check the images against"
                 if problem is not None:
                     return GenerationResult.failed(req.request_id, f"{url}: {problem}")
             reason = choice.get("finish_reason") or "stop"

@@ -136,9 +136,15 @@ def engine_prompt(req: GenerationRequest, tokens_prompt: Any) -> Any:
 
 
 def expansion_problem(req: GenerationRequest, engine_ids: Sequence[int] | None) -> str | None:
-    """Why the engine's expanded prompt of a request with images is not the request's IDs, or None."""
-    if req.images is None or not req.images.count or engine_ids is None:
+    """Why the engine's expanded prompt of a request with images is not the request's IDs, or None.
+
+    An engine that did not say what it expanded (``engine_ids`` None) cannot be checked: that is a
+    problem too, never a pass.
+    """
+    if req.images is None or not req.images.count:
         return None
+    if engine_ids is None:
+        return "the engine returned no prompt_token_ids (the expanded prompt) to check the images against"
     got = list(engine_ids)
     if got == list(req.prompt_ids):
         return None
