@@ -472,3 +472,14 @@ def test_truncate_marks_a_running_sample_without_cutting(twin):
     done = twin.builder.Trajectory([1], max_length=4)
     done.finish()
     assert done.truncate("late").name == "DONE"
+
+
+def test_truncate_records_what_its_caller_left_out(twin):
+    traj = twin.builder.Trajectory([1, 2], max_length=10, sample_id="t")
+    with pytest.raises(ValueError, match="cut must be >= 0"):
+        traj.truncate("x", cut=-1)
+    assert traj.status.name == "RUNNING"
+    traj.add_suffix([5, 6])
+    assert traj.truncate("an image that does not fit whole", cut=7).name == "TRUNCATED"
+    assert traj.tokens_cut == 7 and traj.completion_ids.tolist() == [5, 6]
+    assert pickle.loads(pickle.dumps(traj)).tokens_cut == 7

@@ -91,6 +91,7 @@ def test_budget_never_cuts_an_image_in_two() -> None:
     assert cut.images.count == 2 and cut.images.spans == spans[:2]
     seq = cut.prompt_ids.tolist() + cut.completion_ids.tolist()
     assert seq == full_ids[: spans[2][0]]  # up to the first placeholder of the image that did not fit
+    assert cut.tokens_cut == len(full_ids) - spans[2][0]  # the rest of the suffix, counted as cut
     inputs = cut.model_inputs()  # still buildable: the images it holds are whole
     grid = full["image_grid_thw"]
     assert np.array_equal(inputs["image_grid_thw"], grid[:2])

@@ -509,13 +509,16 @@ cdef class Trajectory:
             self._status = DONE
         return STATUSES[self._status]
 
-    def truncate(self, reason):
-        """Mark a RUNNING sample TRUNCATED with ``reason`` and nothing cut (a limit other than the
-        token budgets ended it, e.g. the rollout's turn limit); a final status stays. Returns the status."""
+    def truncate(self, reason, cut=0):
+        """Mark a RUNNING sample TRUNCATED with ``reason``; ``cut``: tokens left out (0: a limit other
+        than the token budgets ended it, e.g. the rollout's turn limit; a caller that appended part
+        of something gives the rest). A final status stays. Returns the status."""
+        if cut < 0:
+            raise ValueError(f"cut must be >= 0, got {cut}")
         if self._status == RUNNING:
             self._status = TRUNCATED
             self._reason = str(reason)
-            self._cut = 0
+            self._cut = cut
         return STATUSES[self._status]
 
     def abort(self, reason):

@@ -322,13 +322,16 @@ class Trajectory:
             self._status = _DONE
         return self.status
 
-    def truncate(self, reason: str) -> Status:
-        """Mark a RUNNING sample TRUNCATED with ``reason`` and nothing cut (a limit other than the
-        token budgets ended it, e.g. the rollout's turn limit); a final status stays. Returns the status."""
+    def truncate(self, reason: str, cut: int = 0) -> Status:
+        """Mark a RUNNING sample TRUNCATED with ``reason``; ``cut``: tokens left out (0: a limit other
+        than the token budgets ended it, e.g. the rollout's turn limit; a caller that appended part
+        of something gives the rest). A final status stays. Returns the status."""
+        if cut < 0:
+            raise ValueError(f"cut must be >= 0, got {cut}")
         if self._status == _RUNNING:
             self._status = _TRUNCATED
             self._reason = str(reason)
-            self._cut = 0
+            self._cut = int(cut)
         return self.status
 
     def abort(self, reason: str) -> Status:

@@ -272,7 +272,8 @@ class _WithImages:
             traj.truncate(
                 f"suffix of {len(ids)} tokens cut to {kept} ({len(ids) - kept} cut) before the placeholders of "
                 f"image {images.parts[fits]} ({images.spans[fits][1] - cut_at} tokens), which do not fit whole: "
-                "token budget reached"
+                "token budget reached",
+                cut=len(ids) - kept,
             )
         whole, _ = images.split(sum(1 for _, end in images.spans if end <= kept))
         if whole.count:
