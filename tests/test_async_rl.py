@@ -595,3 +595,46 @@ def test_a_newer_engine_label_is_warned_about_once_per_rollout(tpl, caplog):
     assert sum(r.turns for r in results) == 6
     assert caplog.text.count("newer than this Rollout's version 0") == 1
     assert all(int(v) in (2, -1) for r in results for v in r.versions)
+
+
+class SlowUpdate(Engine):
+    """Its weight update waits for the test (``release``) after it started (``started``)."""
+
+    def __init__(self, tpl) -> None:
+        super().__init__(tpl)
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def update_weights(self, version, apply=None, *, mode="keep", reset_prefix_cache=True):
+        self.started.set()
+        await self.release.wait()
+        await super().update_weights(version, apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
+
+
+@pytest.mark.parametrize("max_staleness", [None, 0])
+def test_a_sample_ending_during_an_update_ended_under_the_version_being_set(tpl, max_staleness):
+    """Keep mode: a request that comes back while the update is under way carries the new label on
+    its tokens. The sample ended under that version (staleness 0, never -1), and with
+    max_staleness=0 nothing of it is stale (it was -1 behind before)."""
+    engine = SlowUpdate(tpl)
+    engine.hold("0-0-0")
+    engine.spans["0-0-0"] = [1] * len(engine.final)
+    rollout = tmpl.Rollout(tpl, engine, max_staleness=max_staleness, stale="mask")
+
+    async def go():
+        task = asyncio.ensure_future(rollout.run_async([ask(0)]))
+        await when(engine.arrived["0-0-0"], task)
+        update = asyncio.ensure_future(rollout.update_weights_async(1, mode="keep"))
+        await engine.started.wait()
+        engine.held["0-0-0"].set()  # answered while the update holds the engine
+        [r] = await task
+        assert not update.done()
+        engine.release.set()
+        await update
+        return r
+
+    r = asyncio.run(go())
+    assert r.status.name == "DONE" and r.versions.tolist() == [1] * len(engine.final)
+    assert r.version == 1 and r.staleness == 0 and r.stale_action is None
+    assert r.loss_mask.tolist() == r.mask.tolist() == [1] * len(engine.final)
+    assert rollout.version == 1

@@ -133,15 +133,21 @@ class WeightUpdates:
         under way is setting), or None once a newer label was warned about (the warning is given once)."""
         if self._label_warned:
             return None
-        return self.version if self._updating_to is None else max(self.version, self._updating_to)
+        return self._ended_under()
 
     async def _open(self) -> None:
         """Wait while a weight update holds new requests back."""
         while self._gate is not None:
             await self._gate.wait()
 
-    def _too_stale(self, oldest: int | None) -> bool:
-        return self.max_staleness is not None and oldest is not None and self.version - oldest > self.max_staleness
+    def _too_stale(self, oldest: int | None, now: int | None = None) -> bool:
+        now = self.version if now is None else now
+        return self.max_staleness is not None and oldest is not None and now - oldest > self.max_staleness
+
+    def _ended_under(self) -> int:
+        """The version a sample that ends now ended under: during an update, the one being set (its
+        keep-mode requests come back labelled with it, so the older one would give negative staleness)."""
+        return self.version if self._updating_to is None else max(self.version, self._updating_to)
 
     def _drop_stale(self) -> None:
         """``stale="drop"``: cancel the running samples the last update made too stale."""
@@ -154,10 +160,10 @@ class WeightUpdates:
 
     def _apply_staleness(self, result: RolloutResult) -> None:
         """Record the version the sample ended under and apply ``max_staleness``."""
-        result.version = self.version
+        result.version = now = self._ended_under()
         if self.max_staleness is None or result.code is EndCode.STALE_DROPPED:
             return
-        if not self._too_stale(result.oldest_version):
+        if not self._too_stale(result.oldest_version, now):
             return
         if self.stale == "withhold":
             result.stale_action = "withhold"
@@ -165,17 +171,18 @@ class WeightUpdates:
         elif self.stale == "mask":
             versions = result.versions
             keep = result.mask.copy()
-            keep[(versions >= 0) & (versions < self.version - self.max_staleness)] = 0
+            keep[(versions >= 0) & (versions < now - self.max_staleness)] = 0
             result.stale_action = "mask"
             result._loss_mask = keep
         else:  # drop: the sample ended before an update made it too stale
-            self._dropped(result.trajectory, result.oldest_version)
+            self._dropped(result.trajectory, result.oldest_version, now)
             result.code, result.stale_action = EndCode.STALE_DROPPED, "drop"
             result._versions = np.empty(0, dtype=np.int32)
 
-    def _dropped(self, traj: Trajectory, oldest: int | None) -> None:
+    def _dropped(self, traj: Trajectory, oldest: int | None, now: int | None = None) -> None:
+        now = self.version if now is None else now
         traj.reset()
         traj.abort(
-            f"dropped: sampled from version {oldest}, {self.version - (oldest or 0)} versions behind "
-            f"{self.version} (max_staleness={self.max_staleness})"
+            f"dropped: sampled from version {oldest}, {now - (oldest or 0)} versions behind "
+            f"{now} (max_staleness={self.max_staleness})"
         )
