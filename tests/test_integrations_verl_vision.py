@@ -543,6 +543,41 @@ def test_tmpl_builder_with_a_vlm_processor(processor: Any) -> None:
         print(f"verl's {type(verl_builder).__name__} raised {type(exc).__name__}: {exc}")
 
 
+def test_tmpl_builder_renders_a_given_chat_template_through_the_processor(processor: Any) -> None:
+    """A ChatTemplate given with the VLM's processor is the template rendered (its text and settings,
+    images expanded by the processor); the builder used to drop it for the processor's own template."""
+    import tmpl
+    from tmpl.integrations.verl import create_tmpl_builder
+
+    marked = "{#- a training variant -#}\n" + (DATA / TEMPLATE).read_text(encoding="utf-8").replace(
+        "You have access to the following functions:", "You may call these functions:"
+    )
+    assert "You may call these functions:" in marked
+    given = tmpl.ChatTemplate(processor.tokenizer, marked, name="qwen2.5-vl-careful", **TEMPLATE_KWARGS)
+    builder = create_tmpl_builder(processor.tokenizer, processor=processor, template=given, fallback="error")
+    assert builder.vision is not None and builder.template.template == marked
+    schemas = tmpl.Toolbox([screenshot]).schemas
+    user_img = image(100, 80)
+    history = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    ids = builder.build_initial_tokens(history, tools=schemas, images=[user_img])
+    truth = processor.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": user_img}, {"type": "text", "text": "What is this?"}],
+            }
+        ],
+        tools=schemas,
+        chat_template=marked,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **TEMPLATE_KWARGS,
+    )["input_ids"][0]
+    assert ids == list(truth)
+    assert "You may call these functions:" in processor.tokenizer.decode(ids)
+
+
 def test_verls_own_tool_agent_with_images_on_tmpls_builder(processor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """verl's own ``tool_agent`` loop (its ``qwen3_coder`` parser, a verl function tool returning an
     image) with the VLM's processor and ``use_tmpl_builders()`` under it: the first prompt and every

@@ -47,7 +47,8 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
     own (or ``chat_template_kwargs["chat_template"]``); the other ``chat_template_kwargs`` are
     passed to every render, as verl does. ``hf_model_type`` picks verl's builder used as fallback.
     ``processor``: a VLM's processor (with an image processor): images go through its
-    :class:`tmpl.vision.VisionTemplate` (``self.vision``).
+    :class:`tmpl.vision.VisionTemplate` (``self.vision``), which renders ``template`` (a ChatTemplate's
+    text and settings too) when one is given, else the processor's own.
     """
 
     def __init__(
@@ -70,8 +71,10 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         source = kwargs.pop("chat_template", None)
         self.vision: VisionTemplate | None = None
         if getattr(processor, "image_processor", None) is not None:
-            given = None if isinstance(template, ChatTemplate) else template
-            self.vision = VisionTemplate(processor, given if given is not None else source, **kwargs)
+            given, settings = template, {}
+            if isinstance(template, ChatTemplate):  # its template text and settings, through the processor
+                given, settings = template.template, dict(template.template_kwargs)
+            self.vision = VisionTemplate(processor, given if given is not None else source, **{**settings, **kwargs})
             self.template = self.vision.chat
         elif isinstance(template, ChatTemplate):
             self.template = template
