@@ -269,6 +269,58 @@ def test_trajectory_is_the_chosen_twin() -> None:
     assert tmpl.NATIVE == (tmpl._compat.ids.__name__ == "tmpl._ids_c")
 
 
+BROKEN_CORE = r"""
+import importlib.abc, json, sys
+BLOCKED = sys.argv[1]
+
+
+class Broken(importlib.abc.MetaPathFinder):  # a built module that cannot load (another numpy, a bad build)
+    def find_spec(self, name, path=None, target=None):
+        if name == BLOCKED:
+            raise ImportError(f"{name}: undefined symbol: PyFake_Init (simulated)")
+        return None
+
+
+sys.meta_path.insert(0, Broken())
+import tmpl
+from tmpl.trajectory import _twin
+
+t = tmpl.Trajectory([1, 2], max_length=8)
+t.add_completion([3], [-0.5])
+print(json.dumps({
+    "native": tmpl.NATIVE, "compat": tmpl._compat.NATIVE, "reason": tmpl._compat.REASON,
+    "ids": tmpl._compat.ids.__name__, "builder": _twin.builder.__name__,
+    "trajectory": tmpl.Trajectory.__module__, "mask": t.mask.tolist(),
+}))
+"""
+
+
+@pytest.mark.skipif(not tmpl.NATIVE, reason="the compiled core is not built here: nothing to break")
+@pytest.mark.parametrize("module", ["tmpl._ids_c", "tmpl.trajectory._builder_c"])
+def test_a_built_core_that_fails_to_import_leaves_tmpl_on_its_pure_twins(module: str) -> None:
+    """The .so files are there (NATIVE would be True) but one raises ImportError when loaded: tmpl
+    imports, every twin is pure, and REASON names the module and its error."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", BROKEN_CORE, module],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        env={**os.environ, "TMPL_PURE": ""},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["native"] is False and got["compat"] is False
+    assert f"{module} failed to import" in got["reason"] and "PyFake_Init" in got["reason"]
+    assert got["ids"] == "tmpl._ids_py" and got["builder"] == "tmpl.trajectory._builder_py"
+    assert got["trajectory"] == "tmpl.trajectory._builder_py" and got["mask"] == [1]
+
+
 #: Imports ``ROOT`` in a fresh interpreter and records the import graph as it runs: an edge from each
 #: module under ``ROOT`` to each module under ``ROOT`` it imports, through ``import`` or through
 #: ``importlib.import_module`` (which the static graph above cannot see), and to that module's

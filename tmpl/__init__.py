@@ -17,8 +17,8 @@ True
 
 from __future__ import annotations
 
-from . import backends, errors, export, report, templates, toolcalls
-from ._compat import NATIVE
+from . import backends, errors, export, report, templates, toolcalls, trajectory
+from ._compat import NATIVE  # after .trajectory: a compiled twin that fails to import turns it False
 from .backends import Sampling
 from .chat_template import ChatTemplate
 from .errors import TmplError
@@ -59,4 +59,5 @@ __all__ = [
     "report",
     "templates",
     "toolcalls",
+    "trajectory",
 ]

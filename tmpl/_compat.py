@@ -4,7 +4,8 @@ Each compiled module has a pure-Python twin beside it with the same public names
 behaviour (``tmpl._ids_c`` / ``tmpl/_ids_py.py``, ``tmpl.trajectory._builder_c`` /
 ``tmpl/trajectory/_builder_py.py``; the Cython sources are in the repository's ``_native/``).
 :data:`NATIVE` is True when every compiled module is built (found beside its twin) and
-``TMPL_PURE`` is not set; this module imports nothing of tmpl's to decide it. Each twin is then
+``TMPL_PURE`` is not set; this module imports nothing of tmpl's to decide it. A built module that
+then fails to import turns every twin pure (:func:`fall_back`), never the import of tmpl into an error. Each twin is then
 picked where it is used, the yarl way::
 
     if TYPE_CHECKING or not NATIVE:
@@ -30,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__all__ = ["HOLDERS", "NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "ids", "load"]
+__all__ = ["HOLDERS", "NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "fall_back", "ids", "load"]
 
 #: Twin modules by short name: (compiled module, pure-Python module).
 TWINS: dict[str, tuple[str, str]] = {
@@ -80,7 +81,21 @@ def _choose() -> tuple[bool, str]:
 
 NATIVE, REASON = _choose()
 
+
+def fall_back(module: str, exc: ImportError) -> None:
+    """A compiled module was found but does not import (built for another Python or numpy, a broken
+    build): every twin is the pure one from here on, and :data:`REASON` says which module failed and why.
+    Called by a twin's holder before it takes the pure twin itself."""
+    global NATIVE, REASON, ids
+    from . import _ids_py
+
+    NATIVE, REASON, ids = False, f"compiled core unavailable ({module} failed to import: {exc})", _ids_py
+
+
 if TYPE_CHECKING or not NATIVE:  # the type checker sees the pure twin; the compiled one has the same names
     from . import _ids_py as ids
 else:
-    from . import _ids_c as ids
+    try:
+        from . import _ids_c as ids
+    except ImportError as _exc:
+        fall_back("tmpl._ids_c", _exc)

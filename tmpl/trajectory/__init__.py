@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._compat import NATIVE
 from . import _twin as _twin  # the builder module in use (types.restore_trajectory reaches it here)
 from .batch import collate, collate_arrays
 from .types import Span, Status
 
-if TYPE_CHECKING or not NATIVE:
+if TYPE_CHECKING:
     from ._builder_py import Trajectory
 else:
-    from ._builder_c import Trajectory
+    Trajectory = _twin.builder.Trajectory
 
 __all__ = ["Span", "Status", "Trajectory", "collate", "collate_arrays"]

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._compat import NATIVE
+from .. import _compat
 
-if TYPE_CHECKING or not NATIVE:
+if TYPE_CHECKING or not _compat.NATIVE:
     from . import _builder_py as builder
 else:
-    from . import _builder_c as builder
+    try:
+        from . import _builder_c as builder
+    except ImportError as _exc:  # built but not loadable: every twin turns pure (_compat.fall_back)
+        _compat.fall_back("tmpl.trajectory._builder_c", _exc)
+        from . import _builder_py as builder
 
 __all__ = ["builder"]
