@@ -71,9 +71,12 @@ class TmplContinuousTokenBuilder(ContinuousTokenBuilder):  # type: ignore[misc]
         source = kwargs.pop("chat_template", None)
         self.vision: VisionTemplate | None = None
         if getattr(processor, "image_processor", None) is not None:
-            given, settings = template, {}
+            settings: dict[str, Any] = {}
+            given: str | None
             if isinstance(template, ChatTemplate):  # its template text and settings, through the processor
                 given, settings = template.template, dict(template.template_kwargs)
+            else:
+                given = template
             self.vision = VisionTemplate(processor, given if given is not None else source, **{**settings, **kwargs})
             self.template = self.vision.chat
         elif isinstance(template, ChatTemplate):
