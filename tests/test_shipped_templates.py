@@ -779,6 +779,38 @@ def test_synthetic_tokenizer_renders_like_the_real_one(name):
         assert len(synth.encode(marker, add_special_tokens=False)) == 1, marker
         assert len(real.encode(marker, add_special_tokens=False)) == 1, marker
     assert (synth.bos_token, synth.eos_token) == (real.bos_token, real.eos_token)
+    for attr, token in info.named_tokens:  # what a processor reads by name: as the real tokenizer has it
+        assert getattr(real, attr) == getattr(synth, attr) == token, attr
+        assert len(synth.encode(token, add_special_tokens=False)) == 1, attr
+
+
+def test_shipped_gemma4_images_verdict_offline_is_the_real_tokenizers():
+    """The offline matrix builds Gemma 4's processor on the synthetic tokenizer (its named image and audio
+    tokens, its pad token): the images verdict is the one the real tokenizer gets with the same template,
+    not an UNPROVEN about the synthetic tokenizer."""
+    from tmpl.report.multimodal import check_images
+
+    info = tmpl.templates.info("gemma-4")
+    assert dict(info.named_tokens)["image_token"] == "<|image|>"
+    offline = check_images(tmpl.ChatTemplate(tmpl.templates.synthetic_tokenizer("gemma-4"), name="gemma-4"))
+    real = check_images(tmpl.ChatTemplate(tokenizer("gemma-4"), info.text(), name="gemma-4"))
+    assert offline is not None and real is not None
+    assert offline.placeholders.level == real.placeholders.level == "SAFE"
+    assert (offline.suffix.level, offline.suffix.reason) == (real.suffix.level, real.suffix.reason)
+    assert "cannot be built" not in offline.label
+
+
+def test_named_tokens_must_be_token_names(tmp_path):
+    from tmpl.errors import TemplateMetadataError
+    from tmpl.templates import _parse
+
+    meta = json.loads((tmpl.templates.shipped_dir() / "gemma-4.json").read_text(encoding="utf-8"))
+    jinja = tmp_path / "gemma-4.jinja"
+    jinja.write_text("{{ messages }}", encoding="utf-8")
+    for bad in ({"image": "<|image|>"}, {"image_token": ""}, ["<|image|>"]):
+        (tmp_path / "gemma-4.json").write_text(json.dumps({**meta, "named_tokens": bad}), encoding="utf-8")
+        with pytest.raises(TemplateMetadataError, match="named_tokens"):
+            _parse(tmp_path / "gemma-4.json", jinja)
 
 
 @pytest.mark.parametrize("name", NAMES)

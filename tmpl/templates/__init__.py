@@ -55,6 +55,8 @@ class TemplateInfo:
     tokenizers); ``base_file`` is that template's file there (``file#key`` for a JSON key).
     ``special_tokens`` lists every marker the template writes that is an added token of the
     family's tokenizer; ``non_special_tokens`` is the subset added with ``special=False``.
+    ``named_tokens``: the tokens the family's tokenizer exposes by name (``image_token``,
+    ``boi_token``, ...: what its processor reads), as ``(name, token)`` pairs.
 
     >>> t = info("qwen3")
     >>> t.family, "<think>" in t.special_tokens
@@ -73,6 +75,7 @@ class TemplateInfo:
     non_special_tokens: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     base_file: str = ""
+    named_tokens: tuple[tuple[str, str], ...] = ()
 
     def text(self) -> str:
         """The template's Jinja text."""
@@ -104,6 +107,11 @@ def _parse(meta_file: Traversable, jinja_file: Traversable) -> TemplateInfo:
     stem = jinja_file.name.removesuffix(".jinja")
     if meta["name"] != stem:
         raise TemplateMetadataError(where, f"'name' is {meta['name']!r} but the template file is {jinja_file.name!r}")
+    named = meta.get("named_tokens", {})
+    if not isinstance(named, dict) or not all(
+        isinstance(k, str) and k.endswith("_token") and isinstance(v, str) and v for k, v in named.items()
+    ):
+        raise TemplateMetadataError(where, "'named_tokens' must map names ending in '_token' to non-empty tokens")
     stray = set(meta.get("non_special_tokens", [])) - set(meta["special_tokens"])
     if stray:
         raise TemplateMetadataError(where, f"non_special_tokens not listed in special_tokens: {sorted(stray)}")
@@ -120,6 +128,7 @@ def _parse(meta_file: Traversable, jinja_file: Traversable) -> TemplateInfo:
         non_special_tokens=tuple(meta.get("non_special_tokens", ())),
         aliases=tuple(meta.get("aliases", ())),
         base_file=str(meta.get("base_file", "")),
+        named_tokens=tuple(sorted(named.items())),
     )
 
 
@@ -221,7 +230,8 @@ def synthetic_tokenizer(name: str) -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     non_special = set(t.non_special_tokens)
-    markers = list(dict.fromkeys([*(x for x in (t.bos_token, t.eos_token) if x), *t.special_tokens]))
+    named = dict(t.named_tokens)  # a processor reads these by name (Gemma 4's image_token, boi_token, ...)
+    markers = list(dict.fromkeys([*(x for x in (t.bos_token, t.eos_token) if x), *t.special_tokens, *named.values()]))
     backend.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers if m not in non_special])
     backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in markers if m in non_special])
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
@@ -231,4 +241,6 @@ def synthetic_tokenizer(name: str) -> PreTrainedTokenizerFast:
         chat_template=t.text(),
         name_or_path=f"tmpl-synthetic-{t.name}",
         model_max_length=1 << 30,
+        pad_token=named.pop("pad_token", None),
+        **({"extra_special_tokens": named} if named else {}),
     )
