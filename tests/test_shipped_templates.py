@@ -796,7 +796,7 @@ def test_shipped_gemma4_images_verdict_offline_is_the_real_tokenizers():
     real = check_images(tmpl.ChatTemplate(tokenizer("gemma-4"), info.text(), name="gemma-4"))
     assert offline is not None and real is not None
     assert offline.placeholders.level == real.placeholders.level == "SAFE"
-    assert (offline.suffix.level, offline.suffix.reason) == (real.suffix.level, real.suffix.reason)
+    assert offline.suffix.level == real.suffix.level == "SAFE"  # tool-result images render (the stock one drops them)
     assert "cannot be built" not in offline.label
 
 
