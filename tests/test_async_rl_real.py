@@ -206,6 +206,25 @@ def long_rollout(tpl, backend, **kwargs) -> tmpl.Rollout:
     )
 
 
+def mid_way(tpl, url: str, updates: list[dict], **kwargs) -> tuple[tmpl.RolloutResult, Recording, tmpl.Rollout]:
+    """One long greedy sample (``min_tokens`` LONG) of ``long_rollout(**kwargs)`` on the server at ``url``;
+    once it runs there, each of ``updates`` (``update_weights_async`` arguments) in order. Returns the
+    sample's result, the client and the rollout."""
+    backend = Recording(url, timeout=300)
+    backend.min_tokens = LONG
+    rollout = long_rollout(tpl, backend, **kwargs)
+
+    async def go():
+        task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
+        await started(backend, task)
+        for update in updates:
+            await rollout.update_weights_async(**update)
+        return await task
+
+    [r] = asyncio.run(go())
+    return r, backend, rollout
+
+
 def fresh_continuation(url: str, prompt: list[int], max_tokens: int, stops) -> list[int]:
     client = Recording(url, timeout=120)
     client.min_tokens = max_tokens
@@ -219,17 +238,7 @@ def test_keep_mode_reload_splits_versions_as_the_server_reports(tpl, server, wei
     url = server["url"]
 
     def scenario():
-        backend = Recording(url, timeout=300)
-        backend.min_tokens = LONG
-        rollout = long_rollout(tpl, backend)
-
-        async def go():
-            task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
-            await started(backend, task)
-            await rollout.update_weights_async(1, apply=weights["perturbed"], mode="keep")
-            return await task
-
-        [r] = asyncio.run(go())
+        r, backend, _ = mid_way(tpl, url, [{"version": 1, "apply": weights["perturbed"], "mode": "keep"}])
         spans = backend.choices["0-0-0"]["weight_versions"]
         versions = r.versions.tolist()
         if 1 not in versions or versions[0] == 1:  # the update came after the last token, or before the first
@@ -253,17 +262,8 @@ def test_abort_mode_resumes_from_the_sampled_ids_under_the_new_weights(tpl, serv
     url = server["url"]
 
     def scenario():
-        backend = Recording(url, timeout=300)
-        backend.min_tokens = LONG
-        rollout = long_rollout(tpl, backend, verify_every=1, measure_drift=True)
-
-        async def go():
-            task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
-            await started(backend, task)
-            await rollout.update_weights_async(1, apply=weights["perturbed"], mode="abort")
-            return await task
-
-        [r] = asyncio.run(go())
+        update = {"version": 1, "apply": weights["perturbed"], "mode": "abort"}
+        r, backend, _ = mid_way(tpl, url, [update], verify_every=1, measure_drift=True)
         partial = backend.choices["0-0-0"]
         if partial["finish_reason"] != "abort":
             raise Missed(f"the request ended {partial['finish_reason']!r} after {len(partial['token_ids'])} tokens")
@@ -343,24 +343,12 @@ def test_a_sample_past_max_staleness(tpl, server, weights, fresh_weights, stale)
     url = server["url"]
 
     def scenario():
-        backend = Recording(url, timeout=300)
-        backend.min_tokens = LONG
-        rollout = long_rollout(tpl, backend, max_staleness=1, stale=stale)
-
-        async def go():
-            task = asyncio.ensure_future(rollout.run_async([RAMBLE]))
-            await started(backend, task)
-            await rollout.update_weights_async(1, mode="keep")
-            await rollout.update_weights_async(2, mode="keep")  # the request is still running: 2 versions behind
-            result = await task
-            deadline = time.monotonic() + 30  # the server's gauge lags: give it time to show the abort
-            while (running := await asyncio.to_thread(metric, url, "vllm:num_requests_running")) > 0:
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.1)
-            return result, running
-
-        [r], running = asyncio.run(go())
+        # the request is still running at the second update: 2 versions behind
+        updates = [{"version": 1, "mode": "keep"}, {"version": 2, "mode": "keep"}]
+        r, backend, rollout = mid_way(tpl, url, updates, max_staleness=1, stale=stale)
+        deadline = time.monotonic() + 30  # the server's gauge lags: give it time to show the abort
+        while (running := metric(url, "vllm:num_requests_running")) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
         if r.code is not EndCode.STALE_DROPPED and 2 not in r.versions.tolist():
             # no token was sampled under version 2: the request had finished when the second update came
             raise Missed(f"{r.code.value}, versions {sorted(set(r.versions.tolist()))}")
