@@ -252,6 +252,64 @@ def test_vllm_offline_image_request_fails_when_the_engine_hides_its_expansion(vt
     assert same.finish_reason == "stop" and same.token_ids == [5, 6]
 
 
+def test_vllm_server_encodes_each_image_once_off_the_event_loop(vt: VisionTemplate, monkeypatch) -> None:
+    """A sample sends every image of its sequence on each turn, and a failed try is sent again: each
+    image is PNG-encoded once per client, in a worker thread (a 1024-pixel PNG takes milliseconds,
+    which the event loop would spend away from every other sample)."""
+    import asyncio
+    import threading
+
+    from tmpl.backends import VLLMServer
+    from tmpl.backends import server as server_module
+
+    encoded: list[tuple[int, int]] = []  # (image id, thread)
+    real = server_module.image_data_url
+
+    def counting(img: Any) -> str:
+        encoded.append((id(img), threading.get_ident()))
+        return real(img)
+
+    monkeypatch.setattr(server_module, "image_data_url", counting)
+    first, second = image(100, 80), image(64, 64, 1)
+    one = vt.prompt(user_turn(first), tools=TOOLS)
+    both = vt.prompt(
+        [{"role": "user", "content": [{"type": "image", "image": first}, {"type": "image", "image": second}]}],
+        tools=TOOLS,
+    )
+    sent: list[list[str]] = []
+    statuses = iter([503, 200, 200])
+    current: dict[str, Any] = {}
+
+    async def answer(url, payload, timeout=None, headers=None):
+        sent.append([p["url"] for p in payload["content_parts"]])
+        choice = {
+            "token_ids": [5],
+            "finish_reason": "stop",
+            "logprobs": {"content": [{"token_id": 5, "logprob": -0.1}]},
+        }
+        body = {"request_id": payload["request_id"], "prompt_token_ids": current["ids"], "choices": [choice]}
+        status = next(statuses)
+        return status, body if status == 200 else "busy"
+
+    client = VLLMServer("http://127.0.0.1:9", api="generate", retries=1, backoff=0.0)
+    client.http.post_json = answer
+
+    async def go() -> tuple[int, list[Any]]:
+        outs = []
+        for rid, prompt, sources in (("t0", one, [first]), ("t1", both, [first, second])):
+            req = request(rid, prompt.ids, prompt.images, [], Sampling(temperature=0))
+            req.image_sources = sources
+            current["ids"] = list(prompt.ids)
+            outs.append(await client.agenerate(req))  # t0: a 503, then answered (two tries)
+        return threading.get_ident(), outs
+
+    loop_thread, outs = asyncio.run(go())
+    assert [o.finish_reason for o in outs] == ["stop", "stop"], [o.error for o in outs]
+    assert [i for i, _ in encoded] == [id(first), id(second)]  # once each: not per try, not per turn
+    assert all(thread != loop_thread for _, thread in encoded)
+    assert len(sent) == 3 and sent[0] == sent[1] == [real(first)] and sent[2] == [real(first), real(second)]
+
+
 def test_trl_rollout_func_refuses_prompts_with_images() -> None:
     """A trainer whose processing_class is a text tokenizer (no image processor) cannot carry a prompt's
     images into TRL's loss pass (docs/vision.md, "Backends"): a prompt with an image part is refused

@@ -165,6 +165,10 @@ class VLLMServer(Backend):
         self._background: set[asyncio.Task[None]] = set()  # abort notices on their way
         #: ids of the tries aborted on their server (cancelled, or abandoned after a timeout), in order
         self.aborted: list[str] = []
+        #: the data URLs of the images sent lately, by the image object's id (each image is PNG-encoded
+        #: once, off the event loop, not on every turn and attempt that sends it again)
+        self._image_urls: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+        self._image_url_chars = 0
         #: keep-alive pools, ``max_connections`` per server
         self.http = HTTPClient(timeout=timeout, max_connections=max_connections, headers=self.headers)
 
@@ -188,6 +192,27 @@ class VLLMServer(Backend):
         self.sticky_moves += 1
         return least
 
+    def _cached_url(self, image: Any) -> str | None:
+        hit = self._image_urls.get(id(image))
+        return hit[1] if hit is not None and hit[0] is image else None
+
+    def _image_url(self, image: Any) -> str:
+        """``image_data_url(image)``, once per image object while it is among the last ones sent (64 MB of URLs)."""
+        url = self._cached_url(image)
+        if url is None:
+            url = image_data_url(image)
+        self._keep_url(image, url)
+        return url
+
+    def _keep_url(self, image: Any, url: str) -> None:
+        old = self._image_urls.pop(id(image), None)
+        if old is not None:
+            self._image_url_chars -= len(old[1])
+        self._image_urls[id(image)] = (image, url)  # the image is held: its id is not reused meanwhile
+        self._image_url_chars += len(url)
+        while self._image_url_chars > _MAX_IMAGE_URL_CHARS and len(self._image_urls) > 1:
+            self._image_url_chars -= len(self._image_urls.popitem(last=False)[1][1])
+
     def _remember(self, sample: str | None, server: ServerState) -> None:
         if not self.sticky or sample is None:
             return
@@ -208,7 +233,7 @@ class VLLMServer(Backend):
             if req.images is not None and req.images.count:  # vLLM expands one placeholder per image itself
                 payload["token_ids"] = engine_prompt_ids(req)
                 payload["content_parts"] = [
-                    {"type": "image_url", "url": image_data_url(img)} for img in req.image_sources or ()
+                    {"type": "image_url", "url": self._image_url(img)} for img in req.image_sources or ()
                 ]
                 payload["return_token_ids"] = True  # the expanded prompt comes back: checked in _parse
             path = "/inference/v1/generate"
@@ -231,6 +256,14 @@ class VLLMServer(Backend):
                 problem = "images need api='generate' (/inference/v1/generate takes token IDs with images)"
             if problem is not None:
                 return GenerationResult.failed(request.request_id, f"{type(self).__name__}: {problem}")
+            sources = [img for img in request.image_sources or () if self._cached_url(img) is None]
+            if sources:  # PNG encoding takes milliseconds per image: a thread's, not the event loop's
+                try:
+                    urls = await asyncio.to_thread(lambda: [image_data_url(img) for img in sources])
+                except Exception as exc:  # noqa: BLE001 - an unreadable image fails its request, named
+                    return GenerationResult.failed(request.request_id, f"{type(self).__name__}: {exc}")
+                for img, url in zip(sources, urls):
+                    self._keep_url(img, url)
         for attempt in range(self.retries + 1):
             try:
                 server = self._pick(avoid, request.sample)
@@ -511,6 +544,9 @@ class VLLMServer(Backend):
 
 #: samples whose server is remembered for sticky routing (the oldest are forgotten first)
 _MAX_HOMES = 65536
+#: characters of image data URLs a client keeps, the least recently sent dropped first (a sample sends
+#: every image of its sequence on each turn)
+_MAX_IMAGE_URL_CHARS = 64 << 20
 
 
 def prometheus_counters(text: str) -> tuple[float, float]:
