@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
-from ..errors import BackendError, WeightUpdateError
+from ..errors import BackendError, TrajectoryError, WeightUpdateError
 
 if TYPE_CHECKING:
     from ..vision import ImageInputs
@@ -26,6 +26,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "Sampling",
+    "image_misfit",
     "version_label",
     "versions_from_spans",
 ]
@@ -121,6 +122,18 @@ class GenerationResult:
     @classmethod
     def failed(cls, request_id: str, error: str) -> GenerationResult:
         return cls(request_id, [], None, "error", error=error)
+
+
+def image_misfit(req: GenerationRequest) -> str | None:
+    """Why a request's image inputs do not fit its prompt IDs (their placeholder runs), or None (also
+    for a request without images): every backend that takes images checks it first."""
+    if req.images is None or not req.images.count:
+        return None
+    try:
+        req.images.check_aligned(req.prompt_ids)
+    except TrajectoryError as exc:
+        return f"the image inputs do not fit the prompt IDs: {exc.reason}"
+    return None
 
 
 def version_label(label: Any) -> int | None:

@@ -31,8 +31,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import TrajectoryError
-from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling
+from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling, image_misfit
 
 #: the model generation_config's sampling warpers that Sampling does not name: switched off,
 #: so that what is sampled from is exactly Sampling's temperature, top-k and top-p
@@ -306,13 +305,8 @@ class Torch(Backend):
 
 def _image_problem(req: GenerationRequest) -> str | None:
     """Why a request's image inputs cannot be used with its prompt IDs, or None."""
-    if req.images is None or not req.images.count:
-        return None
-    try:
-        req.images.check_aligned(req.prompt_ids)
-    except TrajectoryError as exc:
-        return f"Torch backend: the image inputs do not fit the prompt IDs: {exc.reason}"
-    return None
+    problem = image_misfit(req)
+    return None if problem is None else f"Torch backend: {problem}"
 
 
 def _image_kwargs(group: list[GenerationRequest], width: int, device: Any, dtype: Any) -> dict[str, Any]:

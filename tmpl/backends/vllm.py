@@ -43,7 +43,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import TrajectoryError, WeightUpdateError
+from ..errors import WeightUpdateError
 from .base import (
     Backend,
     BackendError,
@@ -51,6 +51,7 @@ from .base import (
     GenerationResult,
     UpdateMode,
     WeightSource,
+    image_misfit,
     versions_from_spans,
 )
 
@@ -113,10 +114,9 @@ def image_problem(req: GenerationRequest) -> str | None:
     """Why a request's images cannot go to vLLM (the carrier misaligned, sources missing), or None."""
     if req.images is None or not req.images.count:
         return None if not req.image_sources else "image_sources given without images (their placeholders)"
-    try:
-        req.images.check_aligned(req.prompt_ids)
-    except TrajectoryError as exc:
-        return f"the image inputs do not fit the prompt IDs: {exc.reason}"
+    misfit = image_misfit(req)
+    if misfit is not None:
+        return misfit
     n = len(req.image_sources or ())
     if n != req.images.count:
         return (
