@@ -499,33 +499,58 @@ def test_sticky_routing_keeps_a_samples_turns_on_one_server_and_its_cache_hits(t
     print(f"\nsticky={sticky}: {hit:.0f} of {queried:.0f} prompt tokens hit (at least {bound} from same-server turns)")
 
 
-def test_a_server_killed_during_a_pause_is_retired_and_its_samples_rerun_elsewhere(tpl, server, second, fresh_weights):
+def test_a_server_killed_during_a_pause_is_retired_and_its_samples_rerun_elsewhere(
+    tpl, server, second, weights, fresh_weights, tmp_path_factory
+):
     """SIGKILL one of two servers while both are paused for an update (mode keep): the update retires
     it and resumes the other; the requests it had re-run on the other, under the new version from
-    their first token; every sample ends with its full length once (greedy: all equal)."""
-    urls = [server["url"], second["url"]]
-    backend = Routed(urls, timeout=300, sticky=False)
-    backend.min_tokens = LONG
-    rollout = long_rollout(tpl, backend)
+    their first token; every sample ends with its full length once (greedy: all equal).
 
-    def kill_second():  # the update's apply step: runs after every server paused
-        os.killpg(second["proc"].pid, signal.SIGKILL)
-        second["proc"].wait(30)
+    A try whose requests had finished before the pause took effect (CI: it answered 5 s after them)
+    runs again, against a freshly started second server."""
+    tries = iter(range(99))
 
-    async def go():
-        task = asyncio.ensure_future(rollout.run_async([RAMBLE] * 4))
-        await started(backend, task)
-        on_second = {rid for rid, entry in backend._inflight.items() if entry.server.url == second["url"]}
-        await rollout.update_weights_async(1, apply=kill_second, mode="keep")
-        paused = httpx.get(server["url"] + "/is_paused", timeout=10).json()
-        return await task, on_second, paused
+    def one_try(victim: dict):
+        urls = [server["url"], victim["url"]]
+        backend = Routed(urls, timeout=300, sticky=False)
+        backend.min_tokens = LONG
+        rollout = long_rollout(tpl, backend)
 
-    results, on_second, paused = asyncio.run(go())
-    assert on_second, "no request was on the second server"
+        def kill_victim():  # the update's apply step: runs after every server paused
+            os.killpg(victim["proc"].pid, signal.SIGKILL)
+            victim["proc"].wait(30)
+
+        async def go():
+            task = asyncio.ensure_future(rollout.run_async([RAMBLE] * 4))
+            await started(backend, task)
+            on_victim = {rid for rid, entry in backend._inflight.items() if entry.server.url == victim["url"]}
+            await rollout.update_weights_async(1, apply=kill_victim, mode="keep")
+            paused = httpx.get(server["url"] + "/is_paused", timeout=10).json()
+            return await task, on_victim, paused
+
+        results, on_victim, paused = asyncio.run(go())
+        assert on_victim, "no request was on the second server"
+        lost = {s["url"]: s for s in backend.stats}[victim["url"]]["lost"]
+        if lost < len(on_victim):
+            raise Missed(f"{len(on_victim) - lost} request(s) on the server to kill finished before it paused")
+        early = [i for i, r in enumerate(results) if f"{i}-0-0" not in on_victim and 1 not in r.versions.tolist()]
+        if early:  # kept on the surviving server, but finished before its pause: nothing was kept across it
+            raise Missed(f"samples {early} finished on the surviving server before it paused")
+        return backend, results, on_victim, paused, victim["url"]
+
+    def scenario():
+        if next(tries) == 0:
+            return one_try(second)
+        with running(tmp_path_factory.mktemp("vllm-rl-victim")) as [victim]:
+            return one_try(victim)
+
+    backend, results, on_second, paused, second_url = caught(
+        scenario, reset=lambda: restore(server["url"], weights["original"])
+    )
     assert paused == {"is_paused": False}  # the surviving server resumed
     stats = {s["url"]: s for s in backend.stats}
-    assert "unreachable" in (stats[second["url"]]["retired"] or "") and stats[server["url"]]["retired"] is None
-    assert stats[second["url"]]["lost"] == len(on_second)
+    assert "unreachable" in (stats[second_url]["retired"] or "") and stats[server["url"]]["retired"] is None
+    assert stats[second_url]["lost"] == len(on_second)
     assert all(r.status.name in ("DONE", "TRUNCATED") for r in results), [(r.code, r.reason) for r in results]
     # each sample answered once, by the surviving server; the killed server's requests re-ran there
     assert [url for *_, url in backend.answered] == [server["url"]] * 4
