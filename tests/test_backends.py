@@ -335,8 +335,9 @@ def test_server_client_gives_up_with_a_reason():
     assert "gave up after 2 attempt(s)" in res.error and "cannot connect" in res.error
 
 
-def test_server_client_cancel_aborts_on_the_server():
-    with StandinServer(Scripted(lambda req: [1]), delay=1.0) as server:
+def cancelled_on(status: int) -> tuple[StandinServer, VLLMServer]:
+    """A request cancelled while a stand-in server (answering abort notices with ``status``) holds it."""
+    with StandinServer(Scripted(lambda req: [1]), delay=1.0, abort_status=status) as server:
         client = VLLMServer(server.url, timeout=30)
 
         async def go():
@@ -347,27 +348,22 @@ def test_server_client_cancel_aborts_on_the_server():
                 await task
 
         _run(go())
-        assert server.aborted[0] == "slow-1"  # then vLLM 0.32's engine name for it, generate-tokens-slow-1
-        assert client.stats[0]["aborts"] == 1 and client.stats[0]["abort_errors"] == 0
+    return server, client
+
+
+def test_server_client_cancel_aborts_on_the_server():
+    server, client = cancelled_on(200)
+    assert server.aborted[0] == "slow-1"  # then vLLM 0.32's engine name for it, generate-tokens-slow-1
+    assert client.stats[0]["aborts"] == 1 and client.stats[0]["abort_errors"] == 0
 
 
 @pytest.mark.parametrize("status", [500, 404])
 def test_an_abort_notice_the_server_refuses_is_counted(status):
     """A server that answers the abort notice with an error (or has no abort route: 404 on both paths)
     did not acknowledge it: ``stats`` says so, next to the notices sent."""
-    with StandinServer(Scripted(lambda req: [1]), delay=1.0, abort_status=status) as server:
-        client = VLLMServer(server.url, timeout=30)
-
-        async def go():
-            task = asyncio.create_task(client.agenerate(GenerationRequest("slow-2", [1, 2], 3, frozenset())))
-            await asyncio.sleep(0.2)
-            await client.cancel("slow-2")
-            with pytest.raises(asyncio.CancelledError):
-                await task
-
-        _run(go())
-        assert server.aborted[0] == "slow-2" and len(server.aborted) == (4 if status == 404 else 2)
-        assert client.stats[0]["aborts"] == 1 and client.stats[0]["abort_errors"] == 1
+    server, client = cancelled_on(status)
+    assert server.aborted[0] == "slow-1" and len(server.aborted) == (4 if status == 404 else 2)
+    assert client.stats[0]["aborts"] == 1 and client.stats[0]["abort_errors"] == 1
 
 
 # vLLM's tokens endpoint answers in two shapes: 0.30 (chat-style logprob entries whose token is the
