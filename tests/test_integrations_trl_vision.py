@@ -15,13 +15,13 @@ tmpl's ``prompt_ids``, each image's ``<|image_pad|>`` run is as long as its ``im
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
 from .fixture_vlm import TEMPLATE_KWARGS, TinyVLM, build_tiny_vlm, missing
+from .trl_config import train_args
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -60,22 +60,13 @@ def dataset(with_column: bool = True) -> Any:
 
 def args(tmp_path: Any, **overrides: Any) -> Any:
     settings = dict(
-        output_dir=str(tmp_path),
         per_device_train_batch_size=4,  # both prompts, two generations each, in one batch
-        num_generations=2,
         max_completion_length=MAX_NEW,
         max_steps=1,
         learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        seed=3,
         chat_template_kwargs=dict(TEMPLATE_KWARGS),
     )
-    names = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    settings["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = False
-    return trl.GRPOConfig(**{**settings, **overrides})
+    return train_args(trl.GRPOConfig, tmp_path, **{**settings, **overrides})
 
 
 @pytest.fixture(scope="module")
