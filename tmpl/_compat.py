@@ -5,8 +5,8 @@ behaviour (``tmpl._ids_c`` / ``tmpl/_ids_py.py``, ``tmpl.trajectory._builder_c``
 ``tmpl/trajectory/_builder_py.py``; the Cython sources are in the repository's ``_native/``).
 :data:`NATIVE` is True when every compiled module is built (found beside its twin) and
 ``TMPL_PURE`` is not set; this module imports nothing of tmpl's to decide it. A built module that
-then fails to import turns every twin pure (:func:`fall_back`), never the import of tmpl into an error. Each twin is then
-picked where it is used, the yarl way::
+then fails to import turns every twin pure (:func:`fall_back`), never the import of tmpl into an
+error. Each twin is then picked where it is used, the yarl way::
 
     if TYPE_CHECKING or not NATIVE:
         from . import _ids_py as ids
