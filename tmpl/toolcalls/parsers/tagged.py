@@ -14,11 +14,14 @@ several objects in one tag, a list in a tag, trailing text, Python-literal bodie
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from ..tokentext import TokenText
+from ..types import ParsedCompletion
 from .base import TRUNCATED, RawCall, ToolParser, blocks
 from .jsoncalls import calls_in_json
+from .tokencalls import TokenDelimitedCalls
 
 
 class TaggedJsonParser(ToolParser):
@@ -30,6 +33,16 @@ class TaggedJsonParser(ToolParser):
     def compile(self) -> None:
         self._open = re.compile(self.p(self.open_tag))
         self._close = re.compile(self.p(self.close_tag))
+        #: the clean case read straight from the IDs (None: the tags are text here, or no byte table)
+        self._by_ids = TokenDelimitedCalls.for_parser(self, self.open_tag, self.close_tag)
+
+    def parse(self, completion_ids: Sequence[int], *, tools: Any = None) -> ParsedCompletion:
+        """As :meth:`ToolParser.parse`; a completion of the clean shape is read from its IDs."""
+        if self._by_ids is not None:
+            parsed = self._by_ids.parse(completion_ids, tools)
+            if parsed is not None:
+                return parsed
+        return super().parse(completion_ids, tools=tools)
 
     def find_calls(self, view: TokenText, start: int, end: int) -> list[RawCall]:
         out: list[RawCall] = []
