@@ -37,11 +37,15 @@ def new_call_id() -> str:
     (9, True)
     """
     n = _ids.getrandbits(64)  # 64 random bits; 62**9 > 2**53
-    out = []
-    for _ in range(ID_LENGTH):
-        n, r = divmod(n, 62)
-        out.append(ID_ALPHABET[r])
-    return "".join(out)
+    n, a = divmod(n, 3844)  # two base-62 digits at a time (the same id as one digit at a time)
+    n, b = divmod(n, 3844)
+    n, c = divmod(n, 3844)
+    n, d = divmod(n, 3844)
+    return _PAIRS[a] + _PAIRS[b] + _PAIRS[c] + _PAIRS[d] + ID_ALPHABET[n % 62]
+
+
+#: every pair of alphabet characters, indexed by ``low + 62 * high`` (low written first)
+_PAIRS = [ID_ALPHABET[k % 62] + ID_ALPHABET[k // 62] for k in range(62 * 62)]
 
 
 @dataclass(frozen=True)
