@@ -570,12 +570,12 @@ def test_an_engine_label_newer_than_the_rollout_is_kept_and_warned_about(caplog)
 
     result = GenerationResult("7-0-0", [11, 12, 13], None, "stop", versions=[2, 2, 2])
     with caplog.at_level("WARNING", logger="tmpl.rollout"):
-        assert token_versions(result, submitted=0, current=0) == [2, 2, 2]
+        assert token_versions(result, submitted=0, current=0).tolist() == [2, 2, 2]
     assert "version 2, newer than this Rollout's version 0" in caplog.text and "7-0-0" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="tmpl.rollout"):
-        assert token_versions(result, submitted=2, current=3) == [2, 2, 2]  # older than the rollout: ordinary
-        assert token_versions(GenerationResult("r", [1, 2], None, "stop"), submitted=3, current=3) == [3, 3]
+        assert token_versions(result, submitted=2, current=3).tolist() == [2, 2, 2]  # older than the rollout: ordinary
+        assert token_versions(GenerationResult("r", [1, 2], None, "stop"), submitted=3, current=3).tolist() == [3, 3]
     assert caplog.text == ""
 
 

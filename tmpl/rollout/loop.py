@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import sys
 import time
+from array import array
 from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from .scheduler import Scheduler
 from .stream import stream_groups, stream_groups_in_thread
 from .timing import PhaseClock, SetupTimes
 from .toolround import ToolRounds
-from .versions import token_versions
+from .versions import APPENDED, token_versions
 from .weights import StalePolicy, WeightUpdates
 
 logger = logging.getLogger("tmpl.rollout")
@@ -335,7 +336,7 @@ class Rollout(WeightUpdates):
 
     async def _generate(
         self, run: SampleRun, rid: str, budget: int, sampling: Sampling, scheduler: Scheduler
-    ) -> tuple[GenerationResult, list[int]]:
+    ) -> tuple[GenerationResult, array[int]]:
         """One turn's generation and the version of each of its tokens.
 
         A request that an abort-mode weight update stopped is continued from its own tokens (the
@@ -344,7 +345,7 @@ class Rollout(WeightUpdates):
         """
         ids: list[int] = []
         lps: list[float] = []
-        versions: list[int] = []
+        versions: array[int] = array("i")
         request_id = rid
         while True:
             await self._open()
@@ -474,7 +475,7 @@ class Rollout(WeightUpdates):
             else:  # with the images of its placeholders
                 appended = _images.add_suffix(run, suffix, message_index)
             run.sequence += suffix[:appended]
-            run.versions += [-1] * appended
+            run.versions += APPENDED * appended
         if done.stop:
             return run.end(EndCode.TOOL_STOP, "a tool failed and on_error='stop'")
         if not run.traj.running:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,7 @@ class SampleRun:
     code: EndCode | None = None
     # requests and versions
     rid: str | None = None  # the id of the last generation request
-    versions: list[int] = field(default_factory=list)  # policy version per completion token (-1: appended)
+    versions: array[int] = field(default_factory=lambda: array("i"))  # policy version per token (-1: appended)
     oldest: int | None = None  # the version its first request was submitted under
     resumed: int = 0  # generations continued after an abort-mode weight update
     unverified: int = 0  # suffix checks (verify_every) that could not run: the full render raised
@@ -98,7 +99,7 @@ class SampleRun:
             code=EndCode.STALE_DROPPED if dropped else self.code,
             drift_detail=drift_detail,
             tool_failure_kinds=self.failure_kinds,
-            _versions=np.empty(0, dtype=np.int32) if dropped else np.asarray(self.versions, dtype=np.int32),
+            _versions=np.empty(0, dtype=np.int32) if dropped else np.frombuffer(self.versions, dtype=np.int32).copy(),
             stale_action="drop" if dropped else None,
             resumed=self.resumed,
             unverified=self.unverified,
