@@ -730,3 +730,48 @@ def test_a_suffix_whose_full_render_raises_is_unverified_not_verified(tokenizer_
     full = plain.codec.encode(plain.render(catania.messages, tools=rollout.tool_schemas, add_generation_prompt=False))
     sequence = catania.prompt_ids.tolist() + catania.completion_ids.tolist()
     assert full[: len(sequence)] == sequence
+
+
+def _prompt_keys() -> list[str]:
+    from .conftest import FAMILIES, catalog
+
+    return list(FAMILIES) + [e["template"] for e in catalog()]
+
+
+@pytest.mark.parametrize("key", _prompt_keys())
+def test_prompts_rendered_in_one_call_are_each_ones_own_render(key):
+    """A rollout renders its prompts in one ``apply_chat_template`` call (``render_many``): each text
+    is the conversation's own render, with tools and without; a batch holding a conversation the
+    template refuses raises the error that conversation's own render raises."""
+    from tmpl.errors import TemplateRenderError
+
+    from .conftest import template_under_test
+
+    tpl = template_under_test(key)
+    conversations = [
+        [{"role": "user", "content": "What is the weather in Paris?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Plan my day in Tokyo."}],
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Tell me a joke about the number 7."},
+        ],
+    ]
+    checked = 0
+    for tools in (None, [get_weather]):
+        try:
+            alone = [tpl.render(c, tools=tools, add_generation_prompt=True) for c in conversations]
+        except TemplateRenderError:
+            continue  # the template refuses one of these (a system message, tools...): below
+        assert tpl.render_many(conversations, tools=tools, add_generation_prompt=True) == alone
+        checked += 1
+    if not checked:
+        pytest.skip(f"{key}: the template refuses every test conversation")
+    refused = [{"role": "assistant", "content": "no user turn"}], [{"role": "tool", "content": "{}"}]
+    for bad in refused:
+        try:
+            tpl.render(bad, add_generation_prompt=True)
+        except TemplateRenderError as exc:
+            with pytest.raises(TemplateRenderError) as got:
+                tpl.render_many([conversations[0], conversations[1], bad], add_generation_prompt=True)
+            assert str(got.value) == str(exc)

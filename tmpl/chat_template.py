@@ -107,6 +107,12 @@ class ChatTemplate:
         """The template's text for ``messages`` (a thin wrapper over ``apply_chat_template``)."""
         return self.renderer.text(messages, tools=tools, **kwargs)
 
+    def render_many(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[str]:
+        """:meth:`render` of each conversation, in one call into the template (a rollout's prompts)."""
+        return self.renderer.texts(conversations, tools=tools, **kwargs)
+
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> list[int]:
         """Token IDs of ``messages`` rendered with the generation prompt."""
         validate_messages(messages)

@@ -55,3 +55,43 @@ class Renderer:
         if not isinstance(out, str):
             raise TemplateRenderError(self.name, f"rendering returned {type(out).__name__}, not text")
         return out
+
+    def texts(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = False,
+        **extra: Any,
+    ) -> list[str]:
+        """:meth:`text` of each conversation, in one ``apply_chat_template`` call (the tools and the
+        template's kwargs converted once, not once per conversation: a rollout's prompts).
+
+        The texts are those of :meth:`text`, each; where the batch fails, each conversation is
+        rendered alone, so the error is the one its own render raises.
+
+        >>> r.texts([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]])  # doctest: +SKIP
+        ['hi', 'yo']
+        """
+        if len(conversations) < 2:
+            return [
+                self.text(c, tools=tools, add_generation_prompt=add_generation_prompt, **extra) for c in conversations
+            ]
+        kwargs = {**self.template_kwargs, **extra}
+        try:
+            out = self.tokenizer.apply_chat_template(
+                [list(c) for c in conversations],
+                tools=list(tools) if tools is not None else None,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except Exception:  # noqa: BLE001 - rendered alone below, each raising its own error
+            out = None
+        if not isinstance(out, list) or len(out) != len(conversations) or not all(isinstance(t, str) for t in out):
+            return [
+                self.text(c, tools=tools, add_generation_prompt=add_generation_prompt, **extra) for c in conversations
+            ]
+        self.count += len(out)
+        return out
