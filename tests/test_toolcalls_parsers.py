@@ -499,3 +499,31 @@ def test_generated_call_ids_are_distinct_and_a_forked_worker_does_not_repeat_the
     child = os.read(read, 64).decode()
     os.close(read)
     assert len(child) == 9 and child != new_call_id()  # without a reseed the two would be the same
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt-oss", "llama-3.2-instruct"])
+def test_the_rollouts_reader_parses_as_parse_completion(family):
+    """``CompletionReader`` (the rollout's parser, looked up once) answers what parse_completion does,
+    the template's reasoning key included."""
+    import dataclasses
+
+    from tmpl.toolcalls.api import CompletionReader
+
+    tpl = chat_template(family)
+    read = CompletionReader(tpl)
+    texts = {
+        "qwen3": '<think>\nweather first\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "2"}}\n</tool_call><|im_end|>',
+        "gpt-oss": '<|channel|>analysis<|message|>weather first<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        "llama-3.2-instruct": '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+    }
+    ids = tpl.codec.encode(texts[family])
+
+    def blank(parsed):
+        calls = tuple(dataclasses.replace(c, id="") for c in parsed.tool_calls)
+        return dataclasses.replace(parsed, tool_calls=calls, items=calls)
+
+    got, expected = read(ids, tools=TOOLS), parse_completion(tpl, ids, tools=TOOLS)
+    assert blank(got) == blank(expected) and [c.name for c in got.tool_calls] == ["get_weather"]
+    assert got.reasoning_key == expected.reasoning_key
+    with pytest.raises(TypeError):
+        read("text")

@@ -28,7 +28,7 @@ from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampli
 from ..chat_template import ChatTemplate
 from ..errors import TmplError
 from ..messages import validate_messages
-from ..toolcalls.api import parse_completion, parser_for
+from ..toolcalls.api import CompletionReader, parser_for
 from ..tools.toolbox import as_toolbox
 from ..trajectory import _twin
 from ..trajectory.types import Status
@@ -121,6 +121,7 @@ class Rollout(WeightUpdates):
         self.toolbox = as_toolbox(tools)
         if self.toolbox is not None:
             parser_for(self.tpl)  # fail now (NoToolParserError, with why) rather than mid-rollout
+        self._read = CompletionReader(self.tpl)  # each turn's completion, parsed
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
         self.max_turns = max_turns
         self.max_length = max_length
@@ -162,9 +163,7 @@ class Rollout(WeightUpdates):
             if self.vision is not None:  # through the processor, each with its images
                 prompts = [_images.prompt_ids(self.vision, conv, self.tool_schemas) for conv in conversations]
             else:
-                texts = [
-                    self.tpl.render(conv, tools=self.tool_schemas, add_generation_prompt=True) for conv in conversations
-                ]
+                texts = self.tpl.render_many(conversations, tools=self.tool_schemas, add_generation_prompt=True)
                 prompts = self.tpl.codec.encode_shared(texts)
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         rounds = (
@@ -386,7 +385,7 @@ class Rollout(WeightUpdates):
                 result,
                 token_ids=ids + result.token_ids,
                 logprobs=lps + result.logprobs if result.logprobs is not None else None,
-                versions=versions + own,
+                versions=(versions + own).tolist(),
             )
             return merged, versions + own
 
@@ -400,7 +399,7 @@ class Rollout(WeightUpdates):
         rounds: ToolRounds | None = None,
     ) -> bool:
         """One generation and, when it called tools, one tool round. False once the sample ended."""
-        traj, tpl = run.traj, self.tpl
+        traj = run.traj
         budget = traj.max_new_tokens(self.max_tokens_per_turn)
         if budget <= 0:
             return run.end(EndCode.NO_BUDGET, "no token budget left for another turn")
@@ -420,9 +419,9 @@ class Rollout(WeightUpdates):
             return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
         with run.clock("parse"):
             if len(result.token_ids) > PARSE_OFF_LOOP:  # a long parse waits on a thread, the loop serves the others
-                parsed = await asyncio.to_thread(parse_completion, tpl, result.token_ids, tools=self.toolbox)
+                parsed = await asyncio.to_thread(self._read, result.token_ids, tools=self.toolbox)
             else:  # most turns: a thread hop would cost more than the parse
-                parsed = parse_completion(tpl, result.token_ids, tools=self.toolbox)
+                parsed = self._read(result.token_ids, tools=self.toolbox)
         assistant = parsed.to_message()
         run.history.append(assistant)
         if result.finish_reason == "length" or kept < len(result.token_ids):

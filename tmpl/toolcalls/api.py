@@ -56,4 +56,36 @@ def parse_completion(
     return parsed
 
 
-__all__ = ["Detection", "detect", "parse_completion", "parser_for"]
+class CompletionReader:
+    """:func:`parse_completion` for one template, its parser and reasoning key looked up once
+    (on the first call, so a template without a parser raises there, as parse_completion does).
+
+    The rollout loop's reader: one per Rollout, called once per turn of every sample.
+
+    >>> read = CompletionReader(tpl)                              # doctest: +SKIP
+    >>> read(completion_ids, tools=toolbox).tool_calls            # doctest: +SKIP
+    """
+
+    __slots__ = ("tpl", "_parser", "_key")
+
+    def __init__(self, tpl: ChatTemplate) -> None:
+        self.tpl = tpl
+        self._parser: ToolParser | None = None
+        self._key: str | None = None
+
+    def __call__(self, completion_ids: Sequence[int], *, tools: Any = None) -> ParsedCompletion:
+        """The parsed completion, as ``parse_completion(tpl, completion_ids, tools=tools)``."""
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = parser_for(self.tpl)
+            self._key = detect(self.tpl).reasoning_key
+        if isinstance(completion_ids, (str, bytes)):
+            raise TypeError("completion_ids must be a sequence of token IDs, not text (encode it first)")
+        parsed = parser.parse(completion_ids, tools=tools)
+        key = self._key
+        if key and key != parsed.reasoning_key:
+            parsed = dataclasses.replace(parsed, reasoning_key=key)
+        return parsed
+
+
+__all__ = ["CompletionReader", "Detection", "detect", "parse_completion", "parser_for"]
