@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,21 @@ class SampleTimes:
     @property
     def total(self) -> float:
         return self.parse + self.tools + self.suffix + self.bookkeeping + self.drift
+
+
+#: the phases of :class:`SampleTimes`, read per sample by :meth:`RolloutMetrics.from_results`
+_PHASES = tuple(f.name for f in fields(SampleTimes))
+
+
+def _counts(values: np.ndarray) -> list[tuple[int, int]]:
+    """(value, count) of each distinct value, ascending; one comparison where all are the same
+    (every token of most samples has one version: np.unique sorts them)."""
+    if not values.size:
+        return []
+    first = values[0]
+    if (values == first).all():
+        return [(int(first), int(values.size))]
+    return [(int(v), int(c)) for v, c in zip(*np.unique(values, return_counts=True))]
 
 
 @dataclass
@@ -115,13 +130,13 @@ class RolloutMetrics:
             generated = int(mask.sum())
             m.tokens_generated += generated
             m.tokens_appended += len(mask) - generated
-            for k, v in asdict(r.times).items():
-                outside[k] += v
+            times = r.times
+            for k in _PHASES:
+                outside[k] += getattr(times, k)
             versions = getattr(r, "versions", None)
             if versions is not None:
-                sampled = versions[versions >= 0]
-                for v, count in zip(*np.unique(sampled, return_counts=True)):
-                    m.tokens_by_version[int(v)] = m.tokens_by_version.get(int(v), 0) + int(count)
+                for v, count in _counts(versions[versions >= 0]):
+                    m.tokens_by_version[v] = m.tokens_by_version.get(v, 0) + count
                 staleness = int(getattr(r, "staleness", 0))
                 m.staleness_max = max(m.staleness_max, staleness)
                 m.staleness_mean += staleness
