@@ -412,9 +412,11 @@ class Rollout(WeightUpdates):
         if result.finish_reason == "abort":
             return run.end(EndCode.BACKEND_ABORTED, "the backend aborted the request")
         with run.clock("bookkeeping"):
-            kept = traj.add_completion(result.token_ids, result.logprobs, message=len(run.history))
-            run.sequence += result.token_ids[:kept]
-            run.versions += versions[:kept]
+            ids = result.token_ids
+            kept = traj.add_completion(ids, result.logprobs, message=len(run.history))
+            whole = kept == len(ids)  # most turns: no copy of the slice
+            run.sequence += ids if whole else ids[:kept]
+            run.versions += versions if whole else versions[:kept]
         if not traj.running:  # cut at the budget, or no usable logprobs
             return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
         with run.clock("parse"):
@@ -473,7 +475,7 @@ class Rollout(WeightUpdates):
                 appended = run.traj.add_suffix(suffix, message=message_index)
             else:  # with the images of its placeholders
                 appended = _images.add_suffix(run, suffix, message_index)
-            run.sequence += suffix[:appended]
+            run.sequence += suffix if appended == len(suffix) else suffix[:appended]
             run.versions += APPENDED * appended
         if done.stop:
             return run.end(EndCode.TOOL_STOP, "a tool failed and on_error='stop'")
