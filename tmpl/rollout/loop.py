@@ -347,7 +347,8 @@ class Rollout(WeightUpdates):
         versions: array[int] = array("i")
         request_id = rid
         while True:
-            await self._open()
+            if self._gate is not None:  # a weight update holds new requests back
+                await self._open()
             submitted, epoch = self.version, self._abort_epoch
             if run.oldest is None:
                 run.oldest = submitted

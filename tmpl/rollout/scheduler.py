@@ -51,6 +51,7 @@ class Scheduler:
         self.cancelled: list[str] = []  # request ids the backend was told to cancel
         self.cancel_failures = 0  # cancels that raised or timed out
         self._held = 0  # weight updates under way: no batch starts
+        self._flush_due = False  # a _maybe_flush is scheduled for the next pass of the loop
 
     # -- sample bookkeeping -------------------------------------------------------------
     def start_sample(self) -> None:
@@ -77,6 +78,13 @@ class Scheduler:
         # on the next pass, like a new request: samples that a batched tool round (or a batch of
         # generations) wakes together all ask before the batch goes, instead of the first alone
         if self._pending:
+            self._look_next_pass()
+
+    def _look_next_pass(self) -> None:
+        """Schedule :meth:`_maybe_flush` for the next pass of the loop, once however many ask (it
+        was two callbacks per sample and turn: one per request, one per sample done working)."""
+        if not self._flush_due:
+            self._flush_due = True
             asyncio.get_running_loop().call_soon(self._maybe_flush)
 
     @asynccontextmanager
@@ -93,7 +101,7 @@ class Scheduler:
         finally:
             self._held -= 1
             if not self._held and self._pending:
-                asyncio.get_running_loop().call_soon(self._maybe_flush)
+                self._look_next_pass()
 
     # -- generation -----------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -119,7 +127,7 @@ class Scheduler:
             self._pending.append(entry)
             # decide on the next pass of the loop: samples that are ready in this pass (all of them, on
             # the first turn, before they have even registered) join the same batch
-            loop.call_soon(self._maybe_flush)
+            self._look_next_pass()
             if self._timer is None:  # never wait forever on a miscount (one timer, not one per request)
                 self._timer = loop.call_later(self.max_wait, self._force)
             try:
@@ -173,6 +181,7 @@ class Scheduler:
             self._timer = loop.call_later(self.max_wait, self._force)
 
     def _maybe_flush(self) -> None:
+        self._flush_due = False
         if self._running or self._held or not self._pending:
             return
         ready = self.active - self.busy  # samples waiting for a generation right now

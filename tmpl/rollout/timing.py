@@ -31,17 +31,22 @@ Times = SampleTimes | SetupTimes
 class PhaseClock:
     """Adds the seconds spent inside ``with clock("phase"):`` to the attribute ``phase`` of ``times``.
 
-    One small object per use instead of a generator-based context manager: it runs several
-    times per sample and turn.
+    One small object per phase, made on first use and reused (a sample's phases never nest in
+    themselves), instead of a generator-based context manager: it runs several times per sample
+    and turn.
     """
 
-    __slots__ = ("times",)
+    __slots__ = ("times", "_phases")
 
     def __init__(self, times: Times) -> None:
         self.times = times
+        self._phases: dict[str, _Phase] = {}
 
     def __call__(self, phase: str) -> _Phase:
-        return _Phase(self.times, phase)
+        clock = self._phases.get(phase)
+        if clock is None:
+            clock = self._phases[phase] = _Phase(self.times, phase)
+        return clock
 
 
 class _Phase:
