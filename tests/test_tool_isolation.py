@@ -271,13 +271,6 @@ def test_a_long_completion_is_parsed_off_the_event_loop(tokenizer_of, monkeypatc
     assert len(long) > loop.PARSE_OFF_LOOP > len(short)
     final = tpl.codec.encode("Done.<|im_end|>")
     seen: list[tuple[int, bool]] = []  # (completion length, parsed on the loop's thread)
-    real = loop.parse_completion
-
-    def watched(template, ids, **kwargs):
-        seen.append((len(ids), threading.current_thread() is threading.main_thread()))
-        return real(template, ids, **kwargs)
-
-    monkeypatch.setattr(loop, "parse_completion", watched)
 
     def policy(req):
         i, _, turn = req.request_id.split("-")[:3]
@@ -285,6 +278,13 @@ def test_a_long_completion_is_parsed_off_the_event_loop(tokenizer_of, monkeypatc
 
     box = tmpl.Toolbox([hostile.get_weather])
     rollout = tmpl.Rollout(tpl, Scripted(policy), tools=box, max_turns=2, max_length=16384, max_completion_length=12000)
+    real = rollout._read  # the rollout's parser of each turn's completion
+
+    def watched(ids, **kwargs):
+        seen.append((len(ids), threading.current_thread() is threading.main_thread()))
+        return real(ids, **kwargs)
+
+    monkeypatch.setattr(rollout, "_read", watched)
     results = rollout.run([[{"role": "user", "content": f"Weather, question {i}?"}] for i in range(2)])
     assert [r.status.name for r in results] == ["DONE", "DONE"]
     assert [_tool_message(r) for r in results] == [EXPECTED["get_weather"]] * 2  # the long one's call was found
