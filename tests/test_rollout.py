@@ -596,9 +596,9 @@ class CountingToolbox(tmpl.Toolbox):
         super().__init__(*args, **kwargs)
         self.batch_sizes: list[int] = []
 
-    def start_batch(self, samples):
+    def start_batch(self, samples, on_done=None):
         self.batch_sizes.append(len(samples))
-        return super().start_batch(samples)
+        return super().start_batch(samples, on_done)
 
 
 def _weather_policy(tpl, calls_until):

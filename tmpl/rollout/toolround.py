@@ -119,16 +119,15 @@ class ToolRounds:
     def _start(self) -> None:
         jobs, self._to_start = self._to_start, []
         self.batches += 1
+        started = perf_counter()
+        for job in jobs:
+            job.started = started
         try:
-            futures = self.toolbox.start_batch([job.parsed for job in jobs])
+            self.toolbox.start_batch([job.parsed for job in jobs], lambda i, done: self._answered(jobs[i], done))
         except Exception as exc:  # noqa: BLE001 - the batch could not start: every sample gets the error
             for job in jobs:
-                job.future.set_exception(exc)
-            return
-        started = perf_counter()
-        for job, future in zip(jobs, futures):
-            job.started = started
-            future.add_done_callback(functools.partial(self._answered, job))
+                if not job.future.done():
+                    job.future.set_exception(exc)
 
     def _answered(self, job: _Job, future: asyncio.Future[list[CallOutcome]]) -> None:
         job.waited = perf_counter() - job.started

@@ -338,23 +338,29 @@ class Toolbox:
         return ToolCall(id=cid, name=name, arguments=args.value, raw=raw, repairs=args.repairs)
 
     # -- execution --------------------------------------------------------------------
-    def start_batch(self, samples: Sequence[Any]) -> list[asyncio.Future[list[CallOutcome]]]:
+    def start_batch(
+        self,
+        samples: Sequence[Any],
+        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None = None,
+    ) -> list[asyncio.Future[list[CallOutcome]]]:
         """Start every call of every sample on the running loop; one future per sample, done when
         all of that sample's calls are answered (a sample never waits for another's calls).
 
         ``samples`` as in :meth:`run_batch`. For a rollout that hands each sample on as soon as
-        its own calls are done; :meth:`run_batch_async` waits for all of them.
+        its own calls are done; :meth:`run_batch_async` waits for all of them. ``on_done(i,
+        future)`` is called the moment sample ``i``'s future is done (no callback scheduled on the
+        loop; maybe before this method returns, for a sample whose calls all failed at once).
         """
         plan = self._plan(samples)
         loop = asyncio.get_running_loop()
         batch = _Batch(self, loop)
         out: list[asyncio.Future[list[CallOutcome]]] = []
         with batch.together():  # the sync calls of every sample go to the worker pool as one lot
-            for sample in plan:
+            for i, sample in enumerate(plan):
                 calls = [batch.start(item) for item in sample]
                 done: asyncio.Future[list[CallOutcome]] = loop.create_future()
-                _when_all(calls, done)
                 out.append(done)
+                batch.gather(calls, done, on_done, i)
         return out
 
     async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
@@ -468,6 +474,7 @@ class _Batch:
         self.lot: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] | None = None
         self.inbox: list[_SyncCall] = []  # answered by a worker, not yet handled on the loop
         self.inbox_lock = threading.Lock()
+        self.gathers: dict[int, _Gather] = {}  # id of a call's future -> its sample's group (start_batch)
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
@@ -539,12 +546,36 @@ class _Batch:
             self.waiting.append(launch)
         return out
 
+    def gather(
+        self,
+        calls: list[asyncio.Future[CallOutcome]],
+        done: asyncio.Future[list[CallOutcome]],
+        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None,
+        index: int,
+    ) -> None:
+        """Complete ``done`` with the outcomes of ``calls`` (in order) once every one is answered:
+        counted in :meth:`_finish` as each is set, not by a done-callback per call (one callback
+        scheduled on the loop per call and per sample, 2 of the 7 per sample and turn)."""
+        group = _Gather(calls, done, on_done, index)
+        for f in calls:
+            if f.done():
+                group.left -= 1
+            else:
+                self.gathers[id(f)] = group
+        if not group.left:
+            group.complete()
+
     def _finish(self, out: asyncio.Future[CallOutcome], outcome: CallOutcome | BaseException) -> None:
         if not out.done():
             if isinstance(outcome, BaseException):
                 out.set_exception(outcome)
             else:
                 out.set_result(outcome)
+        group = self.gathers.pop(id(out), None)
+        if group is not None:
+            group.left -= 1
+            if not group.left:
+                group.complete()
         if self.waiting:
             self.waiting.popleft()()
         else:
@@ -668,26 +699,38 @@ class _SyncCall:
         self.batch._finish(out, outcome)
 
 
-def _when_all(calls: list[asyncio.Future[CallOutcome]], done: asyncio.Future[list[CallOutcome]]) -> None:
-    """Complete ``done`` with the outcomes of ``calls`` (in order) once every one of them is done."""
-    left = len(calls)
-    if not left:
-        done.set_result([])
-        return
+class _Gather:
+    """One sample's calls in :meth:`Toolbox.start_batch`: how many are still unanswered, and what
+    to complete when none is."""
 
-    def one(_: asyncio.Future[CallOutcome]) -> None:
-        nonlocal left
-        left -= 1
-        if left or done.done():
+    __slots__ = ("calls", "done", "on_done", "index", "left")
+
+    def __init__(
+        self,
+        calls: list[asyncio.Future[CallOutcome]],
+        done: asyncio.Future[list[CallOutcome]],
+        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None,
+        index: int,
+    ) -> None:
+        self.calls, self.done, self.on_done, self.index = calls, done, on_done, index
+        self.left = len(calls)
+
+    def complete(self) -> None:
+        done = self.done
+        if done.done():
             return
-        failed = next((f.exception() for f in calls if f.exception() is not None), None)
-        if failed is not None:
-            done.set_exception(failed)
+        for f in self.calls:
+            if f.cancelled():
+                done.cancel()
+                break
+            exc = f.exception()
+            if exc is not None:
+                done.set_exception(exc)
+                break
         else:
-            done.set_result([f.result() for f in calls])
-
-    for f in calls:
-        f.add_done_callback(one)
+            done.set_result([f.result() for f in self.calls])
+        if self.on_done is not None:
+            self.on_done(self.index, done)
 
 
 def _keywords(sig: inspect.Signature | None) -> tuple[frozenset[str], frozenset[str]] | None:
