@@ -27,7 +27,10 @@ Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``)
   ``encode_batch_fast``; decode all completions in one ``decode_batch``). naive / floor is the
   most any loop could gain over the naive one on this workload.
 
-Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl.
+Prints milliseconds per sample-turn (one generation of one sample) and naive / tmpl. The CPU
+figures count every thread of the process; a tmpl row's leaves out the stand-in engine's own CPU
+time (it replays on the event loop's thread, timed there with ``thread_time``), as its wall time
+leaves out the engine's time.
 
 Scale out (``--workers 1,2 --modes process,ray``, in one more fresh process, after the rows
 above; ``--scale-only`` runs only this; ``--scale-samples``, default ``--samples``): sample-turns
@@ -187,8 +190,8 @@ def conversation(index: int) -> list[dict[str, Any]]:
 # -- one configuration, in its own process ---------------------------------------------------
 def child(config: dict[str, Any]) -> dict[str, Any]:
     import tmpl
-    from tmpl.backends import Scripted
 
+    CpuTimedScripted = _cpu_timed_scripted()
     tpl = tmpl.ChatTemplate.from_pretrained(Path(config["data"]) / config["family"])
     samples, turns = config["samples"], config["turns"]
     conversations = [conversation(i) for i in range(samples)]
@@ -207,9 +210,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             i, _, t = req.request_id.split("-")[:3]
             return script[int(i)][int(t)]
 
+        engine = CpuTimedScripted(policy, record=False)  # keeps no request: peak RSS is the rollout's
         rollout = tmpl.Rollout(
             tpl,
-            Scripted(policy, record=False),  # keep no request: peak RSS is the rollout's
+            engine,
             tools=toolbox,
             max_turns=turns,
             max_length=32768,
@@ -221,9 +225,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         # process) and caches: by default on every conversation, so the timed run is the steady state
         rollout.run(conversations[: config.get("warm") or samples])
         frames = len(tpl.engine.state.frames)
+        engine.cpu = 0.0
         cpu = _cpu()
         results = rollout.run(conversations)
-        cpu = _cpu() - cpu
+        cpu = _cpu() - cpu - engine.cpu  # outside the engine, as the wall time
         m = rollout.metrics
         assert m is not None
         n = sum(r.turns for r in results)
@@ -232,6 +237,7 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         out = {
             "outside": m.wall_time - m.engine_time,
             "engine": m.engine_time,
+            "engine_cpu": engine.cpu,
             "wall": m.wall_time,
             "sample_turns": n,
             "phases": {k: m.outside.get(k, 0.0) for k in ("tokenize", *PHASES)},
@@ -247,6 +253,24 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         out["floor"] = floor(tpl, results, script)
     toolbox.close()
     return out
+
+
+def _cpu_timed_scripted() -> type:
+    from tmpl.backends import Scripted
+
+    class CpuTimedScripted(Scripted):  # type: ignore[misc]
+        """``Scripted``, counting the CPU seconds of its own replay (on the event loop's thread)."""
+
+        cpu = 0.0
+
+        def generate_batch(self, requests: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return super().generate_batch(requests)
+            finally:
+                self.cpu += time.thread_time() - start
+
+    return CpuTimedScripted
 
 
 def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[str, float]:
@@ -605,7 +629,7 @@ def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
         print(
             "      by phase: "
             + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
-            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s;"
+            + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, its cpu {r['engine_cpu'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s;"
             f" suffix frames built in this run: {r['frames_built']})"
         )
         if "floor" in r:
