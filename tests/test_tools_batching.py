@@ -172,3 +172,45 @@ def test_a_result_that_cannot_become_text_is_answered_as_a_failure():
     assert bad.error == "exception" and "no text for this" in bad.content
     assert good.error is None and good.content == "9"
     box.close()
+
+
+def test_on_done_hands_each_sample_on_once_without_a_loop_callback():
+    """``start_batch(samples, on_done)``: called once per sample, the moment its last call is answered,
+    with its future already done (outcomes in call order); a sample whose calls all fail at once
+    (an unknown tool) is handed on before start_batch returns. No callback per call or per sample is
+    scheduled on the loop for it."""
+    box = tmpl.Toolbox([square, fail], timeout=10.0)
+    samples = [
+        [call("square", {"n": 2}, "a"), call("fail", {"n": 1}, "b")],
+        [call("nope", {}, "c")],
+        [],
+        [call("square", {"n": k}, f"d{k}") for k in range(5)],
+    ]
+    handed: list[tuple[int, list]] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        scheduled = []
+        real = loop.call_soon
+
+        def call_soon(callback, *args, **kwargs):
+            scheduled.append(getattr(callback, "__qualname__", repr(callback)))
+            return real(callback, *args, **kwargs)
+
+        loop.call_soon = call_soon
+        futures = box.start_batch(samples, lambda i, future: handed.append((i, future.result())))
+        returned = sorted(i for i, _ in handed)
+        await asyncio.wait_for(asyncio.gather(*futures), 20)
+        loop.call_soon = real
+        return futures, returned, scheduled
+
+    futures, at_return, scheduled = asyncio.run(main())
+    assert at_return == [1, 2]  # answered while starting: the unknown tool, the sample with no calls
+    assert sorted(i for i, _ in handed) == [0, 1, 2, 3] and len(handed) == 4
+    by_sample = dict(handed)
+    assert [o.content for o in by_sample[3]] == ["0", "1", "4", "9", "16"]
+    assert [o.error for o in by_sample[0]] == [None, "exception"] and by_sample[1][0].error == "unknown_tool"
+    assert by_sample[2] == [] and all(f.done() and f.result() == by_sample[i] for i, f in enumerate(futures))
+    ours = [n for n in scheduled if not n.startswith(("gather.", "Task.")) and "_release_waiter" not in n]
+    assert ours == [], ours  # asyncio.gather's own callbacks (this test's wait) aside: none
+    box.close()
