@@ -152,19 +152,25 @@ class Rollout(WeightUpdates):
         with fewer_collections():  # the collector was a third of the loop's own time (collector.py)
             return await self._run_all(conversations)
 
+    def _prompts(
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], setup: SetupTimes, where: str, first: int = 0
+    ) -> list[Any]:
+        """The prompt of each conversation, validated (``where[first + i]`` names one at fault):
+        through the processor with its images, or rendered in one call and encoded in one."""
+        for i, conv in enumerate(conversations, first):
+            validate_messages(conv, where=f"{where}[{i}]")
+            if self.vision is None:
+                _images.refuse_images(conv, where=f"{where}[{i}]")
+        with PhaseClock(setup)("tokenize"):
+            if self.vision is not None:  # through the processor, each with its images
+                return [_images.prompt_ids(self.vision, conv, self.tool_schemas) for conv in conversations]
+            texts = self.tpl.render_many(conversations, tools=self.tool_schemas, add_generation_prompt=True)
+            return self.tpl.codec.encode_shared(texts)
+
     async def _run_all(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
         start = time.perf_counter()
-        for i, conv in enumerate(conversations):
-            validate_messages(conv, where=f"conversations[{i}]")
-            if self.vision is None:
-                _images.refuse_images(conv, where=f"conversations[{i}]")
         setup = SetupTimes()
-        with PhaseClock(setup)("tokenize"):  # validated above: render each, one call into the tokenizer
-            if self.vision is not None:  # through the processor, each with its images
-                prompts = [_images.prompt_ids(self.vision, conv, self.tool_schemas) for conv in conversations]
-            else:
-                texts = self.tpl.render_many(conversations, tools=self.tool_schemas, add_generation_prompt=True)
-                prompts = self.tpl.codec.encode_shared(texts)
+        prompts = self._prompts(conversations, setup, "conversations")
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         rounds = (
             ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision) if self.toolbox is not None else None

@@ -15,12 +15,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..messages import validate_messages
-from . import images
 from .metrics import RolloutMetrics
 from .result import RolloutResult
 from .scheduler import Scheduler
-from .timing import PhaseClock, SetupTimes
+from .timing import SetupTimes
 from .toolround import ToolRounds
 
 if TYPE_CHECKING:
@@ -90,15 +88,7 @@ async def stream_groups(
         nonlocal in_flight
         count = 0
         async for conv in prompts_from(prompts):
-            validate_messages(conv, where=f"prompts[{count}]")
-            if rollout.vision is None:
-                images.refuse_images(conv, where=f"prompts[{count}]")
-            with PhaseClock(setup)("tokenize"):
-                if rollout.vision is not None:  # through the processor, with its images (images.py)
-                    prompt = images.prompt_ids(rollout.vision, conv, rollout.tool_schemas)
-                else:
-                    text = rollout.tpl.render(conv, tools=rollout.tool_schemas, add_generation_prompt=True)
-                    prompt = rollout.tpl.codec.encode_shared([text])[0]
+            prompt = rollout._prompts([conv], setup, "prompts", count)[0]
             async with room:
                 await room.wait_for(lambda: in_flight + n <= bound)  # noqa: B023 - read when woken
                 in_flight += n
