@@ -129,6 +129,12 @@ class RolloutResult:
         """Withheld by ``max_staleness``: it counts for its group's baseline, none of its tokens for the loss."""
         return self.stale_action == "withhold"
 
+    def _mark_dropped(self) -> None:
+        """What ``stale="drop"`` leaves of a sample: its code, its action, no token versions (its
+        trajectory is reset and aborted by the policy)."""
+        self.code, self.stale_action = EndCode.STALE_DROPPED, "drop"
+        self._versions = np.empty(0, dtype=np.int32)
+
     @property
     def attempts(self) -> int:
         """How many times the sample was run (more than 1 after retries, see ``sample_retries``)."""

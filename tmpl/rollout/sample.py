@@ -85,7 +85,7 @@ class SampleRun:
         dropped: bool = False,
     ) -> RolloutResult:
         """The sample's result; ``dropped``: cancelled by ``stale="drop"`` (no versions, finish "abort")."""
-        return RolloutResult(
+        result = RolloutResult(
             index=self.index,
             sample=self.sample,
             trajectory=self.traj,
@@ -96,11 +96,13 @@ class SampleRun:
             finish_reason="abort" if dropped else self.finish,
             drift=drift,
             times=self.times,
-            code=EndCode.STALE_DROPPED if dropped else self.code,
+            code=self.code,
             drift_detail=drift_detail,
             tool_failure_kinds=self.failure_kinds,
-            _versions=np.empty(0, dtype=np.int32) if dropped else np.frombuffer(self.versions, dtype=np.int32).copy(),
-            stale_action="drop" if dropped else None,
+            _versions=np.frombuffer(self.versions, dtype=np.int32).copy(),
             resumed=self.resumed,
             unverified=self.unverified,
         )
+        if dropped:
+            result._mark_dropped()
+        return result

@@ -176,8 +176,7 @@ class WeightUpdates:
             result._loss_mask = keep
         else:  # drop: the sample ended before an update made it too stale
             self._dropped(result.trajectory, result.oldest_version, now)
-            result.code, result.stale_action = EndCode.STALE_DROPPED, "drop"
-            result._versions = np.empty(0, dtype=np.int32)
+            result._mark_dropped()
 
     def _dropped(self, traj: Trajectory, oldest: int | None, now: int | None = None) -> None:
         now = self.version if now is None else now
