@@ -34,6 +34,7 @@ from ..trajectory.images import ImageInputs, ImageTrajectory
 from ..vision import VisionTemplate
 from ..vision.parts import is_image_part, is_pil_image, split_images
 from .drift import DriftDetail, explain_drift
+from .suffixes import suffixes_of
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
@@ -190,30 +191,14 @@ def suffixes(
     out: list[tuple[list[int] | None, Exception | None]] = [(None, None)] * len(messages)
     text = [k for k, msgs in enumerate(messages) if not has_image_parts(msgs)]
     if text:
+        pick = [messages[k] for k in text], [completions[k] for k in text], [histories[k] for k in text]
+        for k, got in zip(text, suffixes_of(vision.chat, *pick, schemas)):
+            out[k] = got
+    with_images = set(range(len(messages))) - set(text)
+    for k in sorted(with_images):
         try:
-            ids = vision.chat.suffix_ids_batch(
-                [messages[k] for k in text],
-                completion_ids=[completions[k] for k in text],
-                tools=schemas,
-                histories=[histories[k] for k in text],
-            )
-            for k, got in zip(text, ids):
-                out[k] = (got, None)
-            text = []
-        except Exception:  # noqa: BLE001 - found again below, sample by sample
-            pass
-    for k in range(len(messages)):
-        if out[k][0] is not None:
-            continue
-        try:
-            if k in text:
-                got = vision.chat.suffix_ids(
-                    messages[k], completion_ids=completions[k], tools=schemas, history=histories[k]
-                )
-                out[k] = (got, None)
-            else:
-                v = vision.suffix_ids(messages[k], completion_ids=completions[k], tools=schemas, history=histories[k])
-                out[k] = (ImageIds(v.ids, v.images), None)
+            v = vision.suffix_ids(messages[k], completion_ids=completions[k], tools=schemas, history=histories[k])
+            out[k] = (ImageIds(v.ids, v.images), None)
         except Exception as exc:  # noqa: BLE001 - handed to the sample, which ends or crashes with it
             out[k] = (None, exc)
     return out

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..tools.outputs import body, cut_to_tokens
 from . import images
+from .suffixes import suffixes_of
 
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
@@ -211,18 +212,4 @@ class ToolRounds:
         """Every sample's suffix in one call; when that fails, each alone (so an error is its sample's only)."""
         if self.vision is not None:
             return images.suffixes(self.vision, messages, completions, histories, self.schemas)
-        try:
-            out = self.tpl.suffix_ids_batch(
-                messages, completion_ids=completions, tools=self.schemas, histories=histories
-            )
-            return [(ids, None) for ids in out]
-        except Exception:  # noqa: BLE001 - found again below, sample by sample
-            pass
-        results: list[tuple[list[int] | None, Exception | None]] = []
-        for msgs, completion, history in zip(messages, completions, histories):
-            try:
-                ids = self.tpl.suffix_ids(msgs, completion_ids=completion, tools=self.schemas, history=history)
-                results.append((ids, None))
-            except Exception as exc:  # noqa: BLE001 - handed to the sample, which ends or crashes with it
-                results.append((None, exc))
-        return results
+        return suffixes_of(self.tpl, messages, completions, histories, self.schemas)
