@@ -623,6 +623,10 @@ class _Batch:
         self.loop.call_later(self.box._workers.stuck_after, self._tick)
 
 
+#: return types that are never awaitable (no ``inspect.isawaitable`` for the common results)
+_PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None), bytes})
+
+
 class _SyncCall:
     """One sync call in flight: the worker's future, the timer at the tool's timeout, the answer.
 
@@ -665,16 +669,20 @@ class _SyncCall:
 
     def on_result(self) -> None:
         future, call = self.future, self.call
-        if future is None or future.cancelled():
+        if future is None:
+            return
+        try:  # one read of the finished future (each read takes its lock)
+            value = future.result(0)
+        except BaseException as exc:  # noqa: BLE001 - the tool's own exception, answered as its outcome
+            if isinstance(exc, concurrent.futures.CancelledError) and future.cancelled():
+                return  # cancelled before it ran (its timeout came first): already answered
+            self.timer_off()
+            latency = getattr(future, "ran_for", None)
+            self.settle(exc if isinstance(exc, KeyboardInterrupt) else _raised(call, exc, latency))
             return
         self.timer_off()
         latency = getattr(future, "ran_for", None)
-        exc = future.exception()
-        if exc is not None:
-            self.settle(exc if isinstance(exc, KeyboardInterrupt) else _raised(call, exc, latency))
-            return
-        value = future.result()
-        if not inspect.isawaitable(value):
+        if type(value) in _PLAIN or not inspect.isawaitable(value):
             self.settle(_ok(call, value, latency, self.batch.box.max_output_chars))
             return
         box, loop = self.batch.box, self.batch.loop
