@@ -341,7 +341,7 @@ class Toolbox:
     def start_batch(
         self,
         samples: Sequence[Any],
-        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None = None,
+        on_done: OnDone | None = None,
     ) -> list[asyncio.Future[list[CallOutcome]]]:
         """Start every call of every sample on the running loop; one future per sample, done when
         all of that sample's calls are answered (a sample never waits for another's calls).
@@ -360,7 +360,7 @@ class Toolbox:
                 calls = [batch.start(item) for item in sample]
                 done: asyncio.Future[list[CallOutcome]] = loop.create_future()
                 out.append(done)
-                batch.gather(calls, done, on_done, i)
+                batch.gather(_Gather(calls, done, on_done, i))
         return out
 
     async def _run(self, plan: list[list[ToolCall | CallProblem]]) -> BatchResult:
@@ -546,18 +546,11 @@ class _Batch:
             self.waiting.append(launch)
         return out
 
-    def gather(
-        self,
-        calls: list[asyncio.Future[CallOutcome]],
-        done: asyncio.Future[list[CallOutcome]],
-        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None,
-        index: int,
-    ) -> None:
-        """Complete ``done`` with the outcomes of ``calls`` (in order) once every one is answered:
-        counted in :meth:`_finish` as each is set, not by a done-callback per call (one callback
-        scheduled on the loop per call and per sample, 2 of the 7 per sample and turn)."""
-        group = _Gather(calls, done, on_done, index)
-        for f in calls:
+    def gather(self, group: _Gather) -> None:
+        """Complete the group's sample future with the outcomes of its calls (in order) once every
+        one is answered: counted in :meth:`_finish` as each is set, not by a done-callback per call
+        (one callback scheduled on the loop per call and per sample, 2 of the 7 per sample and turn)."""
+        for f in group.calls:
             if f.done():
                 group.left -= 1
             else:
@@ -622,6 +615,9 @@ class _Batch:
         self.box._workers.unstick()
         self.loop.call_later(self.box._workers.stuck_after, self._tick)
 
+
+#: ``on_done(i, future)`` of :meth:`Toolbox.start_batch`: sample ``i``'s future is done
+OnDone = Callable[[int, "asyncio.Future[list[CallOutcome]]"], None]
 
 #: return types that are never awaitable (no ``inspect.isawaitable`` for the common results)
 _PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None), bytes})
@@ -717,7 +713,7 @@ class _Gather:
         self,
         calls: list[asyncio.Future[CallOutcome]],
         done: asyncio.Future[list[CallOutcome]],
-        on_done: Callable[[int, asyncio.Future[list[CallOutcome]]], None] | None,
+        on_done: OnDone | None,
         index: int,
     ) -> None:
         self.calls, self.done, self.on_done, self.index = calls, done, on_done, index
