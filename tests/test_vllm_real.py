@@ -123,10 +123,32 @@ def test_real_engine_tool_rollouts_equal_full_renders(engine, temperature):
         assert turns.count(engine.close_id) == r.turns
         # the prompt is the tokenizer's own render with the generation prompt
         assert r.prompt_ids.tolist() == full_render(engine, QUESTIONS[r.index], gen=True)
-    if temperature == 0.0:  # greedy: the n samples of one conversation are identical
+    if temperature == 0.0:  # greedy: the n samples of one conversation are identical, or split at a tie
         for i in range(3):
-            seqs = [list(r.completion_ids) for r in results if r.index == i]
-            assert all(s == seqs[0] for s in seqs)
+            same = [r for r in results if r.index == i]
+            splits = [_split(same[0], r) for r in same[1:]]
+            assert all(split is None or _a_near_tie(split) for split in splits), splits
+
+
+def _a_near_tie(split):
+    """vLLM's CPU engine is not batch-invariant: the same greedy request in another batch (or over
+    cached prefix blocks) gets logits a few hundredths off, so two samples can take different tokens
+    where the top two nearly tie (seen in a clean-clone .ci/run, at the base commit too: position 44 of
+    47, logprobs -1.099 and -1.058). Each sample then took its own argmax: both tokens had nearly the
+    same probability."""
+    return split["a"] is not None and split["b"] is not None and abs(split["a"][1] - split["b"][1]) < 0.15
+
+
+def _split(a, b):
+    """Where two samples' completions first differ: (position, in which model turn, both tokens and
+    their logprobs), or None when they are equal."""
+    x, y = a.completion_ids.tolist(), b.completion_ids.tolist()
+    if x == y:
+        return None
+    at = next((k for k, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+    turn = sum(1 for sp in a.spans if sp.start <= at and sp.kind == "completion")
+    pick = lambda r, ids: (ids[at], round(float(r.logprobs[at]), 4)) if at < len(ids) else None  # noqa: E731
+    return {"position": at, "turn": turn, "a": pick(a, x), "b": pick(b, y), "lengths": (len(x), len(y))}
 
 
 def test_real_engine_truncates_at_the_budget(engine):
@@ -277,10 +299,13 @@ def test_a_request_the_engine_refuses_aborts_only_its_samples(engine):
     good = [r for r in results if r.index != 1]
     assert [r.status.name for r in good] == ["DONE"] * 4, [(r.code, r.reason) for r in good]
     assert sum(r.tool_calls for r in good) >= 2
-    # the same tokens as the same conversations run without the refused one (greedy)
+    # the same tokens as the same conversations run without the refused one (greedy; other batches,
+    # so they may split where two tokens nearly tie, see _a_near_tie)
     for r, a in zip(good, alone):
-        assert r.completion_ids.tolist() == a.completion_ids.tolist()
-        assert r.mask.tolist() == a.mask.tolist()
+        split = _split(a, r)
+        assert split is None or _a_near_tie(split), split
+        if split is None:
+            assert r.mask.tolist() == a.mask.tolist()
     for r in good:
         assert r.prompt_ids.tolist() == full_render(engine, conversations[r.index], gen=True)
         if r.drift is False:  # re-rendering the decoded conversation gives the same IDs: compare it all
