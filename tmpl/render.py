@@ -40,16 +40,8 @@ class Renderer:
     ) -> str:
         """The template's text for ``messages``; template errors become :class:`TemplateRenderError`."""
         self.count += 1
-        kwargs = {**self.template_kwargs, **extra}
         try:
-            out = self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=list(tools) if tools is not None else None,
-                chat_template=self.template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **kwargs,
-            )
+            out = self._apply(list(messages), tools, add_generation_prompt, extra)
         except Exception as exc:  # jinja2 errors, raise_exception(), KeyError in a template...
             raise TemplateRenderError(self.name, f"rendering failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(out, str):
@@ -77,16 +69,8 @@ class Renderer:
             return [
                 self.text(c, tools=tools, add_generation_prompt=add_generation_prompt, **extra) for c in conversations
             ]
-        kwargs = {**self.template_kwargs, **extra}
         try:
-            out = self.tokenizer.apply_chat_template(
-                [list(c) for c in conversations],
-                tools=list(tools) if tools is not None else None,
-                chat_template=self.template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **kwargs,
-            )
+            out = self._apply([list(c) for c in conversations], tools, add_generation_prompt, extra)
         except Exception:  # noqa: BLE001 - rendered alone below, each raising its own error
             out = None
         if not isinstance(out, list) or len(out) != len(conversations) or not all(isinstance(t, str) for t in out):
@@ -95,3 +79,14 @@ class Renderer:
             ]
         self.count += len(out)
         return out
+
+    def _apply(self, conversation: Any, tools: Sequence[Any] | None, generation: bool, extra: Mapping[str, Any]) -> Any:
+        """``apply_chat_template`` of one conversation or a batch, as text, with this renderer's kwargs."""
+        return self.tokenizer.apply_chat_template(
+            conversation,
+            tools=list(tools) if tools is not None else None,
+            chat_template=self.template,
+            add_generation_prompt=generation,
+            tokenize=False,
+            **{**self.template_kwargs, **extra},
+        )
