@@ -46,14 +46,7 @@ def parse_completion(
     tpl: ChatTemplate, completion_ids: Sequence[int], *, tools: Any = None, parser: str | None = None
 ) -> ParsedCompletion:
     """Parse one completion's token IDs with the template's parser (see :func:`parser_for`)."""
-    if isinstance(completion_ids, (str, bytes)):
-        raise TypeError("completion_ids must be a sequence of token IDs, not text (encode it first)")
-    p = parser_for(tpl, parser)
-    parsed = p.parse(completion_ids, tools=tools)
-    key = detect(tpl).reasoning_key if parser is None else None
-    if key and key != parsed.reasoning_key:
-        parsed = dataclasses.replace(parsed, reasoning_key=key)
-    return parsed
+    return CompletionReader(tpl, parser)(completion_ids, tools=tools)
 
 
 class CompletionReader:
@@ -66,21 +59,22 @@ class CompletionReader:
     >>> read(completion_ids, tools=toolbox).tool_calls            # doctest: +SKIP
     """
 
-    __slots__ = ("tpl", "_parser", "_key")
+    __slots__ = ("tpl", "name", "_parser", "_key")
 
-    def __init__(self, tpl: ChatTemplate) -> None:
+    def __init__(self, tpl: ChatTemplate, name: str | None = None) -> None:
         self.tpl = tpl
+        self.name = name  # a parser forced by name (its reasoning key is its own), else the detected one
         self._parser: ToolParser | None = None
         self._key: str | None = None
 
     def __call__(self, completion_ids: Sequence[int], *, tools: Any = None) -> ParsedCompletion:
         """The parsed completion, as ``parse_completion(tpl, completion_ids, tools=tools)``."""
-        parser = self._parser
-        if parser is None:
-            parser = self._parser = parser_for(self.tpl)
-            self._key = detect(self.tpl).reasoning_key
         if isinstance(completion_ids, (str, bytes)):
             raise TypeError("completion_ids must be a sequence of token IDs, not text (encode it first)")
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = parser_for(self.tpl, self.name)
+            self._key = detect(self.tpl).reasoning_key if self.name is None else None
         parsed = parser.parse(completion_ids, tools=tools)
         key = self._key
         if key and key != parsed.reasoning_key:
