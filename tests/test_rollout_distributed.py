@@ -304,6 +304,23 @@ def test_shards_run_in_one_worker_and_merged_equal_the_whole(baseline):
     runtime.close()
 
 
+def test_a_shard_output_is_packed_by_the_standard_pickler_or_left_to_rays(baseline):
+    """A Ray actor returns its shard's output pickled once (``Packed``, read back equal to what one
+    process gives); an output only cloudpickle takes (a lambda inside) is returned as it is."""
+    import pickle
+
+    from tmpl.rollout.scale.pools import Packed, packed
+
+    runtime = WorkerRuntime(make_rollout, "here")
+    output = asyncio.run(runtime.run_shard(Shard(0, 0, CONVERSATIONS)))
+    runtime.close()
+    box = packed(output)
+    assert isinstance(box, Packed)
+    check_equal(pickle.loads(box.data).results, baseline[0])
+    odd = {"results": output.results, "hook": lambda: 1}
+    assert packed(odd) is odd
+
+
 # -- Ray, a real local cluster ------------------------------------------------------------------
 
 
