@@ -510,8 +510,10 @@ def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
 
     base = rates(rows[0])
     single: dict[str, tuple[float, float]] = {}
+    cores_of_one: dict[str, float] = {}  # cores one worker keeps busy: its rate x its CPU per sample-turn
     for row in rows:
         best, median = rates(row)
+        cpu_ms = sorted(row["cpus"])[len(row["cpus"]) // 2] * 1e3 / row["sample_turns"]
         if row["workers"] == 0:
             label, extra = "in-process tmpl.Rollout", ""
         else:
@@ -521,12 +523,15 @@ def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
             extra = f"   vs in-process {best / base[0]:.2f}x (median {median / base[1]:.2f}x)"
             if row["workers"] == 1:
                 single[row["mode"]] = (best, median)
+                cores_of_one[row["mode"]] = median * cpu_ms / 1e3
+                extra += f"   keeps {cores_of_one[row['mode']]:.2f} cores busy (its tokenizer's and tools' threads)"
             elif row["mode"] in single:
                 one = single[row["mode"]]
+                ceiling = min(row["workers"], out["cores"]) / cores_of_one[row["mode"]]
                 extra += (
-                    f"   {row['workers']} workers / 1 worker = {best / one[0]:.2f}x (median {median / one[1]:.2f}x)"
+                    f"   {row['workers']} workers / 1 worker = {best / one[0]:.2f}x (median {median / one[1]:.2f}x;"
+                    f" at most {ceiling:.2f}x on {out['cores']} cores)"
                 )
-        cpu_ms = sorted(row["cpus"])[len(row["cpus"]) // 2] * 1e3 / row["sample_turns"]
         print(
             f"  {label:<34} {row['sample_turns']} sample-turns: {best:6.0f} /s (median {median:6.0f}), "
             f"cpu {cpu_ms:.3f} ms per sample-turn{extra}"
