@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -319,6 +320,65 @@ def test_a_shard_output_is_packed_by_the_standard_pickler_or_left_to_rays(baseli
     check_equal(pickle.loads(box.data).results, baseline[0])
     odd = {"results": output.results, "hook": lambda: 1}
     assert packed(odd) is odd
+
+
+LOG: list[tuple[str, int]] = []
+
+
+def _unpickled(k: int) -> str:
+    LOG.append(("unpickled", k))
+    return f"output {k}"
+
+
+class _Output:
+    """Stands for shard k's output: unpickling it is logged."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __reduce__(self):
+        return (_unpickled, (self.k,))
+
+
+class _OneWorkerPool:
+    """A pool of one worker that finishes each shard at the next poll, its output packed."""
+
+    def __init__(self) -> None:
+        self.running: list[int] = []
+
+    def live(self) -> list[int]:
+        return [0]
+
+    def submit(self, slot: int, shard: Shard) -> None:
+        LOG.append(("submitted", shard.index))
+        self.running.append(shard.index)
+
+    def poll(self, timeout: float):
+        from tmpl.rollout.scale.pools import Event, packed
+
+        done, self.running = self.running, []
+        return [Event("done", 0, k, packed(_Output(k))) for k in done]
+
+
+def test_the_driver_hands_a_worker_its_next_shard_before_unpickling_the_last_output():
+    """A worker never idles while the driver unpickles what it sent: shard k + 1 is submitted before
+    shard k's output is read, and every output still comes back, in shard order."""
+    from tmpl.rollout.scale.pools import Packed, packed
+
+    assert isinstance(packed(_Output(0)), Packed)  # so the driver gets bytes, unpickled when it chooses
+    runner = DistributedRollout(make_rollout, workers=1, mode="process")
+    runner._start = _OneWorkerPool  # type: ignore[method-assign]
+    LOG.clear()
+    shards = [Shard(k, k, [CONVERSATIONS[k]]) for k in range(3)]
+    assert runner._drive(shards, threading.Event()) == ["output 0", "output 1", "output 2"]
+    assert LOG == [
+        ("submitted", 0),
+        ("submitted", 1),
+        ("unpickled", 0),
+        ("submitted", 2),
+        ("unpickled", 1),
+        ("unpickled", 2),
+    ]
 
 
 # -- Ray, a real local cluster ------------------------------------------------------------------

@@ -46,7 +46,8 @@ EventKind = Literal["ready", "setup", "done", "failed", "cancelled", "died"]
 @dataclass
 class Event:
     """Something a worker did: ``payload`` is the fingerprint (ready), an error text (setup, died),
-    a ShardOutput (done), an exception (failed) or the cancelled request ids (cancelled)."""
+    a ShardOutput, maybe :class:`Packed` (done), an exception (failed) or the cancelled request ids
+    (cancelled)."""
 
     kind: EventKind
     slot: int
@@ -73,6 +74,34 @@ def setup_text(exc: BaseException) -> str:
         return exc.reason
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6))
     return f"{type(exc).__name__}: {exc}\n{text}"
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A shard's output pickled by its worker (protocol 5): it travels as one bytes object, and the
+    driver unpickles it only after handing that worker its next shard (:func:`unpacked`)."""
+
+    data: bytes
+
+
+def packed(output: Any) -> Any:
+    """``output`` as :class:`Packed` where the standard pickler takes it, else as is (the transport's
+    own pickler then takes it: Ray's cloudpickle). Ray's serializer walks a shard's results 1.5x
+    slower than ``pickle.dumps`` (measured on benchmarks/rollout_scale.py's results: 2,048 of them,
+    54 MB, 368-402 ms against 243-252 ms)."""
+    try:
+        with fewer_collections():  # see conns_recv
+            return Packed(pickle.dumps(output, protocol=5))
+    except Exception:  # noqa: BLE001 - a value only cloudpickle takes (a lambda in a result, say)
+        return output
+
+
+def unpacked(payload: Any) -> Any:
+    """A ``done`` event's payload as the shard's output (unpickled where it came :class:`Packed`)."""
+    if not isinstance(payload, Packed):
+        return payload
+    with fewer_collections():  # see conns_recv
+        return pickle.loads(payload.data)
 
 
 # -- local processes ------------------------------------------------------------------------------
@@ -117,8 +146,7 @@ async def _serve(conn: Connection, runtime: WorkerRuntime) -> None:
                 assert exc is not None
                 conn.send(("failed", shard.index, portable(exc, runtime.name), None))
             else:
-                with fewer_collections():  # pickling the results: see conns_recv
-                    conn.send(("done", shard.index, task.result(), None))
+                conn.send(("done", shard.index, packed(task.result()), None))
         except (BrokenPipeError, OSError):  # the driver is gone: nothing to tell
             pass
 
@@ -288,25 +316,6 @@ def import_ray() -> Any:
     return ray
 
 
-@dataclass(frozen=True)
-class Packed:
-    """A shard's output pickled by the actor itself (protocol 5), which Ray ships as one bytes object."""
-
-    data: bytes
-
-
-def packed(output: Any) -> Any:
-    """``output`` as :class:`Packed` where the standard pickler takes it, else as is (Ray's
-    cloudpickle then serializes it). Ray's serializer walks a shard's results 1.5x slower than
-    ``pickle.dumps`` (measured on benchmarks/rollout_scale.py's results: 2,048 of them, 54 MB,
-    368-402 ms against 243-252 ms)."""
-    try:
-        with fewer_collections():  # see conns_recv
-            return Packed(pickle.dumps(output, protocol=5))
-    except Exception:  # noqa: BLE001 - a value only cloudpickle takes (a lambda in a result, say)
-        return output
-
-
 class RayWorker:
     """The body of one Ray actor (``ray.remote`` is applied by :class:`RayPool`): an async actor."""
 
@@ -405,9 +414,6 @@ class RayPool:
                 continue
             if pid is not None:
                 self.pids[slot] = pid
-            if kind == "done" and isinstance(payload, Packed):
-                with fewer_collections():  # see conns_recv
-                    payload = pickle.loads(payload.data)
             events.append(Event(kind, slot, shard, payload, pid))
         return events
 

@@ -55,7 +55,7 @@ from ...messages import validate_messages
 from ..loop import Rollout, RolloutResult
 from ..metrics import RolloutMetrics
 from .merge import merge_metrics
-from .pools import Event, ProcessPool, RayPool, import_ray
+from .pools import Event, ProcessPool, RayPool, import_ray, unpacked
 from .worker import Shard, ShardOutput
 
 Mode = Literal["auto", "process", "ray"]
@@ -312,9 +312,10 @@ class DistributedRollout:
         pending: deque[int] = deque(range(len(shards)))
         busy: dict[int, int] = {}  # slot -> shard
         outputs: dict[int, ShardOutput] = {}
+        packed: dict[int, Any] = {}  # outputs not unpickled yet: after their worker has its next shard
         restarts = self.max_restarts
         try:
-            while len(outputs) < len(shards):
+            while len(outputs) + len(packed) < len(shards):
                 if stop.is_set():
                     self._cancel(pool, busy)
                     return []
@@ -325,6 +326,8 @@ class DistributedRollout:
                         self.attempts[k] += 1
                         shards[k].attempt = self.attempts[k]
                         pool.submit(slot, shards[k])
+                for k in list(packed):  # the free workers are busy again: now the driver unpickles
+                    outputs[k] = unpacked(packed.pop(k))
                 if not pool.live():
                     k = pending[0] if pending else min(busy.values(), default=0)
                     how = self.deaths[-1][1] if self.deaths else "no worker is left"
@@ -335,7 +338,7 @@ class DistributedRollout:
                     elif event.kind == "done":
                         k = busy.pop(event.slot)
                         assert k == event.shard, (k, event.shard)
-                        outputs[k] = event.payload
+                        packed[k] = event.payload
                     elif event.kind == "failed":
                         busy.pop(event.slot, None)
                         raise event.payload
@@ -355,6 +358,8 @@ class DistributedRollout:
         except BaseException:
             self._cancel(pool, busy)
             raise
+        for k in list(packed):
+            outputs[k] = unpacked(packed.pop(k))
         return [outputs[k] for k in range(len(shards))]
 
     def _cancel(self, pool: ProcessPool | RayPool, busy: dict[int, int]) -> None:
