@@ -320,6 +320,14 @@ def test_a_shard_output_is_packed_by_the_standard_pickler_or_left_to_rays(baseli
     check_equal(pickle.loads(box.data).results, baseline[0])
     odd = {"results": output.results, "hook": lambda: 1}
     assert packed(odd) is odd
+    # a process worker has no other pickler: it says which shard, instead of leaving the driver waiting
+    from tmpl.errors import WorkerError
+    from tmpl.rollout.scale.pools import done_message
+
+    kind, index, error, _ = done_message(odd, Shard(4, 12, CONVERSATIONS[:2]), "process 1")
+    assert (kind, index) == ("failed", 4) and isinstance(error, WorkerError)
+    assert "shard 4 (conversations 12-13)" in str(error) and "do not pickle" in str(error), str(error)
+    assert done_message(output, Shard(0, 0, CONVERSATIONS), "process 1")[0] == "done"
 
 
 LOG: list[tuple[str, int]] = []

@@ -96,6 +96,23 @@ def packed(output: Any) -> Any:
         return output
 
 
+def done_message(output: Any, shard: Shard, worker: str) -> tuple[Any, ...]:
+    """A process worker's answer for a finished shard: ``done`` with its output packed, or ``failed``
+    with a WorkerError naming the shard where the output does not pickle (a pipe has no other
+    pickler; the driver would otherwise wait for an answer that never comes)."""
+    box = packed(output)
+    if isinstance(box, Packed):
+        return ("done", shard.index, box, None)
+    try:
+        pickle.dumps(output, protocol=5)
+    except Exception as exc:  # noqa: BLE001 - its words go to the driver
+        why = f"{type(exc).__name__}: {exc}"
+    else:  # pragma: no cover - packed() pickles the same way
+        return ("done", shard.index, output, None)
+    reason = f"the results of {shard.describe()} cannot be sent back: they do not pickle ({why})"
+    return ("failed", shard.index, WorkerError(worker, reason), None)
+
+
 def unpacked(payload: Any) -> Any:
     """A ``done`` event's payload as the shard's output (unpickled where it came :class:`Packed`)."""
     if not isinstance(payload, Packed):
@@ -146,7 +163,7 @@ async def _serve(conn: Connection, runtime: WorkerRuntime) -> None:
                 assert exc is not None
                 conn.send(("failed", shard.index, portable(exc, runtime.name), None))
             else:
-                conn.send(("done", shard.index, packed(task.result()), None))
+                conn.send(done_message(task.result(), shard, runtime.name))
         except (BrokenPipeError, OSError):  # the driver is gone: nothing to tell
             pass
 
