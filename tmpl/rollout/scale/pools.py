@@ -85,14 +85,19 @@ class Packed:
     data: bytes
 
 
+def _pack(output: Any) -> Packed:
+    """``output`` pickled once by the standard pickler (raises where it does not pickle)."""
+    with fewer_collections():  # see conns_recv
+        return Packed(pickle.dumps(output, protocol=5))
+
+
 def packed(output: Any) -> Any:
     """``output`` as :class:`Packed` where the standard pickler takes it, else as is (the transport's
     own pickler then takes it: Ray's cloudpickle). Ray's serializer walks a shard's results 1.5x
     slower than ``pickle.dumps`` (measured on benchmarks/rollout_scale.py's results: 2,048 of them,
     54 MB, 368-402 ms against 243-252 ms)."""
     try:
-        with fewer_collections():  # see conns_recv
-            return Packed(pickle.dumps(output, protocol=5))
+        return _pack(output)
     except Exception:  # noqa: BLE001 - a value only cloudpickle takes (a lambda in a result, say)
         return output
 
@@ -101,17 +106,13 @@ def done_message(output: Any, shard: Shard, worker: str) -> tuple[Any, ...]:
     """A process worker's answer for a finished shard: ``done`` with its output packed, or ``failed``
     with a WorkerError naming the shard where the output does not pickle (a pipe has no other
     pickler; the driver would otherwise wait for an answer that never comes)."""
-    box = packed(output)
-    if isinstance(box, Packed):
-        return ("done", shard.index, box, None)
     try:
-        pickle.dumps(output, protocol=5)
+        return ("done", shard.index, _pack(output), None)
     except Exception as exc:  # noqa: BLE001 - its words go to the driver
-        why = f"{type(exc).__name__}: {exc}"
-    else:  # pragma: no cover - packed() pickles the same way
-        return ("done", shard.index, output, None)
-    reason = f"the results of {shard.describe()} cannot be sent back: they do not pickle ({why})"
-    return ("failed", shard.index, WorkerError(worker, reason), None)
+        reason = (
+            f"the results of {shard.describe()} cannot be sent back: they do not pickle ({type(exc).__name__}: {exc})"
+        )
+        return ("failed", shard.index, WorkerError(worker, reason), None)
 
 
 def unpacked(payload: Any) -> Any:
