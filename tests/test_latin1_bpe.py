@@ -1,0 +1,182 @@
+"""The Python encoder of Latin-1 text gives the tokenizer's own IDs, or declines.
+
+Every claim is checked against the transformers tokenizer (``tok(text, add_special_tokens=False)``)
+on the real tokenizers: generated text (hypothesis) over all of Latin-1 with the characters the
+split regexes treat apart made common, generated JSON, and real tool results.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tmpl import latin1_bpe
+from tmpl.codec import Codec, codec_for
+from tmpl.latin1_bpe import Latin1Encoder, Unsupported, translate
+
+from .conftest import FAMILIES
+
+#: what each family's tokenizer (as transformers loads it) runs: a single regex Split + ByteLevel over BPE,
+#: or ByteLevel's own GPT-2 split (phi-4-mini), is served; otherwise the step that rules it out
+SERVED = (
+    "qwen2.5-instruct",
+    "qwen3",
+    "llama-3.2-instruct",
+    "mistral-nemo-instruct-2407",
+    "gpt-oss",
+    "phi-4-mini-instruct",
+)
+DECLINED = {
+    "gemma-2-it": "normalizer",  # Replace(" ", "▁")
+    "gemma-3-it": "normalizer",
+    "gemma-4-it": "normalizer",
+    "phi-3-mini-4k-instruct": "pre-tokenizer steps ['Metaspace']",
+    "deepseek-v3": "pre-tokenizer steps",  # three Splits (digits, CJK, the rest) before ByteLevel
+}
+assert set(SERVED) | set(DECLINED) == set(FAMILIES)
+
+#: characters the split regexes treat apart: apostrophes and contraction letters in both cases,
+#: every kind of white space (NBSP and NEL are Unicode White_Space), line breaks, digits and the
+#: Latin-1 numbers (superscripts, fractions), Latin-1 letters of each case, punctuation runs
+AWKWARD = " '\"sStTdDmMlLvVrReE\n\r\t\x0b\x0c\xa0\x85 0123456789²³¹½¾µªºßÿÀé.,:;{}[]()<>|/\\-_!?#@&*+=~`$%^\x00\x7f"
+LATIN1 = st.text(st.one_of(st.sampled_from(AWKWARD), st.characters(max_codepoint=0xFF)), max_size=60)
+JSONS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | LATIN1,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(LATIN1, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _served(family: str, tokenizer_of):
+    tok = tokenizer_of(family)
+    codec = codec_for(tok)
+    if codec.latin1 is None:
+        pytest.fail(f"{family}: the Latin-1 encoder declined ({codec.latin1_reason})")
+    return tok, codec.latin1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_encoder_serves_exactly_the_single_split_byte_level_pipelines(family, tokenizer_of):
+    codec = Codec(tokenizer_of(family))
+    if family in SERVED:
+        assert codec.latin1 is not None, codec.latin1_reason
+        assert codec.latin1_reason is None
+    else:
+        assert codec.latin1 is None
+        assert DECLINED[family] in (codec.latin1_reason or "")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=LATIN1)
+def test_latin1_text_encodes_to_the_tokenizers_ids(family, tokenizer_of, text):
+    tok = tokenizer_of(family)
+    codec = codec_for(tok)
+    expected = tok(text, add_special_tokens=False)["input_ids"]
+    assert codec.encode(text) == expected
+    assert codec.encode_many([text, text + " x"]) == [expected, tok(text + " x", add_special_tokens=False)["input_ids"]]
+    if codec.latin1 is not None:
+        got = codec.latin1.encode(text)
+        assert got is None or got == expected
+
+
+@pytest.mark.parametrize("family", SERVED)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=JSONS, indent=st.sampled_from([None, 2]), ascii_only=st.booleans())
+def test_json_tool_results_encode_to_the_tokenizers_ids(family, tokenizer_of, value, indent, ascii_only):
+    tok, enc = _served(family, tokenizer_of)
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    got = enc.encode(text)
+    assert got == tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_text_the_tokenizer_must_cut_or_that_is_not_latin1_is_declined(family, tokenizer_of):
+    tok, enc = _served(family, tokenizer_of)
+    special = next(t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special)
+    assert enc.encode(f"before {special} after") is None  # the tokenizer cuts at an added token first
+    assert enc.encode("Kraków ∑ 漢字 🙂") is None  # beyond U+00FF
+    assert enc.encode("<b>no added token here</b>") is not None
+    texts = ["plain", f"x{special}y", "Łódź", "Zürich", ""]
+    codec = Codec(tok)
+    assert codec.encode_many(texts) == [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.mark.parametrize("family", SERVED)
+def test_real_tool_results_encode_to_the_tokenizers_ids(family, tokenizer_of):
+    """Records like the rollout benchmark's tools return (JSON of 50-2,000 characters, cities with accents)."""
+    tok, enc = _served(family, tokenizer_of)
+    rng = random.Random(3)
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet".split()
+    cities = ["Paris", "São Paulo", "Reykjavík", "Montréal", "Zürich"]
+    for _ in range(200):
+        record = {
+            "sku": f"SKU-{rng.randrange(10**6):06d}",
+            "title": " ".join(rng.choice(words) for _ in range(rng.randint(1, 6))).title(),
+            "price": round(rng.uniform(1, 500), 2),
+            "address": {"city": rng.choice(cities), "zip": f"{rng.randrange(10**5):05d}"},
+            "lines": "\n".join(" ".join(rng.sample(words, 3)) for _ in range(rng.randint(0, 5))),
+        }
+        text = json.dumps([record] * rng.randint(1, 4), ensure_ascii=False, indent=rng.choice([None, 2]))
+        assert enc.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"\d+",
+        r"^\p{L}+",
+        r"\p{L}+$",
+        r"(\p{L})+",
+        r"[\P{L}]",
+        r"[[:alpha:]]",
+        r"[a-z&&[^aeiou]]",
+        r"\S[\S]",
+        r"\p{Han}",
+    ],
+)
+def test_translate_refuses_what_it_does_not_reproduce(pattern):
+    with pytest.raises(Unsupported):
+        translate(pattern)
+
+
+def test_the_build_check_catches_a_wrong_translation(tokenizer_of, monkeypatch):
+    """A translation that drops a character from \\p{N} (here ½) is found by the build's own check."""
+    tok = tokenizer_of("qwen2.5-instruct")
+    wrong = {**latin1_bpe._PROPERTIES, "N": [cp for cp in latin1_bpe._PROPERTIES["N"] if cp != 0xBD]}
+    monkeypatch.setattr(latin1_bpe, "_PROPERTIES", wrong)
+    with pytest.raises(Unsupported, match="encodes differently"):
+        Latin1Encoder.build(tok.backend_tokenizer)
+    monkeypatch.undo()
+    assert Latin1Encoder.build(tok.backend_tokenizer).encode("½") == tok("½", add_special_tokens=False)["input_ids"]
+
+
+def test_a_truncating_tokenizer_is_left_to_encode_itself(tokenizer_of):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_of("qwen2.5-instruct").name_or_path)  # its own backend
+    codec = Codec(tok)
+    text = "one two three four five six seven"
+    assert codec.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
+    tok.backend_tokenizer.enable_truncation(max_length=3)
+    try:
+        truncated = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        assert len(truncated) == 3
+        assert codec.encode_many([text]) == [truncated]
+        assert codec.encode(text) == truncated
+    finally:
+        tok.backend_tokenizer.no_truncation()
+
+
+def test_the_word_cache_starts_again_when_full(tokenizer_of, monkeypatch):
+    tok, _ = _served("qwen2.5-instruct", tokenizer_of)
+    monkeypatch.setattr(latin1_bpe, "CACHE_LIMIT", 8)
+    enc = Latin1Encoder.build(tok.backend_tokenizer)
+    texts = [" ".join(f"w{i}x{j}" for j in range(30)) for i in range(20)]
+    for text in texts + texts:
+        assert enc.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
+        assert len(enc._words) <= 8
