@@ -180,3 +180,13 @@ def test_the_word_cache_starts_again_when_full(tokenizer_of, monkeypatch):
     for text in texts + texts:
         assert enc.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
         assert len(enc._words) <= 8
+
+
+def test_tmpl_latin1_0_turns_the_encoder_off(tokenizer_of, monkeypatch):
+    tok = tokenizer_of("qwen2.5-instruct")
+    monkeypatch.setenv("TMPL_LATIN1", "0")
+    off = Codec(tok)
+    assert off.latin1 is None and "TMPL_LATIN1=0" in (off.latin1_reason or "")
+    assert off.encode_many(["Zürich 21.5"]) == [tok("Zürich 21.5", add_special_tokens=False)["input_ids"]]
+    monkeypatch.delenv("TMPL_LATIN1")
+    assert Codec(tok).latin1 is not None

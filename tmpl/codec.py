@@ -39,7 +39,8 @@ class Codec:
     """Tokenize text exactly as ``tokenizer(text, add_special_tokens=False)`` does, but faster.
 
     ``latin1``: encode Latin-1 text in Python where the pipeline allows (:mod:`tmpl.latin1_bpe`,
-    the same IDs at about a fifth of the CPU); False sends every text to the backend.
+    the same IDs at about a fifth of the CPU); False sends every text to the backend. The default
+    is on, unless the environment sets ``TMPL_LATIN1=0`` (read when the codec is made).
 
     >>> from transformers import AutoTokenizer  # doctest: +SKIP
     >>> codec = Codec(AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct"))  # doctest: +SKIP
@@ -47,7 +48,7 @@ class Codec:
     [151645, 198]
     """
 
-    def __init__(self, tokenizer: Any, latin1: bool = True) -> None:
+    def __init__(self, tokenizer: Any, latin1: bool | None = None) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise TmplError(
@@ -76,10 +77,12 @@ class Codec:
         self._atom_pattern: re.Pattern[str] | None = None
         #: what layers above learn once per tokenizer pipeline (e.g. the suffix engine's verified cuts)
         self.memo: dict[str, Any] = {}
+        if latin1 is None:
+            latin1 = os.environ.get("TMPL_LATIN1", "1") != "0"
         self._latin1: Latin1Encoder | None = None
         self._latin1_built = not latin1
         #: why Latin-1 text goes through the tokenizer too (None while the encoder serves, or before it is built)
-        self.latin1_reason: str | None = None if latin1 else "turned off (Codec(..., latin1=False))"
+        self.latin1_reason: str | None = None if latin1 else "turned off (Codec(..., latin1=False) or TMPL_LATIN1=0)"
 
     @property
     def latin1(self) -> Latin1Encoder | None:
