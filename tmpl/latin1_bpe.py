@@ -56,7 +56,8 @@ _PROPERTIES = {name: _category_codes(name) for name in ("L", "Lu", "Ll", "Lt", "
 
 def _class_body(codes: Iterable[int]) -> str:
     """A character-class body (no brackets) matching exactly ``codes``, as ``\\xNN`` ranges."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for cp in sorted(set(codes)):
         if run and cp == run[-1] + 1:
             run.append(cp)
