@@ -6,9 +6,12 @@ The floor is the fast ``tokenizers.Tokenizer.encode(content, add_special_tokens=
 of each tool content alone (the ``backend_tokenizer`` of the same tokenizer, no template
 text, no added tokens around it), measured in this run with the same repetitions as tmpl:
 the only part of a suffix that is new on each call. ``tmpl/floor`` is the headline ratio
-(goal <= 1.5x for one 100-character result). tmpl itself encodes through
-``encode_batch_fast`` (the same IDs without character offsets), so the *fast floor* is printed
-too: ``encode_batch_fast(contents)`` of the contents alone, and ``tmpl/fast``.
+(goal <= 1.5x for one 100-character result). tmpl itself encodes through ``Codec.encode_many``:
+Latin-1 text by its Python encoder of the same IDs (``tmpl.latin1_bpe``, where the pipeline
+allows: Qwen, Llama 3, Mistral Nemo here), the rest through ``encode_batch_fast`` (the same IDs
+without character offsets), so the *fast floor* is printed too: ``encode_batch_fast(contents)``
+of the contents alone, and ``tmpl/fast``. Where the Latin-1 encoder serves, tmpl is below both
+floors: they are the tokenizer's own calls. ``TMPL_LATIN1=0`` runs it without the encoder.
 
 Every figure is measured in this run, on this machine, and printed with its ratio:
 - tmpl (compiled core) and tmpl (pure twin): ``ChatTemplate.suffix_ids`` with a warm cache;
@@ -18,7 +21,7 @@ Every figure is measured in this run, on this machine, and printed with its rati
   called on a minimal stand-in trainer (needs ``trl``);
 - renderers: ``bridge_to_next_turn`` of its hand-written Qwen3 renderer (needs ``renderers``);
 - fixed cost: ``encode("")`` (the binding's per-call floor) and tmpl's time beyond its own
-  encode calls for a 10-character result (validation, frame lookup, splicing).
+  encode call (``Codec.encode_many`` of the texts it encodes) for a 10-character result (validation, frame lookup, splicing).
 floor, tmpl, pure and no cuts are timed in turns (see ``interleaved``), best turn kept;
 TRL and renderers are the best of 5 batches (they are 10-100x slower, so load hardly moves
 their ratios). Microseconds per call.
@@ -178,7 +181,7 @@ def fixed_cost(tpl, backend, calls: int) -> None:
     best = interleaved(
         {
             "empty": (lambda: backend.encode("", add_special_tokens=False).ids, None),
-            "own": (lambda: [backend.encode(t, add_special_tokens=False).ids for t in texts], None),
+            "own": (lambda: tpl.codec.encode_many(texts), None),  # the call tmpl makes (Latin-1 encoder or batch)
             "total": (lambda: tpl.suffix_ids(msgs, completion_ids=stop), None),
         },
         calls * 3,
