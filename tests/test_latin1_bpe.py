@@ -190,3 +190,19 @@ def test_tmpl_latin1_0_turns_the_encoder_off(tokenizer_of, monkeypatch):
     assert off.encode_many(["Zürich 21.5"]) == [tok("Zürich 21.5", add_special_tokens=False)["input_ids"]]
     monkeypatch.delenv("TMPL_LATIN1")
     assert Codec(tok).latin1 is not None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    words=st.lists(st.text("ab<[|", min_size=1, max_size=5), min_size=1, max_size=8),
+    texts=st.lists(st.text("ab<[|x", max_size=12), max_size=10),
+)
+def test_the_added_token_finder_finds_what_a_plain_alternation_finds(words, texts):
+    """The trie-shaped pattern (fast where 1,000 added tokens share a first character) finds an
+    added token in a text exactly when an alternation of all of them does."""
+    import re
+
+    plain = re.compile("|".join(map(re.escape, words)))
+    trie = latin1_bpe._any_of(words)
+    for text in texts:
+        assert (trie.search(text) is None) == (plain.search(text) is None)

@@ -150,6 +150,25 @@ def translate(pattern: str) -> str:
     return "".join(out)
 
 
+def _any_of(words: list[str]) -> re.Pattern[str]:
+    """A pattern that finds any of ``words``, written as a trie: Mistral Nemo's 1,000 added tokens
+    start with ``<`` or ``[``, and a plain alternation tries every one at each ``[`` of a JSON text."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""  # a word ends here: finding it is enough, longer ones need not be tried
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return re.compile(emit(trie))
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """The byte-level alphabet: each byte's character in the BPE vocabulary (GPT-2's mapping)."""
     keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
@@ -220,9 +239,7 @@ class Latin1Encoder:
         #: added tokens by first character: a text holding one is left to the tokenizer
         contents = [t.content for t in backend.get_added_tokens_decoder().values() if t.content]
         self._added_first = "".join(sorted({c[0] for c in contents}))
-        self._added = (
-            re.compile("|".join(map(re.escape, sorted(contents, key=len, reverse=True)))) if contents else None
-        )
+        self._added = _any_of(contents) if contents else None
         self._words: dict[str, list[int]] = {}
 
     @classmethod
