@@ -20,8 +20,8 @@ from tmpl.latin1_bpe import Latin1Encoder, Unsupported, translate
 
 from .conftest import FAMILIES
 
-#: what each family's tokenizer (as transformers loads it) runs: a single regex Split + ByteLevel over BPE,
-#: or ByteLevel's own GPT-2 split (phi-4-mini), is served; otherwise the step that rules it out
+#: what each family's tokenizer (as transformers loads it) runs: regex Splits + ByteLevel over BPE, or
+#: ByteLevel's own GPT-2 split (phi-4-mini), is served; otherwise the step that rules it out
 SERVED = (
     "qwen2.5-instruct",
     "qwen3",
@@ -29,13 +29,13 @@ SERVED = (
     "mistral-nemo-instruct-2407",
     "gpt-oss",
     "phi-4-mini-instruct",
+    "deepseek-v3",  # three Isolated splits in sequence (digit runs, CJK runs, the rest)
 )
 DECLINED = {
     "gemma-2-it": "normalizer",  # Replace(" ", "▁")
     "gemma-3-it": "normalizer",
     "gemma-4-it": "normalizer",
     "phi-3-mini-4k-instruct": "pre-tokenizer steps ['Metaspace']",
-    "deepseek-v3": "pre-tokenizer steps",  # three Splits (digits, CJK, the rest) before ByteLevel
 }
 assert set(SERVED) | set(DECLINED) == set(FAMILIES)
 
@@ -60,7 +60,7 @@ def _served(family: str, tokenizer_of):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_encoder_serves_exactly_the_single_split_byte_level_pipelines(family, tokenizer_of):
+def test_the_encoder_serves_exactly_the_regex_split_byte_level_pipelines(family, tokenizer_of):
     codec = Codec(tokenizer_of(family))
     if family in SERVED:
         assert codec.latin1 is not None, codec.latin1_reason
@@ -206,3 +206,12 @@ def test_the_added_token_finder_finds_what_a_plain_alternation_finds(words, text
     trie = latin1_bpe._any_of(words)
     for text in texts:
         assert (trie.search(text) is None) == (plain.search(text) is None)
+
+
+def test_a_split_that_can_match_nothing_is_refused(tokenizer_of):
+    """A pattern matching the empty string would cut pieces where the tokenizer's split does not."""
+    backend = tokenizer_of("qwen2.5-instruct").backend_tokenizer
+    with pytest.raises(Unsupported, match="empty string"):
+        Latin1Encoder(backend, [r"\p{L}*"])
+    with pytest.raises(Unsupported, match="group"):
+        Latin1Encoder(backend, [r"(?P<w>\p{L}+)"])

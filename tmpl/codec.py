@@ -38,6 +38,9 @@ class AddedTokenInfo:
 class Codec:
     """Tokenize text exactly as ``tokenizer(text, add_special_tokens=False)`` does, but faster.
 
+    The tokenizer is read once, when the codec is made: its added tokens, vocabulary size and
+    pipeline. A tokenizer given new tokens afterwards needs a new codec (and ``ChatTemplate``).
+
     ``latin1``: encode Latin-1 text in Python where the pipeline allows (:mod:`tmpl.latin1_bpe`,
     the same IDs at about a fifth of the CPU); False sends every text to the backend. The default
     is on, unless the environment sets ``TMPL_LATIN1=0`` (read when the codec is made).

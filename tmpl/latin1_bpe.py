@@ -11,15 +11,19 @@ the tokenizer's IDs, not an approximation: about 27 us for the same 450 characte
 
 It serves a pipeline only when every step is one this module reproduces exactly
 (:meth:`Latin1Encoder.build` says why not otherwise): a BPE model without dropout; no
-normalizer, or NFC (the identity on Latin-1 text); one ``Split`` pre-tokenizer on a regex whose
-every construct is translated (``\\p{L}``-style classes, ``\\s``), ``Isolated``, followed by a
-``ByteLevel`` step that only maps bytes (or a ``ByteLevel`` step alone, splitting with GPT-2's
-regex). A text is encoded here only when it is Latin-1, holds no added token's text (the
-tokenizer would cut it there first) and the split covers it whole; anything else is left to the tokenizer (``encode`` returns None). On build, a fixed corpus of
-awkward strings is encoded both ways, and any difference leaves the tokenizer in charge.
+normalizer, or NFC (the identity on Latin-1 text); ``Isolated`` ``Split`` pre-tokenizers (one, or
+several in sequence as DeepSeek V3's) on regexes whose every construct is translated
+(``\\p{L}``-style classes, ``\\s``), followed by a ``ByteLevel`` step that only maps bytes (or a
+``ByteLevel`` step alone, splitting with GPT-2's regex). A text is encoded here only when it is Latin-1, holds no added token's text (the
+tokenizer would cut it there first) and the split covers it whole; anything else is left to the
+tokenizer (``encode`` returns None). On build, a fixed corpus of awkward strings is encoded both
+ways, and any difference leaves the tokenizer in charge. The pipeline and the added tokens are
+read once, on build, like the rest of a codec: a tokenizer given new tokens afterwards needs a new
+codec (and template).
 
 >>> enc = Latin1Encoder.build(tokenizer.backend_tokenizer)  # doctest: +SKIP
->>> enc.encode('{"city": "Zürich", "temp": 21.5}') == tokenizer.encode(..., add_special_tokens=False)  # doctest: +SKIP
+>>> text = '{"city": "Zürich", "temp": 21.5}'
+>>> enc.encode(text) == tokenizer(text, add_special_tokens=False)["input_ids"]  # doctest: +SKIP
 True
 """
 
@@ -51,7 +55,7 @@ def _category_codes(prefix: str) -> list[int]:
 
 
 #: the property classes of the split regexes in use, as Latin-1 code point sets
-_PROPERTIES = {name: _category_codes(name) for name in ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N")}
+_PROPERTIES = {name: _category_codes(name) for name in ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "P", "S")}
 
 
 def _class_body(codes: Iterable[int]) -> str:
@@ -169,6 +173,20 @@ def _any_of(words: list[str]) -> re.Pattern[str]:
     return re.compile(emit(trie))
 
 
+def _compiled(regex: str) -> re.Pattern[str]:
+    """``translate(regex)`` compiled; Unsupported where Python refuses it, it has a group or it
+    matches the empty string (the split's pieces would differ)."""
+    try:
+        pattern = re.compile(translate(regex))
+    except re.error as exc:  # e.g. a variable-width lookbehind, which Python refuses
+        raise Unsupported(f"Python's re does not take {regex!r}: {exc}") from None
+    if pattern.groups:
+        raise Unsupported(f"a group in {regex!r} (the split keeps whole matches)")
+    if pattern.search("") is not None:
+        raise Unsupported(f"{regex!r} matches the empty string")
+    return pattern
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """The byte-level alphabet: each byte's character in the BPE vocabulary (GPT-2's mapping)."""
     keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
@@ -191,8 +209,8 @@ def _state(part: Any) -> dict[str, Any] | None:
     return None if part is None else dict(json.loads(part.__getstate__()))
 
 
-def _steps(pipeline: dict[str, Any]) -> str:
-    """The split regex of a pipeline this module reproduces; raises :class:`Unsupported` otherwise."""
+def _steps(pipeline: dict[str, Any]) -> list[str]:
+    """The split regexes of a pipeline this module reproduces, in order; raises :class:`Unsupported` otherwise."""
     model, norm, pre = pipeline.get("model") or {}, pipeline.get("normalizer"), pipeline.get("pre_tokenizer")
     if model.get("type") != "BPE":
         raise Unsupported(f"the model is {model.get('type')}, not BPE")
@@ -209,32 +227,34 @@ def _steps(pipeline: dict[str, Any]) -> str:
     if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True):
         if steps[0].get("add_prefix_space"):
             raise Unsupported("a ByteLevel step that adds a prefix space")
-        return GPT2_SPLIT  # ByteLevel's own split
-    if len(steps) != 2 or steps[0].get("type") != "Split" or steps[1].get("type") != "ByteLevel":
-        raise Unsupported(f"the pre-tokenizer steps {[s.get('type') for s in steps]} (one Split, then ByteLevel)")
-    split, level = steps
-    if split.get("behavior") != "Isolated" or split.get("invert"):
-        raise Unsupported(f"a {split.get('behavior')} split (invert={split.get('invert')})")
+        return [GPT2_SPLIT]  # ByteLevel's own split
+    kinds = [s.get("type") for s in steps]
+    if len(steps) < 2 or kinds[-1] != "ByteLevel" or any(k != "Split" for k in kinds[:-1]):
+        raise Unsupported(f"the pre-tokenizer steps {kinds} (Split steps, then ByteLevel)")
+    level = steps[-1]
     if level.get("add_prefix_space") or level.get("use_regex"):
         raise Unsupported("a ByteLevel step that adds a prefix space or splits again")
-    regex = (split.get("pattern") or {}).get("Regex")
-    if not isinstance(regex, str):
-        raise Unsupported("a split on a plain string")
-    return regex
+    regexes = []
+    for split in steps[:-1]:
+        if split.get("behavior") != "Isolated" or split.get("invert"):
+            raise Unsupported(f"a {split.get('behavior')} split (invert={split.get('invert')})")
+        regex = (split.get("pattern") or {}).get("Regex")
+        if not isinstance(regex, str):
+            raise Unsupported("a split on a plain string")
+        regexes.append(regex)
+    return regexes
 
 
 class Latin1Encoder:
     """Encode Latin-1 text to the IDs the tokenizer gives it (see the module docstring)."""
 
-    def __init__(self, backend: Any, regex: str) -> None:
+    def __init__(self, backend: Any, regexes: list[str]) -> None:
         self.backend = backend
-        try:
-            self.pattern = re.compile(translate(regex))
-        except re.error as exc:  # e.g. a variable-width lookbehind, which Python refuses
-            raise Unsupported(f"Python's re does not take {regex!r}: {exc}") from None
-        if self.pattern.groups:
-            raise Unsupported(f"a group in {regex!r} (the split keeps whole matches)")
-        self._split = self.pattern.findall
+        self.patterns = [_compiled(regex) for regex in regexes]
+        #: one split: its matches (a gap declines the text); several: each splits the last one's
+        #: pieces, gaps kept as pieces (``Isolated``), through a split on the pattern as one group
+        self._split = self.patterns[0].findall if len(regexes) == 1 else None
+        self._splits = [re.compile(f"({p.pattern})").split for p in self.patterns]
         self._tokenize = backend.model.tokenize
         #: added tokens by first character: a text holding one is left to the tokenizer
         contents = [t.content for t in backend.get_added_tokens_decoder().values() if t.content]
@@ -252,7 +272,7 @@ class Latin1Encoder:
         if backend.truncation is not None or backend.padding is not None:
             raise Unsupported("the tokenizer truncates or pads")
         model = backend.model
-        regex = _steps(
+        regexes = _steps(
             {  # the parts that matter, without serialising the vocabulary
                 "model": {
                     "type": type(model).__name__,
@@ -264,7 +284,7 @@ class Latin1Encoder:
                 "pre_tokenizer": _state(backend.pre_tokenizer),
             }
         )
-        enc = cls(backend, regex)
+        enc = cls(backend, regexes)
         for text in check_corpus():
             fast = enc.encode(text)
             if fast is not None and fast != backend.encode(text, add_special_tokens=False).ids:
@@ -286,9 +306,12 @@ class Latin1Encoder:
                     if added.search(text) is not None:
                         return None
                     break
-        pieces = self._split(text)
-        if len("".join(pieces)) != len(text):  # a gap the split did not match: the tokenizer keeps it
-            return None
+        if self._split is not None:
+            pieces = self._split(text)
+            if len("".join(pieces)) != len(text):  # a gap the split did not match: the tokenizer keeps it
+                return None
+        else:
+            pieces = self._pieces(text)
         words = self._words
         get = words.get
         out: list[int] = []
@@ -298,6 +321,13 @@ class Latin1Encoder:
                 ids = self._word(piece)
             out += ids
         return out
+
+    def _pieces(self, text: str) -> list[str]:
+        """The pre-tokens of several ``Isolated`` splits in sequence: matches and the gaps between them."""
+        pieces = [text]
+        for split in self._splits:
+            pieces = [part for piece in pieces for part in split(piece) if part]
+        return pieces
 
     def _word(self, piece: str) -> list[int]:
         """BPE of one pre-token by the tokenizer's model (its bytes in the byte-level alphabet), kept."""
