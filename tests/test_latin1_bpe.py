@@ -18,7 +18,7 @@ from tmpl import latin1_bpe
 from tmpl.codec import Codec, codec_for
 from tmpl.latin1_bpe import Latin1Encoder, Unsupported, translate
 
-from .conftest import FAMILIES
+from .conftest import DATA, FAMILIES
 
 #: what each family's tokenizer (as transformers loads it) runs: regex Splits + ByteLevel over BPE, or
 #: ByteLevel's own GPT-2 split (phi-4-mini), is served; otherwise the step that rules it out
@@ -215,3 +215,23 @@ def test_a_split_that_can_match_nothing_is_refused(tokenizer_of):
         Latin1Encoder(backend, [r"\p{L}*"])
     with pytest.raises(Unsupported, match="group"):
         Latin1Encoder(backend, [r"(?P<w>\p{L}+)"])
+
+
+@pytest.mark.parametrize(("vectors", "family"), [("qwen2", "qwen2.5-instruct"), ("llama-bpe", "llama-3.2-instruct")])
+def test_llama_cpp_tokenizer_vectors(vectors, family, tokenizer_of):
+    """llama.cpp's tokenizer test vectors (inputs and the IDs the original HF tokenizer gave them,
+    recorded by llama.cpp): every Latin-1 input is encoded by the Latin-1 encoder, to those IDs."""
+    folder = DATA / "vocab-tests"
+    inp, out = folder / f"ggml-vocab-{vectors}.gguf.inp", folder / f"ggml-vocab-{vectors}.gguf.out"
+    if not inp.is_file() or not out.is_file():
+        pytest.skip(f"llama.cpp vectors {vectors!r} not in {folder}")
+    texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = [[int(x) for x in line.split()] for line in out.read_text(encoding="utf-8").split("\n")]
+    _, enc = _served(family, tokenizer_of)
+    latin1 = 0
+    for text, ids in zip(texts, expected):
+        got = enc.encode(text)
+        if got is not None:
+            latin1 += 1
+            assert got == ids, text
+    assert latin1 >= len(texts) // 2, f"only {latin1} of {len(texts)} vectors were Latin-1"
