@@ -156,16 +156,29 @@ def caught(scenario, reset=None, tries: int = 5):
     (CI: 800 tokens done before a pause sent 1 s after the request; here, both cores kept busy, a pause
     took 3 s instead of 0.05: its engine pins its worker to one core). Such a try says nothing about the
     update: ``reset()`` runs and the scenario runs again; five misses fail the test, with their reasons.
+
+    Each try waits a different time before its update (``WAITS``, through :func:`started`): CI once
+    missed five times at 1 s, the request finishing each time before the pause took effect; a wait
+    too short for a slow machine sends the update before the first token, a miss another try mends.
     """
     misses = []
-    for _ in range(tries):
-        try:
-            return scenario()
-        except Missed as miss:
-            misses.append(str(miss))
-            if reset is not None:
-                reset()
+    try:
+        for k in range(tries):
+            WAIT[0] = WAITS[k % len(WAITS)]
+            try:
+                return scenario()
+            except Missed as miss:
+                misses.append(f"{miss} (waited {WAIT[0]} s)")
+                if reset is not None:
+                    reset()
+    finally:
+        WAIT[0] = WAITS[0]
     pytest.fail(f"in {tries} tries no update reached the server while the request ran: {misses}")
+
+
+#: seconds :func:`started` waits after the requests reach the server, one per try of :func:`caught`
+WAITS = (1.0, 0.4, 0.15, 0.7, 0.25)
+WAIT = [WAITS[0]]  # the current try's
 
 
 def expand(spans: list[dict]) -> list[int]:
@@ -177,8 +190,9 @@ def expand(spans: list[dict]) -> list[int]:
     return out
 
 
-async def started(backend: VLLMServer, task: asyncio.Task, after: float = 1.0, limit: float = 120.0) -> None:
-    """Wait until the rollout's requests are on the server, then ``after`` seconds more: the long
+async def started(backend: VLLMServer, task: asyncio.Task, after: float | None = None, limit: float = 120.0) -> None:
+    """Wait until the rollout's requests are on the server, then ``after`` seconds more (default: the
+    current try's of :func:`caught`): the long
     generations here (min_tokens of several hundred, a few hundred tokens a second) are then mid-way;
     raises Missed where the rollout had already ended by then.
     (The server's gauges were seen to lag by seconds: not used as the trigger.)"""
@@ -188,7 +202,7 @@ async def started(backend: VLLMServer, task: asyncio.Task, after: float = 1.0, l
             raise AssertionError(f"the rollout ended first: {task.result()}")
         assert time.monotonic() < deadline, "no request reached the server"
         await asyncio.sleep(0.01)
-    await asyncio.sleep(after)
+    await asyncio.sleep(WAIT[0] if after is None else after)
     if task.done():
         # the whole generation ran within ``after`` seconds (a fast or idle machine: CI once finished 800
         # tokens in that second): no update can land mid-way, a timing miss like those ``caught`` retries
