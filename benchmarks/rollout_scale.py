@@ -547,7 +547,9 @@ def print_scale(out: dict[str, Any], samples: int, turns: int) -> None:
             if row["workers"] == 1:
                 single[row["mode"]] = (best, median)
                 cores_of_one[row["mode"]] = median * cpu_ms / 1e3
-                extra += f"   keeps {cores_of_one[row['mode']]:.2f} cores busy (its tokenizer's and tools' threads)"
+                extra += (
+                    f"   keeps {cores_of_one[row['mode']]:.2f} cores busy (all its threads: loop, tokenizer, tools)"
+                )
             elif row["mode"] in single:
                 one = single[row["mode"]]
                 ceiling = min(row["workers"], out["cores"]) / cores_of_one[row["mode"]]
