@@ -123,7 +123,7 @@ def test_process_isolation_every_hostile_tool_ends_as_its_message(tokenizer_of, 
     assert _pool_processes() == [] and _pool_threads("tmpl-tool-process") == []
 
 
-def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of):
+def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of, monkeypatch):
     tpl = _tpl(tokenizer_of)
     box = tmpl.Toolbox(
         [hang_in_thread, hostile.hang_async, hostile.floods, hostile.chatty, hostile.get_weather],
@@ -141,7 +141,12 @@ def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of):
 
         return wrapped
 
-    tpl.codec._encode_ids, tpl.codec._encode = watch(real[0]), watch(real[1])
+    # the codec is the tokenizer's, shared by the session's tests: watched through monkeypatch, undone after
+    monkeypatch.setattr(tpl.codec, "_encode_ids", watch(real[0]))
+    monkeypatch.setattr(tpl.codec, "_encode", watch(real[1]))
+    latin1 = tpl.codec.latin1  # Latin-1 text (the flood is ASCII) is encoded here, not by the backend
+    if latin1 is not None:
+        monkeypatch.setattr(latin1, "encode", watch(latin1.encode))
     names = ["hang_in_thread"] * 3 + ["hang_async", "floods", "chatty"] + ["get_weather"] * 4
     rollout, results = _run(tpl, box, names, max_length=4096, max_completion_length=2048)
     for name, r in zip(names, results):
