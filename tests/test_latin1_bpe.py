@@ -137,11 +137,21 @@ def test_real_tool_results_encode_to_the_tokenizers_ids(family, tokenizer_of):
         r"[a-z&&[^aeiou]]",
         r"\S[\S]",
         r"\p{Han}",
+        r"(?m:.)+",  # dot-all in the tokenizer's engine, multi-line in Python's
+        r"(?x) a b",
+        r"(?<name>a)",
+        r"\bword\b",
+        r"\h+",
     ],
 )
 def test_translate_refuses_what_it_does_not_reproduce(pattern):
     with pytest.raises(Unsupported):
-        translate(pattern)
+        latin1_bpe._compiled(pattern)
+
+
+@pytest.mark.parametrize("pattern", [r"(?i:'s|'t)|\p{L}+|\s+", r"[\#\&\~]+|(?:ab)+|(?=x)x|(?>a+)b|\p{N}{1,3}"])
+def test_translate_keeps_what_both_engines_read_alike(pattern):
+    assert latin1_bpe._compiled(pattern).pattern == translate(pattern)
 
 
 def test_the_build_check_catches_a_wrong_translation(tokenizer_of, monkeypatch):

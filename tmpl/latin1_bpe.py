@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 import unicodedata
 from collections.abc import Iterable
 from typing import Any
@@ -80,8 +81,9 @@ def _range(lo: int, hi: int) -> str:
 
 _SPACE = _class_body(WHITE_SPACE)
 _NOT_SPACE = _class_body(set(range(256)) - WHITE_SPACE)
-#: escapes both engines read alike, inside and outside a class
-_PLAIN_ESCAPES = set("rntfv\\/'\"-.^$|?*+()[]{}")
+#: escapes both engines read alike, inside and outside a class: control characters and escaped
+#: ASCII punctuation (a literal in both)
+_PLAIN_ESCAPES = set("rntfv") | set(string.punctuation)
 
 
 def translate(pattern: str) -> str:
@@ -143,8 +145,10 @@ def translate(pattern: str) -> str:
             if pattern[i : i + 1] == "]":
                 raise Unsupported(f"a class starting with ']' in {pattern!r}")
             continue
-        elif ch == "(" and not pattern.startswith("(?", i):
-            raise Unsupported(f"a capturing group in {pattern!r}")
+        elif ch == "(":
+            if not pattern.startswith("(?", i):
+                raise Unsupported(f"a capturing group in {pattern!r}")
+            _check_group(pattern, i)
         elif ch in "^$":  # line anchors in the tokenizer's engine, string anchors in Python's
             raise Unsupported(f"the anchor {ch!r} in {pattern!r}")
         out.append(ch)
@@ -185,6 +189,18 @@ def _compiled(regex: str) -> re.Pattern[str]:
     if pattern.search("") is not None:
         raise Unsupported(f"{regex!r} matches the empty string")
     return pattern
+
+
+def _check_group(pattern: str, i: int) -> None:
+    """The ``(?`` construct at ``i`` means the same in both engines: non-capturing, lookaround,
+    atomic, or the ``i`` flag (``m`` is dot-all in the tokenizer's engine but multi-line in
+    Python's; other flags are refused too). Raises :class:`Unsupported` otherwise."""
+    rest = pattern[i + 2 :]
+    if rest[:1] in (":", "=", "!", ">") or rest[:2] in ("<=", "<!"):
+        return
+    flags = re.match(r"([A-Za-z-]*)[:)]", rest)
+    if flags is None or set(flags.group(1)) - {"i"}:
+        raise Unsupported(f"the group {pattern[i : i + 6]!r}... in {pattern!r}")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
