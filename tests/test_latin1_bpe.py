@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tmpl
 from tmpl import latin1_bpe
 from tmpl.codec import Codec, codec_for
 from tmpl.latin1_bpe import Latin1Encoder, Unsupported, translate
@@ -245,3 +246,54 @@ def test_llama_cpp_tokenizer_vectors(vectors, family, tokenizer_of):
             latin1 += 1
             assert got == ids, text
     assert latin1 >= len(texts) // 2, f"only {latin1} of {len(texts)} vectors were Latin-1"
+
+
+def test_the_checks_compare_against_the_tokenizer_not_the_encoder_they_check(tokenizer_of, monkeypatch):
+    """A Latin-1 encoder gone wrong (here: one token of "Paris" swapped for another, in every text it
+    is asked for, the suffix's content and a whole render alike) is caught by ``verify_every`` and by
+    the drift measure: both compare against the tokenizer's own IDs (``Codec.encode_reference``)."""
+    from tmpl.backends import Scripted
+    from tmpl.rollout.drift import rerender_drift
+
+    tok = tokenizer_of("qwen2.5-instruct")
+    tpl = tmpl.ChatTemplate(tok, name="qwen2.5")
+    codec = tpl.codec
+    enc = codec.latin1
+    assert enc is not None
+    paris = tok("Paris", add_special_tokens=False)["input_ids"][-1]
+    real = enc.encode
+
+    def wrong(text):
+        ids = real(text)
+        if ids is None:  # what the encoder declines (a text with atoms): wrong all the same
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        return [paris + 1 if i == paris else i for i in ids]
+
+    def get_weather(city: str) -> str:
+        """Current weather.
+
+        Args:
+            city: The city.
+        """
+        return f"{city}: 21 C, sunny"
+
+    def policy(request):
+        _, _, turn = request.request_id.split("-")
+        if turn == "0":
+            return tok(
+                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+                add_special_tokens=False,
+            )["input_ids"]
+        return tok("Done.<|im_end|>", add_special_tokens=False)["input_ids"]
+
+    convo = [[{"role": "user", "content": "Weather?"}]]
+    good = tmpl.Rollout(tpl, Scripted(policy), tools=[get_weather], max_turns=3, verify_every=1).run(convo)[0]
+    assert good.status.name == "DONE", good.reason
+    monkeypatch.setattr(enc, "encode", wrong)
+    bad = tmpl.Rollout(tpl, Scripted(policy), tools=[get_weather], max_turns=3, verify_every=1).run(convo)[0]
+    assert bad.code.name == "VERIFY_FAILED", (bad.code, bad.reason)
+    # the drift measure: the good sample's IDs (the tokenizer's) against a re-render, the encoder wrong
+    ids = good.prompt_ids.tolist() + good.completion_ids.tolist()
+    schemas = tmpl.Rollout(tpl, Scripted(policy), tools=[get_weather]).tool_schemas
+    drift, _ = rerender_drift(tpl, good.messages, ids, tools=schemas)
+    assert drift is False

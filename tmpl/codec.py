@@ -208,6 +208,17 @@ class Codec:
                     return False
         return True
 
+    def encode_reference(self, text: str) -> list[int]:
+        """The tokenizer's own IDs of ``text``, never through :attr:`latin1`: what a check compares
+        tmpl's IDs against (suffix verification, drift, the proofs), so the checks stay independent
+        of the encoder they check.
+
+        >>> codec.encode_reference("Zürich") == codec.encode("Zürich")  # doctest: +SKIP
+        True
+        """
+        ids: list[int] = self._encode_ids([text], add_special_tokens=False)[0].ids
+        return ids
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token IDs of ``text`` and each token's (start, end) character offsets."""
         enc = self._encode(text, add_special_tokens=False)

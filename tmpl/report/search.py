@@ -126,7 +126,7 @@ class _Case:
         key = (upto, gen)
         if key not in self.renders:
             text = self.tpl.renderer.text(self.msgs[:upto], tools=SPACE_TOOLS, add_generation_prompt=gen, **self.kwargs)
-            self.renders[key] = (text, self.tpl.codec.encode(text))
+            self.renders[key] = (text, self.tpl.codec.encode_reference(text))
         return self.renders[key]
 
     def run(self) -> CaseResult:

@@ -201,7 +201,7 @@ def rerender_drift(
         text = tpl.renderer.text(messages, tools=tools, add_generation_prompt=gen)
     except TmplError:
         return None, None
-    detail = explain_drift(tpl, ids, tpl.codec.encode_many([text])[0])
+    detail = explain_drift(tpl, ids, tpl.codec.encode_reference(text))  # the tokenizer's own IDs
     return detail is not None, detail
 
 

@@ -562,7 +562,7 @@ class Rollout(WeightUpdates):
                     exc,
                 )
             return None
-        full = self.tpl.codec.encode(text)
+        full = self.tpl.codec.encode_reference(text)  # the tokenizer's own IDs, not tmpl's encoder
         n = len(suffix)
         return full[len(full) - n :] == suffix and n < len(full) and full[len(full) - n - 1] in self.tpl.stop_token_ids
 

@@ -260,7 +260,7 @@ def generated(tpl: ChatTemplate, messages: list[dict[str, Any]], kwargs: dict[st
         for i, m in enumerate(messages):
             if m.get("role") != "assistant":
                 continue
-            prompt = tpl.codec.encode(
+            prompt = tpl.codec.encode_reference(
                 tpl.renderer.text(messages[:i], tools=SPACE_TOOLS, add_generation_prompt=True, **kwargs)
             )
             stop = next((t for t in range(len(prompt), len(ids)) if ids[t] in tpl.stop_token_ids), None)
