@@ -129,12 +129,12 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
         )
         task = asyncio.create_task(rollout.run_async([RAMBLE]))
         try:
-            # the client's own count first: the server's gauge lags and can still show the previous test's requests
-            await wait_for(
-                lambda: len(backend.in_flight) >= 2 and metric(url, "vllm:num_requests_running") >= 2,
-                "2 requests running",
-                task=task,
-            )
+            # the client's own count, then a moment for the server to admit them: its running gauge lags by
+            # seconds (CI saw three seeds' 800-token requests all finish before it showed two)
+            await wait_for(lambda: len(backend.in_flight) >= 2, "2 requests sent", task=task)
+            await asyncio.sleep(0.3)
+            if task.done():
+                raise EndedEarly("the rollout ended before the cancel")
         except EndedEarly:
             if not task.cancelled() and task.exception() is not None:
                 raise AssertionError(
@@ -156,9 +156,9 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
     def logged(rid: str) -> bool:  # vLLM names them generate-tokens-<id> or cmpl-<id>-<choice>
         return any(rid in line for line in aborts())
 
-    # min_tokens keeps every request running to its max_tokens; should the server still be too slow to admit
-    # two at once while the metric is read, or too busy to take the abort notices (it acknowledged none: the
-    # try says nothing about tmpl), another seed runs
+    # min_tokens keeps every request running to its max_tokens; should they still finish before the cancel
+    # reaches them (fewer than two aborted), or the server be too busy to take the abort notices (it
+    # acknowledged none: the try says nothing about tmpl), another seed runs
     misses = []
     for seed in (7, 11, 13):
         ran = asyncio.run(go(seed))
@@ -167,7 +167,11 @@ def test_cancelling_a_rollout_aborts_its_requests_on_the_server(tpl, servers, ap
             continue
         backend, in_flight = ran
         aborted = backend.aborted  # a request that finished just as the run was cancelled is not aborted
-        assert len(aborted) >= 2 and set(aborted) <= set(in_flight) and backend.in_flight == []
+        assert set(aborted) <= set(in_flight) and backend.in_flight == []
+        if len(aborted) < 2:  # the server's timing: the requests finished before the cancel reached them
+            misses.append(f"seed {seed}: {len(aborted)} request(s) still running at the cancel")
+            seen = log.stat().st_size
+            continue
         assert len(aborted) + backend.stats[0]["completed"] == 4  # each sample's one request: answered or aborted
         # the engine process may write its abort lines a moment after the counters drop (a loaded machine)
         deadline = time.monotonic() + 60
