@@ -203,21 +203,25 @@ def _check_group(pattern: str, i: int) -> None:
         raise Unsupported(f"the group {pattern[i : i + 6]!r}... in {pattern!r}")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte-level alphabet: each byte's character in the BPE vocabulary (GPT-2's mapping)."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars, extra = {}, 0
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a byte-level BPE
+    vocabulary (printable Latin-1 for itself, the rest from U+0100 on, in byte order).
+
+    >>> byte_chars()[ord(" ")], byte_chars()[ord("a")]
+    ('Ġ', 'a')
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
     for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
+        if b not in chars:
             chars[b] = chr(256 + extra)
             extra += 1
     return chars
 
 
 #: translate() table over a piece's UTF-8 bytes read as Latin-1 (one character per byte)
-_BYTE_CHARS = str.maketrans({chr(b): c for b, c in _bytes_to_unicode().items()})
+_BYTE_CHARS = str.maketrans({chr(b): c for b, c in byte_chars().items()})
 
 
 def _state(part: Any) -> dict[str, Any] | None:

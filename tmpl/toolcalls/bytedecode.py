@@ -30,20 +30,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..codec import Codec
+from ..latin1_bpe import byte_chars
 
 _MEMO_KEY = "byte_decode_table"
 
 
 def _byte_chars() -> dict[str, int]:
-    """GPT-2's byte-to-printable-character map, inverted: the character that stands for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
+    """GPT-2's byte-to-printable-character map (:func:`tmpl.latin1_bpe.byte_chars`), inverted: the
+    byte each character stands for."""
+    return {c: b for b, c in byte_chars().items()}
 
 
 def decode_run(table: ByteTable, ids: Sequence[int]) -> str | None:
