@@ -15,7 +15,6 @@ matched after normalization.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TmplError
-from .latin1_bpe import Latin1Encoder, Unsupported
+from .latin1_bpe import Latin1Encoder, Unsupported, pipeline_of, steps_of
 
 
 @dataclass(frozen=True)
@@ -109,15 +108,7 @@ class Codec:
         :mod:`tmpl.suffix.cuts`).
         """
         if self._regex_byte_level is None:
-            backend = self.backend
-            pipeline = {  # the parts that matter, without serialising the vocabulary
-                "model": {"type": type(backend.model).__name__},
-                "normalizer": None if backend.normalizer is None else json.loads(backend.normalizer.__getstate__()),
-                "pre_tokenizer": (
-                    None if backend.pre_tokenizer is None else json.loads(backend.pre_tokenizer.__getstate__())
-                ),
-            }
-            self._regex_byte_level = _is_regex_byte_level(pipeline, backend)
+            self._regex_byte_level = _is_regex_byte_level(pipeline_of(self.backend), self.backend)
         return self._regex_byte_level
 
     def encode(self, text: str) -> list[int]:
@@ -247,10 +238,10 @@ def _is_regex_byte_level(pipeline: dict[str, Any], backend: Any) -> bool:
     model, norm, pre = pipeline.get("model") or {}, pipeline.get("normalizer"), pipeline.get("pre_tokenizer")
     if model.get("type") != "BPE" or pre is None:
         return False
-    norms = [] if norm is None else norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+    norms = steps_of(norm, "normalizers")
     if any(n.get("type") != "NFC" for n in norms):
         return False
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    steps = steps_of(pre, "pretokenizers")
     if not steps or steps[-1].get("type") != "ByteLevel":
         return False
     splits = steps[:-1]

@@ -229,6 +229,31 @@ def _state(part: Any) -> dict[str, Any] | None:
     return None if part is None else dict(json.loads(part.__getstate__()))
 
 
+def pipeline_of(backend: Any) -> dict[str, Any]:
+    """The parts of a ``tokenizers.Tokenizer``'s pipeline that decide how text splits, as
+    ``tokenizer.json`` writes them, without serialising the vocabulary: the model's type and BPE
+    settings, the normalizer, the pre-tokenizer."""
+    model = backend.model
+    return {
+        "model": {
+            "type": type(model).__name__,
+            "dropout": getattr(model, "dropout", None),
+            "continuing_subword_prefix": getattr(model, "continuing_subword_prefix", None),
+            "end_of_word_suffix": getattr(model, "end_of_word_suffix", None),
+        },
+        "normalizer": _state(backend.normalizer),
+        "pre_tokenizer": _state(backend.pre_tokenizer),
+    }
+
+
+def steps_of(step: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """A normalizer's (``key="normalizers"``) or pre-tokenizer's (``"pretokenizers"``) steps: a
+    ``Sequence``'s members, else the step alone (none when absent)."""
+    if step is None:
+        return []
+    return list(step.get(key, [step])) if step.get("type") == "Sequence" else [step]
+
+
 def _steps(pipeline: dict[str, Any]) -> list[str]:
     """The split regexes of a pipeline this module reproduces, in order; raises :class:`Unsupported` otherwise."""
     model, norm, pre = pipeline.get("model") or {}, pipeline.get("normalizer"), pipeline.get("pre_tokenizer")
@@ -238,12 +263,11 @@ def _steps(pipeline: dict[str, Any]) -> list[str]:
         raise Unsupported("BPE dropout makes the IDs random")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unsupported("BPE with subword affixes")
-    norms = [] if norm is None else norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
-    if any(n.get("type") != "NFC" for n in norms):
+    if any(n.get("type") != "NFC" for n in steps_of(norm, "normalizers")):
         raise Unsupported(f"the normalizer {norm!r} may change Latin-1 text")
     if pre is None:
         raise Unsupported("no pre-tokenizer")
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    steps = steps_of(pre, "pretokenizers")
     if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex", True):
         if steps[0].get("add_prefix_space"):
             raise Unsupported("a ByteLevel step that adds a prefix space")
@@ -274,7 +298,7 @@ class Latin1Encoder:
         #: one split: its matches (a gap declines the text); several: each splits the last one's
         #: pieces, gaps kept as pieces (``Isolated``), through a split on the pattern as one group
         self._split = self.patterns[0].findall if len(regexes) == 1 else None
-        self._splits = [re.compile(f"({p.pattern})").split for p in self.patterns]
+        self._splits = [] if self._split else [re.compile(f"({p.pattern})").split for p in self.patterns]
         self._tokenize = backend.model.tokenize
         #: added tokens by first character: a text holding one is left to the tokenizer
         contents = [t.content for t in backend.get_added_tokens_decoder().values() if t.content]
@@ -291,19 +315,7 @@ class Latin1Encoder:
         """
         if backend.truncation is not None or backend.padding is not None:
             raise Unsupported("the tokenizer truncates or pads")
-        model = backend.model
-        regexes = _steps(
-            {  # the parts that matter, without serialising the vocabulary
-                "model": {
-                    "type": type(model).__name__,
-                    "dropout": getattr(model, "dropout", None),
-                    "continuing_subword_prefix": getattr(model, "continuing_subword_prefix", None),
-                    "end_of_word_suffix": getattr(model, "end_of_word_suffix", None),
-                },
-                "normalizer": _state(backend.normalizer),
-                "pre_tokenizer": _state(backend.pre_tokenizer),
-            }
-        )
+        regexes = _steps(pipeline_of(backend))
         enc = cls(backend, regexes)
         for text in check_corpus():
             fast = enc.encode(text)
