@@ -111,10 +111,17 @@ class Codec:
             self._regex_byte_level = _is_regex_byte_level(pipeline_of(self.backend), self.backend)
         return self._regex_byte_level
 
+    def _latin1_now(self) -> Latin1Encoder | None:
+        """:attr:`latin1`, unless the backend was set to truncate or pad since (it then encodes all)."""
+        fast = self.latin1
+        if fast is None or self.backend.truncation is not None or self.backend.padding is not None:
+            return None
+        return fast
+
     def encode(self, text: str) -> list[int]:
         """Token IDs of ``text`` with no BOS/EOS added."""
-        fast = self.latin1
-        if fast is not None and self.backend.truncation is None and self.backend.padding is None:
+        fast = self._latin1_now()
+        if fast is not None:
             got = fast.encode(text)
             if got is not None:
                 return got
@@ -135,8 +142,8 @@ class Codec:
         >>> codec.encode_many(["<|im_end|>\\n", "hi"])  # doctest: +SKIP
         [[151645, 198], [6023]]
         """
-        fast = self.latin1
-        if fast is None or self.backend.truncation is not None or self.backend.padding is not None:
+        fast = self._latin1_now()
+        if fast is None:
             return [enc.ids for enc in self._encode_ids(texts, add_special_tokens=False)]
         out = [fast.encode(text) for text in texts]
         rest = [k for k, ids in enumerate(out) if ids is None]

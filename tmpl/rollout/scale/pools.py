@@ -3,8 +3,8 @@
 Both pools speak the same events to the driver (:class:`Event`): a worker is ``ready`` (with its
 template's fingerprint and process id) or failed its ``setup``; a shard is ``done`` (its
 :class:`~.worker.ShardOutput`, pickled once by the worker: :class:`Packed`, which the driver
-unpickles after handing that worker its next shard), ``failed`` (the exception it raised) or ``cancelled`` (with the
-request ids the worker cancelled); a worker ``died`` (how). A pool runs at most one shard per
+unpickles after handing that worker its next shard), ``failed`` (the exception it raised) or
+``cancelled`` (with the request ids the worker cancelled); a worker ``died`` (how). A pool runs at most one shard per
 worker at a time; the driver decides which shard goes where.
 
 - :class:`ProcessPool`: ``multiprocessing`` with the spawn start method (a worker shares nothing
