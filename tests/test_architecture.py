@@ -19,8 +19,7 @@ PACKAGE = Path(tmpl.__file__).parent
 LAYERS: list[tuple[str, ...]] = [
     (
         "tmpl.errors",
-        "tmpl.codec",
-        "tmpl.latin1_bpe",
+        "tmpl.tokenize",
         "tmpl.render",
         "tmpl.messages",
         "tmpl._compat",
@@ -148,6 +147,7 @@ FAMILIES = (
     errors.IntegrationError,
     errors.ExportError,
     errors.WorkerError,
+    errors.TokenizerChangedError,
 )
 
 
@@ -166,7 +166,7 @@ def test_every_error_is_in_errors_py_and_in_one_family() -> None:
                 assert not bases & {"Exception", "TmplError", "ValueError", "ConnectionError"} or node.name in {
                     "NotLiteral",  # private control flow inside the pythonic parser, never escapes
                     "LiteralError",  # private to the literal reader, turned into a CallProblem
-                    "Unsupported",  # the Latin-1 encoder declining a pipeline, turned into Codec.latin1_reason
+                    "Unsupported",  # the fast encoder declining a pipeline, turned into Codec.fast_reason
                 }, f"{module}.{node.name} is an exception defined outside errors.py"
 
 
@@ -237,6 +237,13 @@ def test_backend_error_reexported() -> None:
             "GRPOTrainer(tools=...): no",
         ),
         (errors.ExportError("a.jsonl:3", "bad"), errors.ExportError, {"where": "a.jsonl:3"}, "a.jsonl:3: bad"),
+        (
+            errors.TokenizerChangedError("qwen", ["dropout None -> 0.5"]),
+            errors.TokenizerChangedError,
+            {"tokenizer": "qwen", "changes": ["dropout None -> 0.5"]},
+            "tokenizer 'qwen' changed after tmpl read it (dropout None -> 0.5); "
+            "make a new ChatTemplate (or codec_for(tokenizer)) for it",
+        ),
         (
             errors.WorkerLostError("ray actor 1", "shard 0 (conversations 0-3)", "the actor died", 2),
             errors.WorkerError,

@@ -1,7 +1,7 @@
 """The codec's encode paths give the IDs ``tokenizer(text, add_special_tokens=False)`` gives.
 
-``Codec.encode_many`` (the suffix and prompt hot path) encodes Latin-1 text in Python where the
-pipeline allows (``tmpl.latin1_bpe``, tested on its own in test_latin1_bpe.py) and the rest through
+``Codec.encode_many`` (the suffix and prompt hot path) encodes text with tiktoken where the
+pipeline allows (``tmpl.tokenize.fast``, tested on its own in test_fast_encode.py) and the rest through
 ``encode_batch_fast`` (no character offsets) where the installed ``tokenizers`` has it and
 ``encode_batch`` where it does not; each path must equal the transformers tokenizer's own IDs,
 text by text.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmpl.codec import Codec
+from tmpl.tokenize import Codec
 
 from .conftest import FAMILIES
 
@@ -27,10 +27,10 @@ TEXTS = [
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("path", ["latin1", "fast", "batch"])
+@pytest.mark.parametrize("path", ["tiktoken", "fast", "batch"])
 def test_encode_many_equals_the_tokenizer(family, path, tokenizer_of):
     tok = tokenizer_of(family)
-    codec = Codec(tok, latin1=path == "latin1")  # otherwise every text through the backend
+    codec = Codec(tok, fast=path == "tiktoken")  # otherwise every text through the backend
     if path == "batch":  # what a tokenizers release without encode_batch_fast runs
         codec._encode_ids = codec.backend.encode_batch
     elif not hasattr(codec.backend, "encode_batch_fast"):

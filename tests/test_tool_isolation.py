@@ -144,9 +144,9 @@ def test_thread_isolation_bounds_hung_threads_and_cuts_floods(tokenizer_of, monk
     # the codec is the tokenizer's, shared by the session's tests: watched through monkeypatch, undone after
     monkeypatch.setattr(tpl.codec, "_encode_ids", watch(real[0]))
     monkeypatch.setattr(tpl.codec, "_encode", watch(real[1]))
-    latin1 = tpl.codec.latin1  # Latin-1 text (the flood is ASCII) is encoded here, not by the backend
-    if latin1 is not None:
-        monkeypatch.setattr(latin1, "encode", watch(latin1.encode))
+    fast = tpl.codec.fast  # text (the flood too) is encoded here, not by the backend, where it serves
+    if fast is not None:
+        monkeypatch.setattr(fast, "encode", watch(fast.encode))
     names = ["hang_in_thread"] * 3 + ["hang_async", "floods", "chatty"] + ["get_weather"] * 4
     rollout, results = _run(tpl, box, names, max_length=4096, max_completion_length=2048)
     for name, r in zip(names, results):

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from . import _compat
-from .codec import Codec, codec_for
 from .messages import validate_messages, validate_tool_messages
 from .render import Renderer
 from .sources import load_tokenizer, resolve_template
 from .suffix.engine import SuffixEngine
+from .tokenize import Codec, codec_for
 
 Message = Mapping[str, Any]
 

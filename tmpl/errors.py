@@ -1,6 +1,6 @@
 """Typed errors of tmpl. Each one says what went wrong and where.
 
-Every error tmpl raises is defined here and belongs to one of nine catchable families:
+Every error tmpl raises is defined here and belongs to one of ten catchable families:
 
 ==================== ===================================================== ===========================
 family               what went wrong                                       attributes
@@ -14,6 +14,7 @@ family               what went wrong                                       attri
 :class:`IntegrationError` a trainer integration                            ``reason``
 :class:`ExportError` a rollout file or record                              ``where``, ``reason``
 :class:`WorkerError` a rollout worker (a process or a Ray actor)           ``worker``, ``reason``
+:class:`TokenizerChangedError` a tokenizer changed after tmpl read it      ``tokenizer``, ``changes``
 ==================== ===================================================== ===========================
 
 The specific classes below (``SpliceError``, ``TokenIdError``...) subclass their family and add
@@ -34,6 +35,27 @@ from typing import Any
 
 class TmplError(Exception):
     """Base class of every error raised by tmpl."""
+
+
+class TokenizerChangedError(TmplError):
+    """A tokenizer changed after tmpl read it (a token added, dropout set, the normalizer or
+    pre-tokenizer replaced): its codec would give stale IDs, so it gives none. ``tokenizer`` names
+    it, ``changes`` lists what changed.
+
+    >>> raise TokenizerChangedError("Qwen2.5", ["vocabulary size 151665 -> 151667"])
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.TokenizerChangedError: tokenizer 'Qwen2.5' changed after tmpl read it (vocabulary size 151665 -> 151667); make a new ChatTemplate (or codec_for(tokenizer)) for it
+    """
+
+    def __init__(self, tokenizer: str, changes: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.changes = list(changes)
+        self.reason = "; ".join(self.changes) or "changed"
+        super().__init__(
+            f"tokenizer {tokenizer!r} changed after tmpl read it ({self.reason}); "
+            "make a new ChatTemplate (or codec_for(tokenizer)) for it"
+        )
 
 
 class TemplateError(TmplError):

@@ -9,7 +9,7 @@ the content's side is encoded per call.
 
 A cut is exact when the tokenizer never merges across it. For byte-level BPE behind a
 regex split (Qwen, Llama 3, Mistral Tekken, DeepSeek V3, gpt-oss, Phi-4: see
-:attr:`tmpl.codec.Codec.regex_byte_level`) BPE runs inside each pre-token, and whether a
+:attr:`tmpl.tokenize.Codec.regex_byte_level`) BPE runs inside each pre-token, and whether a
 pre-token spans the cut is decided by the characters next to it: the frame text (fixed)
 and the first (or last) character of the content, with a few more characters of
 look-around for contractions (``'re``) and digit groups. So each cut is verified per
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from unicodedata import category
 
-from ..codec import Codec
+from ..tokenize import Codec
 
 #: Non-ASCII characters stand for their Unicode category (combining marks, separators
 #: and controls are never cut next to: they are not listed).

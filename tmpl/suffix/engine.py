@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..codec import Codec
 from ..errors import HistoryRequiredError, UnsupportedTemplateError
 from ..render import Renderer
+from ..tokenize import Codec
 from .frames import ID_SAFE, TRANSFORMS, Frame, FrameBuilder, Layout, content_class
 from .probe import TurnInfo, probe_turns
 from .state import state_for

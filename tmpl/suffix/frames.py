@@ -2,7 +2,7 @@
 
 A frame is built once per (tools, tool-message shape) from renders of a dummy
 conversation. The suffix text after the turn close is cut at atoms (added
-tokens that split text cleanly, see :mod:`tmpl.codec`). Runs between atoms that
+tokens that split text cleanly, see :mod:`tmpl.tokenize.codec`). Runs between atoms that
 hold no tool content are static: their IDs come straight from the probe's
 render. Runs that hold a content (or a call id) are dynamic: each call encodes
 only those runs, each together with the atom on its left, and splices the IDs.
@@ -22,7 +22,6 @@ from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from .. import _compat
-from ..codec import Codec
 from ..errors import MessageError, TemplateError, TemplateRenderError, UnsupportedTemplateError
 from ..render import Renderer
 from ..sentinels import (
@@ -45,6 +44,7 @@ from ..sentinels import (
     tool_result,
     user_turn,
 )
+from ..tokenize import Codec
 from .cuts import Cut, head_cuts, tail_cuts
 from .probe import Close, CloseLocator, count_anchors, find_close
 

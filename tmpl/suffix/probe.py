@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..codec import Codec
 from ..errors import SpliceError, TemplateRenderError, UnsupportedTemplateError
 from ..render import Renderer
 from ..sentinels import (
@@ -37,6 +36,7 @@ from ..sentinels import arg_sentinel as arg_sentinel
 from ..sentinels import call_id as call_id
 from ..sentinels import content_sentinel as content_sentinel
 from ..sentinels import dummy_tool_turn as dummy_tool_turn
+from ..tokenize import Codec
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..codec import Codec
-from ..latin1_bpe import byte_chars
+from ..tokenize import Codec
+from ..tokenize.pipeline import byte_chars
 
 _MEMO_KEY = "byte_decode_table"
 
 
 def _byte_chars() -> dict[str, int]:
-    """GPT-2's byte-to-printable-character map (:func:`tmpl.latin1_bpe.byte_chars`), inverted: the
+    """GPT-2's byte-to-printable-character map (:func:`tmpl.tokenize.pipeline.byte_chars`), inverted: the
     byte each character stands for."""
     return {c: b for b, c in byte_chars().items()}
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _compat
-from ..codec import Codec
 from ..errors import TmplError
 from ..render import Renderer
 from ..sentinels import (
@@ -37,6 +36,7 @@ from ..sentinels import (
     probe_calls,
     user_turn,
 )
+from ..tokenize import Codec
 from .learn import learn_syntax
 from .parsers import PARSERS, get_parser
 from .probing import completion_ids

@@ -19,7 +19,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..codec import Codec
 from ..errors import TmplError
 from ..render import Renderer
 from ..sentinels import (
@@ -32,6 +31,7 @@ from ..sentinels import (
     probe_calls,
     user_turn,
 )
+from ..tokenize import Codec
 from .parsers.learned import CallSyntax, KeyPath, LearnedParser
 from .probing import completion_ids
 

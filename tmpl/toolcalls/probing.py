@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _compat
-from ..codec import Codec
 from ..render import Renderer
 
 # The probe's vocabulary lives in :mod:`tmpl.sentinels`; these names stay importable from here.
@@ -18,6 +17,7 @@ from ..sentinels import DETECT_TOOLS as DETECT_TOOLS
 from ..sentinels import REASONING_KEYS as REASONING_KEYS
 from ..sentinels import REASONING_SENTINEL as REASONING_SENTINEL
 from ..sentinels import probe_calls as probe_calls
+from ..tokenize import Codec
 
 
 def completion_ids(

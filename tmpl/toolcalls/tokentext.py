@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from .. import _compat
-from ..codec import Codec
+from ..tokenize import Codec
 from .bytedecode import ByteTable, byte_table, decode_run
 
 #: First private-use code point used for markers (plane 15; models practically never write it).

@@ -304,7 +304,7 @@ def template_for(trainer: Any, template: ChatTemplate | str | None) -> ChatTempl
         )
     kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
     if isinstance(template, ChatTemplate):
-        from ...codec import codec_for
+        from ...tokenize import codec_for
 
         if template.codec.content_hash != codec_for(tokenizer).content_hash:
             raise TrainerConfigError(

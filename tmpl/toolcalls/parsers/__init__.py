@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 import weakref
 
-from ...codec import Codec
 from ...errors import UnknownParserError
+from ...tokenize import Codec
 from .base import RawCall, ToolParser
 from .deepseek import DeepSeekParser
 from .functionary import FunctionaryParser

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
-from ...codec import Codec
+from ...tokenize import Codec
 from ..arguments import coerce_arguments, read_arguments
 from ..literal import LiteralError, read_literal
 from ..schema import parameters_by_name

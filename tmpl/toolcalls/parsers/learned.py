@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...codec import Codec
+from ...tokenize import Codec
 from ..tokentext import TokenText
 from .base import TRUNCATED, RawCall, ToolParser, blocks, json_objects
 

@@ -10,6 +10,14 @@ always encodes the text after an atom together with the atom itself, so the
 stripping happens exactly as in a full render. It may not strip on its left
 (the text before it would lose whitespace), match single words only, or be
 matched after normalization.
+
+A codec reads the tokenizer once; a tokenizer changed afterwards (tokens added, dropout, a new
+normalizer or pre-tokenizer) makes every encode raise :class:`~tmpl.errors.TokenizerChangedError`
+(see :mod:`tmpl.tokenize.stamp`), and :func:`codec_for` builds a new codec for it.
+
+>>> codec = codec_for(tokenizer)  # doctest: +SKIP
+>>> codec.encode("<|im_end|>\\n")  # doctest: +SKIP
+[151645, 198]
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import TmplError
-from .latin1_bpe import Latin1Encoder, Unsupported, pipeline_of, steps_of
+from ..errors import TmplError, TokenizerChangedError
+from .fast import FastEncoder
+from .pipeline import pipeline_of, steps_of
+from .stamp import Stamp
 
 
 @dataclass(frozen=True)
@@ -38,11 +48,22 @@ class Codec:
     """Tokenize text exactly as ``tokenizer(text, add_special_tokens=False)`` does, but faster.
 
     The tokenizer is read once, when the codec is made: its added tokens, vocabulary size and
-    pipeline. A tokenizer given new tokens afterwards needs a new codec (and ``ChatTemplate``).
+    pipeline, and a :class:`~tmpl.tokenize.stamp.Stamp` of what decides its IDs. Every encode
+    (:meth:`encode`, :meth:`encode_many`, :meth:`encode_shared`, :meth:`encode_reference`,
+    :meth:`encode_with_offsets`) first compares the stamp, and raises
+    :class:`~tmpl.errors.TokenizerChangedError` naming what changed (a token added, dropout, the
+    normalizer or pre-tokenizer replaced...): make a new ``ChatTemplate`` (``codec_for`` then
+    builds a new codec). A change undone (dropout set back) reads as no change. Truncation or
+    padding set since are no error: the backend then encodes every text, applying them.
 
-    ``latin1``: encode Latin-1 text in Python where the pipeline allows (:mod:`tmpl.latin1_bpe`,
-    the same IDs at about a fifth of the CPU); False sends every text to the backend. The default
-    is on, unless the environment sets ``TMPL_LATIN1=0`` (read when the codec is made).
+    The per-call stamp does not see flags changed on an existing added token, nor an added token
+    whose text the vocabulary already holds (neither changes the vocabulary size): ``codec_for``
+    does (it compares the added tokens whole), so a new ``ChatTemplate`` is always right.
+
+    ``fast``: encode with the tiktoken encoder (:mod:`tmpl.tokenize.fast`) where it reproduces
+    the pipeline (the tokenizer's own IDs at a fraction of its CPU); False sends every text to the
+    backend. The default is on, unless the environment sets ``TMPL_FAST_ENCODE=0`` (read when the
+    codec is made).
 
     >>> from transformers import AutoTokenizer  # doctest: +SKIP
     >>> codec = Codec(AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct"))  # doctest: +SKIP
@@ -50,7 +71,7 @@ class Codec:
     [151645, 198]
     """
 
-    def __init__(self, tokenizer: Any, latin1: bool | None = None) -> None:
+    def __init__(self, tokenizer: Any, fast: bool | None = None) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise TmplError(
@@ -59,13 +80,18 @@ class Codec:
             )
         self.name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
         self.backend = backend
+        self.stamp = Stamp(backend)
+        self._same = self.stamp.same
         self._encode = backend.encode
         #: the batch call that skips character offsets (``encode_batch_fast``, tokenizers >= 0.21);
         #: the same IDs, 10-30% less time than ``encode`` on 100+ characters
         self._encode_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
         has_normalizer = backend.normalizer is not None
+        decoder = backend.get_added_tokens_decoder()
+        #: the added tokens whole (ID, content and flags), as ``codec_for`` compares them
+        self.added_state = added_state(decoder)
         self.added: dict[int, AddedTokenInfo] = {}
-        for tid, tok in backend.get_added_tokens_decoder().items():
+        for tid, tok in decoder.items():
             atom = not (tok.lstrip or tok.single_word or (tok.normalized and has_normalizer))
             self.added[tid] = AddedTokenInfo(tid, tok.content, bool(tok.special), atom)
         self.added_by_text: dict[str, int] = {info.content: tid for tid, info in self.added.items()}
@@ -73,30 +99,31 @@ class Codec:
         self.special_ids: frozenset[int] = frozenset(tid for tid, info in self.added.items() if info.special)
         #: atoms that can close a turn: not whitespace alone (Gemma's "\n" added tokens never close one)
         self.close_ids: frozenset[int] = frozenset(tid for tid in self.atom_ids if self.added[tid].content.strip())
-        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.vocab_size: int = self.stamp.vocab_size
         self._hash: str | None = None
         self._regex_byte_level: bool | None = None
         self._atom_pattern: re.Pattern[str] | None = None
         #: what layers above learn once per tokenizer pipeline (e.g. the suffix engine's verified cuts)
         self.memo: dict[str, Any] = {}
-        if latin1 is None:
-            latin1 = os.environ.get("TMPL_LATIN1", "1") != "0"
-        self._latin1: Latin1Encoder | None = None
-        self._latin1_built = not latin1
-        #: why Latin-1 text goes through the tokenizer too (None while the encoder serves, or before it is built)
-        self.latin1_reason: str | None = None if latin1 else "turned off (Codec(..., latin1=False) or TMPL_LATIN1=0)"
+        if fast is None:
+            fast = os.environ.get("TMPL_FAST_ENCODE", "1") != "0"
+        self._fast: FastEncoder | None = None
+        self._fast_built = not fast
+        #: why the tokenizer encodes every text (None while the fast encoder serves, or before it is built)
+        self.fast_reason: str | None = None if fast else "turned off (Codec(..., fast=False) or TMPL_FAST_ENCODE=0)"
 
     @property
-    def latin1(self) -> Latin1Encoder | None:
-        """The Python encoder of Latin-1 text (:mod:`tmpl.latin1_bpe`), or None where the pipeline
-        has a step it does not reproduce (:attr:`latin1_reason` says which). Built on first use."""
-        if not self._latin1_built:
-            try:
-                self._latin1 = Latin1Encoder.build(self.backend)
-            except Unsupported as exc:
-                self.latin1_reason = str(exc)
-            self._latin1_built = True
-        return self._latin1
+    def fast(self) -> FastEncoder | None:
+        """The tiktoken encoder (:mod:`tmpl.tokenize.fast`), or None where it does not reproduce
+        the pipeline (:attr:`fast_reason` says why). Built on first use."""
+        if not self._fast_built:
+            built = FastEncoder.build(self.backend)
+            if isinstance(built, FastEncoder):
+                self._fast = built
+            else:
+                self.fast_reason = built.reason
+            self._fast_built = True
+        return self._fast
 
     @property
     def regex_byte_level(self) -> bool:
@@ -111,16 +138,25 @@ class Codec:
             self._regex_byte_level = _is_regex_byte_level(pipeline_of(self.backend), self.backend)
         return self._regex_byte_level
 
-    def _latin1_now(self) -> Latin1Encoder | None:
-        """:attr:`latin1`, unless the backend was set to truncate or pad since (it then encodes all)."""
-        fast = self.latin1
-        if fast is None or self.backend.truncation is not None or self.backend.padding is not None:
+    def check(self) -> None:
+        """Raise :class:`~tmpl.errors.TokenizerChangedError` if the tokenizer changed since the
+        codec was made (see the class docstring)."""
+        if not self._same():
+            raise TokenizerChangedError(self.name, self.stamp.changes())
+
+    def _fast_now(self) -> FastEncoder | None:
+        """:attr:`fast` after :meth:`check`, unless the backend was set to truncate or pad since
+        (it then encodes every text itself)."""
+        if not self._same():
+            raise TokenizerChangedError(self.name, self.stamp.changes())
+        backend = self.backend
+        if backend.truncation is not None or backend.padding is not None:
             return None
-        return fast
+        return self._fast if self._fast_built else self.fast
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of ``text`` with no BOS/EOS added."""
-        fast = self._latin1_now()
+        fast = self._fast_now()
         if fast is not None:
             got = fast.encode(text)
             if got is not None:
@@ -131,18 +167,16 @@ class Codec:
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """Token IDs of several texts (or one), without offsets.
 
-        The hot path of suffixes and prompts. Latin-1 text goes through :attr:`latin1` where the
-        pipeline allows (the tokenizer's own IDs at about a fifth of its CPU: Qwen2.5, JSON tool
-        results of 450 characters, 27 us against 145 us); the rest in one call into the
-        backend: ``encode_batch_fast`` computes no character offsets, which makes it faster than
-        ``encode`` from about 100 characters on, and runs a batch on the backend's thread pool
-        (measured, Qwen2.5, 100 characters: 44-61 us vs 53-74 us for ``encode``; 2,000:
-        720-760 us vs 930-1,130 us).
+        The hot path of suffixes and prompts. Text goes through :attr:`fast` where the pipeline
+        allows (the tokenizer's own IDs at a fraction of its CPU: JSON tool results of ~211
+        characters, 24-26 us against 157-209 us); the rest in one call into the backend:
+        ``encode_batch_fast`` computes no character offsets, which makes it faster than
+        ``encode`` from about 100 characters on, and runs a batch on the backend's thread pool.
 
         >>> codec.encode_many(["<|im_end|>\\n", "hi"])  # doctest: +SKIP
         [[151645, 198], [6023]]
         """
-        fast = self._latin1_now()
+        fast = self._fast_now()
         if fast is None:
             return [enc.ids for enc in self._encode_ids(texts, add_special_tokens=False)]
         out = [fast.encode(text) for text in texts]
@@ -167,6 +201,7 @@ class Codec:
 
         >>> codec.encode_shared([system + "<|im_start|>user\\nhi", system + "<|im_start|>user\\nyo"])  # doctest: +SKIP
         """
+        self.check()
         cut = self._shared_cut(texts)
         if cut == 0:
             return self.encode_many(texts)
@@ -207,18 +242,20 @@ class Codec:
         return True
 
     def encode_reference(self, text: str) -> list[int]:
-        """The tokenizer's own IDs of ``text``, never through :attr:`latin1`: what a check compares
+        """The tokenizer's own IDs of ``text``, never through :attr:`fast`: what a check compares
         tmpl's IDs against (suffix verification, drift, the proofs), so the checks stay independent
         of the encoder they check.
 
         >>> codec.encode_reference("Zürich") == codec.encode("Zürich")  # doctest: +SKIP
         True
         """
+        self.check()
         ids: list[int] = self._encode_ids([text], add_special_tokens=False)[0].ids
         return ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token IDs of ``text`` and each token's (start, end) character offsets."""
+        self.check()
         enc = self._encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets
 
@@ -264,19 +301,43 @@ def _is_regex_byte_level(pipeline: dict[str, Any], backend: Any) -> bool:
     return True
 
 
+def added_state(decoder: dict[int, Any]) -> tuple[tuple[Any, ...], ...]:
+    """The added tokens of ``get_added_tokens_decoder()`` as comparable tuples (ID, content, flags)."""
+    return tuple(
+        (tid, t.content, bool(t.special), bool(t.lstrip), bool(t.rstrip), bool(t.single_word), bool(t.normalized))
+        for tid, t in sorted(decoder.items())
+    )
+
+
+def current(codec: Codec, tokenizer: Any) -> bool:
+    """Whether ``codec`` still describes ``tokenizer``: the same backend object, the same stamp,
+    the same added tokens (content and flags) and the same model object type."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return (
+        backend is codec.backend
+        and codec.stamp.same()
+        and type(backend.model) is type(codec.stamp.model)
+        and backend.get_vocab_size(with_added_tokens=False) == codec.stamp.model_size
+        and added_state(backend.get_added_tokens_decoder()) == codec.added_state
+    )
+
+
 _CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
 _CODECS_LOCK = threading.Lock()
 
 
 def codec_for(tokenizer: Any) -> Codec:
-    """The codec of a Hugging Face tokenizer, built once per tokenizer object.
+    """The codec of a Hugging Face tokenizer, built once per tokenizer object, and again when the
+    tokenizer changed since (see :func:`current`): whatever tmpl learned of the old one (the
+    codec's memo, the suffix engine's state under the old content hash, the parsers kept per
+    codec) is left behind with it.
 
     Held by a weak reference to the tokenizer (a codec holds only the ``tokenizers`` backend),
     so dropping the tokenizer frees its codec too.
     """
     with _CODECS_LOCK:
         codec = _CODECS.get(tokenizer)
-        if codec is None:
+        if codec is None or not current(codec, tokenizer):
             codec = Codec(tokenizer)
             try:
                 _CODECS[tokenizer] = codec
