@@ -7,6 +7,7 @@ With ``TMPL_TEST_HUB=1`` and hub access, families missing locally load by hub id
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -158,3 +159,90 @@ def tiny_qwen2():
     )
     model = Qwen2ForCausalLM(config).eval()
     return model, tok
+
+
+def pytest_configure(config):
+    """Give the session a ledger of real-engine starts (``tests/vllm_servers.py``), unless a parent
+    process (``.ci/run``) already named one; subprocesses and workers inherit it."""
+    from .engine_ledger import LEDGER_ENV
+
+    if not os.environ.get(LEDGER_ENV):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="tmpl-engine-ledger-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[LEDGER_ENV] = path
+        config._tmpl_ledger_owned = path  # removed at the end of the session
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_tmpl_ledger_owned", None)
+    if path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Hold the session's real-engine starts to the budget (tests/engine_ledger.py): over it, the run
+    fails. Checked here, once every test ran (under pytest-xdist by the controller, whose ledger file
+    every worker wrote to), not in a test that could run before others."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from .engine_ledger import over_budget, read_ledger
+
+    problem = over_budget(read_ledger())
+    if problem is not None:
+        session.config._tmpl_budget_problem = problem
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """List the session's real-engine starts: how many, their seconds, which test started each."""
+    from .engine_ledger import read_ledger
+
+    starts = read_ledger()
+    if starts:
+        total = sum(s["seconds"] for s in starts)
+        terminalreporter.section(f"real-engine starts: {len(starts)}, {total:.0f} s until ready")
+        for s in starts:
+            terminalreporter.write_line(f"{s['seconds']:7.1f} s  {s['kind']:8s} {s['what']:40s} {s['test']}")
+    problem = getattr(config, "_tmpl_budget_problem", None)
+    if problem is not None:
+        terminalreporter.section("REAL-ENGINE BUDGET EXCEEDED", red=True)
+        terminalreporter.write_line(problem, red=True)
+
+
+#: under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) each module runs whole on one
+#: worker (its module-scoped fixtures made once), except these, which share a worker with the others of
+#: their group, one module after another: the real-engine modules (so at most two engines run at once,
+#: one per worker and core) and the Ray clusters (one at a time). Their groups are handed out first:
+#: they are the longest. tests/run_envs.sh's modules are here too (they run in their own environments).
+SERIAL_GROUPS = {
+    "test_async_rl_real": "engines-1",
+    "test_vllm_real": "engines-1",
+    "test_vision_backends_vllm": "engines-1",
+    "test_vision_rollout_vllm": "engines-1",
+    "test_vllm_server_real": "engines-2",
+    "test_rollout_distributed_vllm": "engines-2",
+    "test_rollout_distributed": "engines-2",
+    "test_vision_backends_server": "engines-2",
+    "test_integrations_verl_agent_loop": "engines-1",
+    "test_integrations_verl_vision": "engines-2",
+    "test_integrations_renderers_verifiers": "engines-1",
+    "test_integrations_verifiers_env": "engines-2",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group the tests for pytest-xdist (see :data:`SERIAL_GROUPS`); nothing changes without it."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    first, rest = [], []
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
+        group = SERIAL_GROUPS.get(module)
+        item.add_marker(pytest.mark.xdist_group(group or module))
+        (first if group else rest).append(item)
+    items[:] = first + rest

@@ -526,9 +526,17 @@ def test_ctrl_c_cancels_the_requests_in_flight(tokenizer_of):
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        tmpl.Rollout(tpl, backend).run([[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    # a process started in the background by a non-interactive shell (`cmd &`: CI runners, nohup jobs)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: the signal would
+    # be dropped and the run wait forever. This test is about Ctrl-C reaching a run, so it gives the
+    # process Python's own handler for its duration.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            tmpl.Rollout(tpl, backend).run([[{"role": "user", "content": f"q{i}"}] for i in range(3)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     _expect_cancelled_in_order(backend.events, ["1-0-0", "2-0-0"])
 
 

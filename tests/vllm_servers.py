@@ -23,9 +23,11 @@ from typing import IO
 from tmpl.backends import VLLMServer
 
 from .conftest import PRISTINE_ENV
+from .engine_ledger import record_start
 from .fixture_models import QWEN
 
 STARTUP_LIMIT = 300.0  # seconds; ~30 s on an idle 2-core machine
+REAPER = Path(__file__).with_name("reaper.py")  # ends a server with the test process that started it
 
 # out of the fixture model's training distribution: it writes on without a stop token for hundreds of tokens
 RAMBLE = [{"role": "user", "content": "zq xv lorem ipsum " * 20}]
@@ -55,21 +57,37 @@ def start_server(
             environment.pop(key, None)
         else:
             environment[key] = value
-    cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    # through the reaper: the server (and what it starts) ends with this process, however it ends
+    cmd = [sys.executable, str(REAPER), python or sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", str(model)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--seed", "0"]
     cmd += ["--enable-log-requests", *extra]  # the log then says which requests ran and were aborted
-    return subprocess.Popen(cmd, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.started_at = time.monotonic()  # type: ignore[attr-defined]  # for the ledger (wait_ready)
+    return proc
 
 
-def wait_ready(proc: subprocess.Popen, url: str, deadline: float, log_path: Path | None = None) -> None:
+@contextlib.contextmanager
+def engine_start(what: str) -> Iterator[None]:
+    """Time an offline engine's start (``vllm.LLM(...)``) into the ledger."""
+    t0 = time.monotonic()
+    yield
+    record_start("offline", what, time.monotonic() - t0)
+
+
+def wait_ready(
+    proc: subprocess.Popen, url: str, deadline: float, log_path: Path | None = None, what: str = "server"
+) -> None:
     import httpx
 
+    t0 = getattr(proc, "started_at", time.monotonic())
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path is not None else ""
             raise RuntimeError(f"vLLM server {url} exited with {proc.returncode}: {tail}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
+                record_start("server", what, time.monotonic() - t0)
                 return
         except httpx.HTTPError:
             pass
