@@ -10,8 +10,8 @@ characters), some failing (a raised exception, wrong arguments, an unknown tool,
 call). Samples stop at different turns (most use every turn).
 
 Every configuration runs in a fresh subprocess, so each peak RSS (``ru_maxrss``) is its own
-(``TMPL_LATIN1=0`` in the environment turns tmpl's Latin-1 encoder off everywhere, the scale-out
-workers included; the first tmpl row is also run that way unless ``--no-latin1-off-row``):
+(``TMPL_FAST_ENCODE=0`` in the environment turns tmpl's fast (tiktoken) encoder off everywhere, the
+scale-out workers included; the first tmpl row is also run that way unless ``--no-fast-off-row``):
 
 - ``tmpl drift=F``: ``tmpl.Rollout`` with ``measure_drift=F`` (0, the default 1/16, every sample),
   timed on its second run over the conversations (``--warm N``: the first run covers only N of them),
@@ -27,7 +27,7 @@ workers included; the first tmpl row is also run that way unless ``--no-latin1-o
 - ``floor``: in the first tmpl process, after its run, only the work no loop can skip, each part
   the fastest way there is (run the calls the samples made; encode all their results in one
   ``encode_batch_fast``; decode all completions in one ``decode_batch``); printed a second time
-  with the encode done by tmpl's Latin-1 encoder (``Codec.encode_many``), faster than the
+  with the encode done by tmpl's fast encoder (``Codec.encode_many``), faster than the
   tokenizer's own call on this workload. naive / floor is the
   most any loop could gain over the naive one on this workload.
 
@@ -318,20 +318,20 @@ def floor(tpl: Any, results: list[Any], script: list[list[list[int]]]) -> dict[s
     backend.decode_batch(completions, skip_special_tokens=False)
     decode = time.perf_counter() - start
     cpu = _cpu() - cpu
-    # the same encode by tmpl's Latin-1 encoder (Latin-1 texts in Python, the rest in one batch call),
-    # its word cache as the run left it: the floor's encode part done the fastest way tmpl knows
-    cpu_latin1 = _cpu()
+    # the same encode by tmpl's fast encoder (tiktoken where it serves, the rest in one batch call):
+    # the floor's encode part done the fastest way tmpl knows
+    cpu_fast = _cpu()
     start = time.perf_counter()
     tpl.codec.encode_many(contents)
-    encode_latin1 = time.perf_counter() - start
-    cpu_latin1 = _cpu() - cpu_latin1
+    encode_fast = time.perf_counter() - start
+    cpu_fast = _cpu() - cpu_fast
     return {
         "tools": tools,
         "encode": encode,
         "decode": decode,
         "cpu": cpu,
-        "encode_latin1": encode_latin1,
-        "cpu_latin1": cpu - cpu_encode + cpu_latin1,
+        "encode_fast": encode_fast,
+        "cpu_fast": cpu - cpu_encode + cpu_fast,
     }
 
 
@@ -440,7 +440,7 @@ def scale_child(config: dict[str, Any]) -> dict[str, Any]:
             include_dashboard=False,
             log_to_driver=False,
             runtime_env={  # Ray's workers get no environment of the driver's but what is listed
-                "env_vars": {"PYTHONPATH": path, **{k: os.environ[k] for k in ("TMPL_LATIN1",) if k in os.environ}}
+                "env_vars": {"PYTHONPATH": path, **{k: os.environ[k] for k in ("TMPL_FAST_ENCODE",) if k in os.environ}}
             },
         )
     rollout = factory()
@@ -602,10 +602,10 @@ def main() -> None:
     parser.add_argument("--scale-only", action="store_true", help="run only the scale-out rows")
     parser.add_argument("--repeat", type=int, default=3, help="round-robin rounds of the scale-out rows")
     parser.add_argument(
-        "--latin1-off-row",
+        "--fast-off-row",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="after the first tmpl row, the same run with TMPL_LATIN1=0 (the tokenizer encodes every text)",
+        help="after the first tmpl row, the same run with TMPL_FAST_ENCODE=0 (the tokenizer encodes every text)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -669,20 +669,20 @@ def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
             + f"  tools+scheduling (the rest) {rest:.3f}   (engine {r['engine'] * 1e3 / n:.3f}, its cpu {r['engine_cpu'] * 1e3 / n:.3f}, wall {r['wall']:.1f} s;"
             f" suffix frames built in this run: {r['frames_built']})"
         )
-        if "floor" in r and args.latin1_off_row:
-            off = spawn({**config, "warm": args.warm, "floor": False, "env": {"TMPL_LATIN1": "0"}})
+        if "floor" in r and args.fast_off_row:
+            off = spawn({**config, "warm": args.warm, "floor": False, "env": {"TMPL_FAST_ENCODE": "0"}})
             off_ms, off_cpu = off["outside"] * 1e3 / n, off["cpu"] * 1e3 / n
             off_phases = {k: v * 1e3 / n for k, v in off["phases"].items() if k != "tools"}
             print(
-                f"  the same, Latin-1 encoder off (TMPL_LATIN1=0, the tokenizer encodes everything): {off_ms:.3f} ms"
+                f"  the same, fast encoder off (TMPL_FAST_ENCODE=0, the tokenizer encodes everything): {off_ms:.3f} ms"
                 f" (cpu {off_cpu:.3f})   off / on = {off_ms / ms:.2f}x (cpu {off_cpu / cpu:.2f}x)   by phase: "
                 + "  ".join(f"{k} {v:.3f}" for k, v in off_phases.items())
             )
         if "floor" in r:
             parts = {k: v * 1e3 / n for k, v in r["floor"].items()}
-            floor_cpu, latin1_cpu, latin1 = parts.pop("cpu"), parts.pop("cpu_latin1"), parts.pop("encode_latin1")
+            floor_cpu, fast_cpu, fast = parts.pop("cpu"), parts.pop("cpu_fast"), parts.pop("encode_fast")
             total = sum(parts.values())
-            total_latin1 = total - parts["encode"] + latin1
+            total_fast = total - parts["encode"] + fast
             print(
                 f"  floor (only the work no loop can skip, each the fastest way, in the process above): {total:.3f} ms"
                 f" (cpu {floor_cpu:.3f})   naive / floor = {naive_ms / total:.1f}x: the most any loop could reach here;"
@@ -691,8 +691,8 @@ def phase_rows(args: argparse.Namespace, base: dict[str, Any]) -> None:
                 + "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
                 + "   (run the calls, serialize; encode every tool result, one encode_batch_fast; decode every"
                 " completion, one decode_batch)\n"
-                f"  floor, its encode by tmpl's Latin-1 encoder (encode {latin1:.3f}): {total_latin1:.3f} ms"
-                f" (cpu {latin1_cpu:.3f})   tmpl / floor = {ms / total_latin1:.2f}x (cpu {cpu / latin1_cpu:.2f}x)"
+                f"  floor, its encode by tmpl's fast encoder (encode {fast:.3f}): {total_fast:.3f} ms"
+                f" (cpu {fast_cpu:.3f})   tmpl / floor = {ms / total_fast:.2f}x (cpu {cpu / fast_cpu:.2f}x)"
             )
 
 

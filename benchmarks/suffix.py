@@ -7,11 +7,12 @@ of each tool content alone (the ``backend_tokenizer`` of the same tokenizer, no 
 text, no added tokens around it), measured in this run with the same repetitions as tmpl:
 the only part of a suffix that is new on each call. ``tmpl/floor`` is the headline ratio
 (goal <= 1.5x for one 100-character result). tmpl itself encodes through ``Codec.encode_many``:
-Latin-1 text by its Python encoder of the same IDs (``tmpl.latin1_bpe``, where the pipeline
-allows: Qwen, Llama 3, Mistral Nemo here), the rest through ``encode_batch_fast`` (the same IDs
-without character offsets), so the *fast floor* is printed too: ``encode_batch_fast(contents)``
-of the contents alone, and ``tmpl/fast``. Where the Latin-1 encoder serves, tmpl is below both
-floors: they are the tokenizer's own calls. ``TMPL_LATIN1=0`` runs it without the encoder.
+with tiktoken built from the tokenizer's own vocabulary and split regex (``tmpl.tokenize.fast``,
+the same IDs, where the pipeline allows: Qwen, Llama 3, Mistral Nemo here), the rest through
+``encode_batch_fast`` (the same IDs without character offsets), so the *fast floor* is printed
+too: ``encode_batch_fast(contents)`` of the contents alone, and ``tmpl/fast``. Where the fast
+encoder serves, tmpl is below both floors: they are the tokenizer's own calls.
+``TMPL_FAST_ENCODE=0`` runs it without the fast encoder (the baseline of the tokenizer's own encode).
 
 Every figure is measured in this run, on this machine, and printed with its ratio:
 - tmpl (compiled core) and tmpl (pure twin): ``ChatTemplate.suffix_ids`` with a warm cache;
@@ -181,7 +182,7 @@ def fixed_cost(tpl, backend, calls: int) -> None:
     best = interleaved(
         {
             "empty": (lambda: backend.encode("", add_special_tokens=False).ids, None),
-            "own": (lambda: tpl.codec.encode_many(texts), None),  # the call tmpl makes (Latin-1 encoder or batch)
+            "own": (lambda: tpl.codec.encode_many(texts), None),  # the call tmpl makes (fast encoder or batch)
             "total": (lambda: tpl.suffix_ids(msgs, completion_ids=stop), None),
         },
         calls * 3,

@@ -86,7 +86,7 @@ def test_the_encoder_serves_exactly_the_pipelines_it_reproduces(family, tokenize
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=TEXT, added=st.lists(st.integers(0, 10**6), max_size=3))
 def test_generated_text_encodes_to_the_tokenizers_ids(family, tokenizer_of, text, added):
     """Any script, emoji, controls, with the family's added tokens spliced in (rstrip ones too)."""
@@ -105,7 +105,7 @@ def test_generated_text_encodes_to_the_tokenizers_ids(family, tokenizer_of, text
 
 
 @pytest.mark.parametrize("family", SERVED)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=JSONS, indent=st.sampled_from([None, 2]), ascii_only=st.booleans())
 def test_json_tool_results_encode_to_the_tokenizers_ids(family, tokenizer_of, value, indent, ascii_only):
     tok, enc = _served(family, tokenizer_of)
@@ -359,7 +359,7 @@ def test_the_trie_cuts_where_a_plain_alternation_cuts(words, texts, rstrip):
 
 
 @pytest.mark.parametrize("family", ["phi-4-mini-instruct", "mistral-nemo-instruct-2407", "qwen2.5-instruct"])
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.integers(0, 10**6), max_size=8))
 def test_texts_of_added_tokens_and_white_space(family, tokenizer_of, parts):
     """Added tokens (Phi-4's rstrip ones swallow the white space after them), white space of every

@@ -14,7 +14,7 @@ reproduced (the fast encoder declines them).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: Unicode White_Space: what an ``rstrip`` token swallows after it
@@ -60,6 +60,10 @@ def any_of(words: Iterable[str], trie: bool | None = None) -> re.Pattern[str]:
     return re.compile(emit(root))
 
 
+def _never(_text: str) -> None:
+    return None
+
+
 class AddedCutter:
     """Cut text at a set of added tokens: ``split`` gives the text between them and their IDs."""
 
@@ -69,10 +73,9 @@ class AddedCutter:
         self.pattern = any_of(self.by_content) if self.by_content else None
         #: the first characters of the contents: a text holding none of them holds no token
         self.first = "".join(sorted({c[0] for c in self.by_content}))
-
-    def may_hold(self, text: str) -> bool:
-        """False only when ``text`` certainly holds no token (cheap)."""
-        return any(c in text for c in self.first)
+        firsts = re.compile("[" + "".join(map(re.escape, self.first)) + "]") if self.first else None
+        #: a match when ``text`` may hold a token (None: it certainly holds none); cheap
+        self.may_hold: Callable[[str], object] = firsts.search if firsts is not None else _never
 
     def split(self, text: str) -> list[str | int]:
         """The pieces of ``text``: strings between tokens (non-empty) and the tokens' IDs."""

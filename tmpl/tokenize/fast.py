@@ -36,6 +36,7 @@ import sys
 import threading
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,12 +204,15 @@ class FastEncoder:
         self, encoding: tiktoken.Encoding, id_of: list[int] | None, nfc: bool, raw: AddedCutter, normalized: AddedCutter
     ) -> None:
         self.encoding = encoding
-        self._encode = encoding.encode_ordinary
+        core = getattr(encoding, "_core_bpe", None)  # tiktoken's Rust object: skips a Python wrapper per call
+        self._encode: Callable[[str], list[int]] = getattr(core, "encode_ordinary", encoding.encode_ordinary)
         self._id_of = id_of
         self._nfc = nfc
         self._raw = raw
         self._normalized = normalized
-        self._odd = odd_chars()
+        self._odd = odd_chars().search
+        #: neither kind of added token to cut at, and the ranks are the IDs: one call per ASCII text
+        self._plain = id_of is None and not raw.first and not normalized.first
 
     @classmethod
     def build(cls, backend: Any) -> FastEncoder | Decline:
@@ -253,10 +257,17 @@ class FastEncoder:
 
     def encode(self, text: str) -> list[int] | None:
         """The IDs of ``text``, or None when the tokenizer must encode it (see the module docstring)."""
-        if len(text) > MAX_CHARS or (not text.isascii() and self._odd.search(text) is not None):
+        if len(text) > MAX_CHARS:
             return None
         raw = self._raw
-        if not raw.first or not raw.may_hold(text):
+        if text.isascii():
+            if self._plain:
+                return self._encode(text)
+            if raw.may_hold(text) is None and self._normalized.may_hold(text) is None:
+                return self._bpe(text)
+        elif self._odd(text) is not None:
+            return None
+        if raw.may_hold(text) is None:
             return self._gap(text)
         out: list[int] = []
         for piece in raw.split(text):
@@ -271,15 +282,15 @@ class FastEncoder:
         if self._nfc and not text.isascii():
             text = unicodedata.normalize("NFC", text)
         cut = self._normalized
-        if cut.first and cut.may_hold(text):
-            out: list[int] = []
-            for piece in cut.split(text):
-                if isinstance(piece, int):
-                    out.append(piece)
-                else:
-                    out += self._bpe(piece)
-            return out
-        return self._bpe(text)
+        if cut.may_hold(text) is None:
+            return self._bpe(text)
+        out: list[int] = []
+        for piece in cut.split(text):
+            if isinstance(piece, int):
+                out.append(piece)
+            else:
+                out += self._bpe(piece)
+        return out
 
     def _bpe(self, text: str) -> list[int]:
         ranks = self._encode(text)
