@@ -234,7 +234,7 @@ def synthetic_tokenizer(name: str) -> PreTrainedTokenizerFast:
     markers = list(dict.fromkeys([*(x for x in (t.bos_token, t.eos_token) if x), *t.special_tokens, *named.values()]))
     backend.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers if m not in non_special])
     backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in markers if m in non_special])
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=t.bos_token,
         eos_token=t.eos_token,
