@@ -237,7 +237,7 @@ SERIAL_GROUPS = {
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Group the tests for pytest-xdist (see :data:`SERIAL_GROUPS`); nothing changes without it."""
-    if not config.getvalue("loadgroup"):  # set by --dist loadgroup, on the controller and on each worker
+    if not getattr(config.option, "loadgroup", False):  # --dist loadgroup, on the controller and each worker
         return
     first, rest = [], []
     for item in items:
