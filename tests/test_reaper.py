@@ -5,7 +5,6 @@ of processes (a child, a grandchild) as ``start_server`` starts a server, then i
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
