@@ -12,6 +12,9 @@ import logging
 from array import array
 
 from ..backends.base import GenerationResult
+from ..trajectory.types import APPENDED, APPENDED_VERSION
+
+__all__ = ["APPENDED", "APPENDED_VERSION", "token_versions"]
 
 logger = logging.getLogger("tmpl.rollout")
 
@@ -41,7 +44,3 @@ def token_versions(result: GenerationResult, submitted: int, current: int | None
             )
         return versions
     return array("i", [submitted]) * n
-
-
-#: one appended token's version (tool results, generation prompts: not sampled)
-APPENDED = array("i", [-1])

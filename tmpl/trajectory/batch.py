@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _twin, images
+from .types import APPENDED_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -99,7 +100,7 @@ def collate_arrays(
         mask_aborted=mask_aborted,
     )
     width = arrays["completion_ids"].shape[1]
-    versions = np.full((len(items), width), -1, dtype=np.int64)
+    versions = np.full((len(items), width), APPENDED_VERSION, dtype=np.int64)
     for row, result in enumerate(items):
         n = int(arrays["completion_lengths"][row])
         versions[row, :n] = result.versions[:n]

@@ -12,12 +12,21 @@ functions here, so the two report the same words.
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple
+from array import array
+from typing import Any, Final, NamedTuple
 
 #: Span kinds: tokens the model generated, and tokens appended after them (tool results, prompts).
 COMPLETION = "completion"
 SUFFIX = "suffix"
 SPAN_KINDS: tuple[str, str] = (COMPLETION, SUFFIX)
+
+#: The version of a token no policy sampled: tool results, generation prompts, context (a sampled token
+#: carries the policy version that sampled it, >= 0). Rollout results, collated batches and episodes
+#: (:mod:`tmpl.episode`) all use it.
+APPENDED_VERSION: Final = -1
+#: One appended token's version as ``array("i")`` (``APPENDED * n``: n appended tokens), the form the
+#: rollout keeps versions in (:mod:`tmpl.rollout.versions` re-exports it).
+APPENDED = array("i", [APPENDED_VERSION])
 
 #: First allocation of a trajectory's completion storage (tokens); it then doubles as tokens
 #: arrive, never past what the budgets allow, so memory follows the tokens held, not the budget.
