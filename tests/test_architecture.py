@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tmpl.sentinels",
         "tmpl.sources",
     ),
+    ("tmpl.episode",),
     ("tmpl.suffix",),
     ("tmpl.chat_template",),
     ("tmpl.toolcalls", "tmpl.vision"),

@@ -2,7 +2,7 @@
 
 Each compiled module has a pure-Python twin beside it with the same public names and the same
 behaviour (``tmpl._ids_c`` / ``tmpl/_ids_py.py``, ``tmpl.trajectory._builder_c`` /
-``tmpl/trajectory/_builder_py.py``; the Cython sources are in the repository's ``_native/``).
+``tmpl/trajectory/_builder_py.py``, ``tmpl.episode._episode_c`` / ``tmpl/episode/_episode_py.py``; the Cython sources are in the repository's ``_native/``).
 :data:`NATIVE` is True when every compiled module is built (found beside its twin) and
 ``TMPL_PURE`` is not set; this module imports nothing of tmpl's to decide it. A built module that
 then fails to import turns every twin pure (:func:`fall_back`), never the import of tmpl into an
@@ -14,7 +14,8 @@ error. Each twin is then picked where it is used, the yarl way::
         from . import _ids_c as ids
 
 The token-ID twin is held here (``_compat.ids``), the builder twin by
-:mod:`tmpl.trajectory._twin` (``_twin.builder``): code calls a twin through its holder
+:mod:`tmpl.trajectory._twin` (``_twin.builder``), the episode twin by :mod:`tmpl.episode._twin`
+(``_twin.episode``): code calls a twin through its holder
 (``_compat.ids.common_prefix_len(...)``), so a test can swap twins (:data:`HOLDERS`).
 
 >>> from tmpl import _compat
@@ -37,11 +38,12 @@ __all__ = ["HOLDERS", "NATIVE", "PURE_ENV", "REASON", "TWINS", "TWIN_MODULES", "
 TWINS: dict[str, tuple[str, str]] = {
     "ids": ("tmpl._ids_c", "tmpl._ids_py"),
     "builder": ("tmpl.trajectory._builder_c", "tmpl.trajectory._builder_py"),
+    "episode": ("tmpl.episode._episode_c", "tmpl.episode._episode_py"),
 }
 #: Short names of the twin modules.
 TWIN_MODULES: tuple[str, ...] = tuple(TWINS)
 #: The module whose attribute of the same short name is the twin in use.
-HOLDERS: dict[str, str] = {"ids": "tmpl._compat", "builder": "tmpl.trajectory._twin"}
+HOLDERS: dict[str, str] = {"ids": "tmpl._compat", "builder": "tmpl.trajectory._twin", "episode": "tmpl.episode._twin"}
 
 #: Environment variable that forces the pure-Python twins when set to a non-empty, non-"0" value.
 PURE_ENV = "TMPL_PURE"

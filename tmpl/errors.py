@@ -265,6 +265,47 @@ class CollateError(TrajectoryError, ValueError):
         TmplError.__init__(self, f"{where}: {reason}")
 
 
+class EpisodeError(TrajectoryError):
+    """An episode (:mod:`tmpl.episode`) was given a bad call or reward, or misused.
+
+    ``call`` is the call's id (None: the episode itself), ``sample`` the episode's ``sample_id``.
+
+    >>> raise EpisodeError("q1", "c2", "parent 'c9' is no earlier call of this episode")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.EpisodeError: episode 'q1', call 'c2': parent 'c9' is no earlier call of this episode
+    """
+
+    def __init__(self, sample: object, call: object, reason: str) -> None:
+        self.sample = sample
+        self.call = call
+        self.reason = reason
+        parts = ([] if sample is None else [f"episode {sample!r}"]) + ([] if call is None else [f"call {call!r}"])
+        TmplError.__init__(self, f"{', '.join(parts) or 'episode'}: {reason}")
+
+
+class CallError(EpisodeError, ValueError):
+    """A model call's data is bad: logprobs or versions of another length than its completion, no
+    completion, a token ID or logprob out of range, a duplicate id, an unknown parent. ``field`` names
+    the argument (``"logprobs"``, ``"completion_ids"``, ``"parent"``...).
+
+    >>> raise CallError(None, "c0", "logprobs", "3 logprobs for 4 sampled tokens")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.CallError: call 'c0': logprobs: 3 logprobs for 4 sampled tokens
+    """
+
+    def __init__(self, sample: object, call: object, field: str, reason: str) -> None:
+        self.field = field
+        super().__init__(sample, call, f"{field}: {reason}")
+        self.reason = reason
+
+
+class RewardError(EpisodeError, ValueError):
+    """A reward is not a finite number, an episode has none, or a group cannot have a baseline
+    (RLOO needs two samples). ``call`` names the call whose reward it is (None: the episode's)."""
+
+
 class ToolError(TmplError):
     """A tool, a tool-call parser or the Toolbox cannot do what was asked.
 
