@@ -157,9 +157,11 @@ def test_flags_changed_on_an_existing_added_token_rebuild_through_codec_for():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_per_call_check_sees_a_new_token_in_every_family(family):
+def test_the_per_call_check_sees_a_new_token_in_every_family(family, monkeypatch):
     """The stamp reads whether the ID tokenizers gives the next new token is taken: checked
-    against what ``add_tokens`` really does, per family."""
+    against what ``add_tokens`` really does, per family (the fast encoder, tested on its own in
+    test_fast_encode.py, off: its first build per family takes seconds)."""
+    monkeypatch.setenv("TMPL_FAST_ENCODE", "0")
     tok = fresh(family)
     codec = codec_for(tok)
     before = tok.backend_tokenizer.get_vocab_size(with_added_tokens=True)
