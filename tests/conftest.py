@@ -234,15 +234,19 @@ SERIAL_GROUPS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist (see :data:`SERIAL_GROUPS`); nothing changes without it."""
-    if not getattr(config.option, "loadgroup", False):  # --dist loadgroup, on the controller and each worker
-        return
-    first, rest = [], []
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
-        group = SERIAL_GROUPS.get(module)
-        item.add_marker(pytest.mark.xdist_group(group or module))
-        (first if group else rest).append(item)
-    items[:] = first + rest
+    """Group the tests for pytest-xdist (see :data:`SERIAL_GROUPS`); nothing changes without it.
+
+    A wrapper, so the groups are set before any plugin's own hook reads them (xdist's worker turns
+    each ``xdist_group`` mark into its node id's ``@group`` there; with pytest 9.2 a ``tryfirst``
+    conftest hook ran after it and the groups were lost)."""
+    if getattr(config.option, "loadgroup", False):  # --dist loadgroup, on the controller and each worker
+        first, rest = [], []
+        for item in items:
+            module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
+            group = SERIAL_GROUPS.get(module)
+            item.add_marker(pytest.mark.xdist_group(group or module))
+            (first if group else rest).append(item)
+        items[:] = first + rest
+    return (yield)
