@@ -109,8 +109,16 @@ class Codec:
             fast = os.environ.get("TMPL_FAST_ENCODE", "1") != "0"
         self._fast: FastEncoder | None = None
         self._fast_built = not fast
+        #: texts the tokenizer still encodes before the fast encoder is built (see FAST_AFTER_TEXTS)
+        self._until_fast = self.FAST_AFTER_TEXTS
         #: why the tokenizer encodes every text (None while the fast encoder serves, or before it is built)
         self.fast_reason: str | None = None if fast else "turned off (Codec(..., fast=False) or TMPL_FAST_ENCODE=0)"
+
+    #: The fast encoder's build takes 1-4 s on a 2-core machine (the model's own check of every
+    #: token): it is built once the tokenizer has encoded this many texts of this codec, where it
+    #: starts to pay (a rollout passes it in its first turn), so a short-lived process (a budgeted
+    #: template check in its worker, ``tmpl check``) never pays it. :attr:`fast` builds it at once.
+    FAST_AFTER_TEXTS = 256
 
     @property
     def fast(self) -> FastEncoder | None:
@@ -144,15 +152,18 @@ class Codec:
         if not self._same():
             raise TokenizerChangedError(self.name, self.stamp.changes())
 
-    def _fast_now(self) -> FastEncoder | None:
-        """:attr:`fast` after :meth:`check`, unless the backend was set to truncate or pad since
-        (it then encodes every text itself)."""
+    def _fast_now(self, texts: int = 1) -> FastEncoder | None:
+        """:attr:`fast` after :meth:`check` (once ``texts`` more texts pass :data:`FAST_AFTER_TEXTS`),
+        unless the backend was set to truncate or pad since (it then encodes every text itself)."""
         if not self._same():
             raise TokenizerChangedError(self.name, self.stamp.changes())
         backend = self.backend
         if backend.truncation is not None or backend.padding is not None:
             return None
-        return self._fast if self._fast_built else self.fast
+        if self._fast_built:
+            return self._fast
+        self._until_fast -= texts
+        return self.fast if self._until_fast <= 0 else None
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of ``text`` with no BOS/EOS added."""
@@ -176,7 +187,7 @@ class Codec:
         >>> codec.encode_many(["<|im_end|>\\n", "hi"])  # doctest: +SKIP
         [[151645, 198], [6023]]
         """
-        fast = self._fast_now()
+        fast = self._fast_now(len(texts))
         if fast is None:
             return [enc.ids for enc in self._encode_ids(texts, add_special_tokens=False)]
         out = [fast.encode(text) for text in texts]
