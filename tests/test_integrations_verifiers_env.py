@@ -83,26 +83,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def uv_env() -> dict[str, str]:
-    """uv settings for verifiers' ``uv sync --script``: pip's own indexes (uv does not read pip's
-    configuration), the interpreter already here (no Python downloads)."""
+    """uv settings for verifiers' ``uv sync --script``: pip's own indexes, find-links and constraints
+    (uv does not read pip's configuration: ``.ci/pip_to_uv.py``, which ``.ci/run`` uses for its own
+    installs), the interpreter already here (no Python downloads)."""
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+        [sys.executable, str(ROOT / ".ci" / "pip_to_uv.py"), "--json"], capture_output=True, text=True, check=True
     ).stdout
-    pip = {}
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        pip[key.split(".", 1)[-1]] = value.strip().strip("'\"")
-    env = {"UV_PYTHON_DOWNLOADS": "never", "UV_PYTHON": sys.executable}
-    if pip.get("index-url"):
-        env["UV_INDEX_URL"] = pip["index-url"]
-    if pip.get("extra-index-url"):
-        env["UV_EXTRA_INDEX_URL"] = pip["extra-index-url"]
-        env["UV_INDEX_STRATEGY"] = "unsafe-best-match"  # pip's rule: the best version over all indexes
-    if pip.get("find-links"):
-        env["UV_FIND_LINKS"] = pip["find-links"]
-    if pip.get("cert"):
-        env["SSL_CERT_FILE"] = pip["cert"]
-    return env
+    return {**json.loads(out), "UV_PYTHON": sys.executable}
 
 
 @pytest.fixture(scope="module")
