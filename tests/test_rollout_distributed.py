@@ -26,7 +26,8 @@ from tmpl.errors import RayNotInstalledError, ToolIsolationError, WorkerLostErro
 from tmpl.rollout.scale import DistributedRollout, RolloutSettings, merge_metrics
 from tmpl.rollout.scale.worker import Shard, WorkerRuntime
 
-from .conftest import DATA, REPO
+from .conftest import DATA
+from .ray_cluster import local_ray
 
 QWEN = DATA / "qwen2.5-instruct"
 if not (QWEN / "tokenizer_config.json").is_file():
@@ -394,15 +395,8 @@ def test_the_driver_hands_a_worker_its_next_shard_before_unpickling_the_last_out
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'tmpl[ray]')")
-    if ray.is_initialized():
-        pytest.skip("a Ray cluster is already initialized in this process")
-    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])  # actors import this test module
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
+    with local_ray() as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 def test_a_local_ray_cluster_gives_what_processes_give(ray_cluster, baseline):

