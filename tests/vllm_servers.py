@@ -27,6 +27,10 @@ from .engine_ledger import record_start
 from .fixture_models import QWEN
 
 STARTUP_LIMIT = 300.0  # seconds; ~30 s on an idle 2-core machine
+# VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's CPU platform keeps its worker inside the engine core process
+# (else a third process, spawned, imports vLLM again: 66 s instead of 88 s to ready on an idle machine,
+# the same IDs); the API server still runs its engine core in a process of its own.
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 REAPER = Path(__file__).with_name("reaper.py")  # ends a server with the test process that started it
 
 # out of the fixture model's training distribution: it writes on without a stop token for hundreds of tokens
@@ -51,7 +55,7 @@ def start_server(
     would block a chatty server once full). ``env`` adds to (None: removes from) a stock environment
     (not what vLLM's in-process engine of other tests left in os.environ); ``python``: another
     interpreter's vLLM."""
-    environment = {**PRISTINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+    environment = {**PRISTINE_ENV, **SERVER_ENV}
     for key, value in (env or {}).items():
         if value is None:
             environment.pop(key, None)
