@@ -99,6 +99,24 @@ class SpliceError(TemplateError):
         super().__init__(template, reason)
 
 
+class HistorySpliceError(TemplateError):
+    """A rendered history could not be rebuilt exactly from sampled IDs and encoded text
+    (``Rollout(history="template")``): the spliced IDs do not decode to the template's render.
+    ``sample`` and ``turn`` name where (``template`` names the template).
+
+    >>> raise HistorySpliceError("qwen3", "0/1", 2, "the spliced IDs decode to 812 characters, the render has 814")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.HistorySpliceError: chat template 'qwen3': sample 0/1, turn 2: the spliced IDs decode to 812 characters, the render has 814
+    """
+
+    def __init__(self, template: str, sample: object, turn: int, detail: str) -> None:
+        self.sample = sample
+        self.turn = turn
+        self.detail = detail
+        super().__init__(template, f"sample {sample}, turn {turn}: {detail}")
+
+
 class UnknownTemplateError(TemplateError, LookupError):
     """No shipped template has this name; ``available`` lists the names that exist.
 

@@ -359,8 +359,25 @@ class Episode:
             seq.tokens_cut += len(arr) - kept
         return kept
 
-    def finish(self) -> None:
-        """Close the episode: RUNNING sequences become DONE; no call can be added afterwards."""
+    def finish(self, status: Status = Status.DONE, reason: str = "") -> None:
+        """Close the episode: RUNNING sequences become DONE; no call can be added afterwards.
+
+        ``status``/``reason``: how the sample ended, given to the sequence of the last call when it is
+        still RUNNING (a rollout sample that ended TRUNCATED or ABORTED; a sequence its budget closed
+        keeps its own status and reason).
+
+        >>> ep = Episode()
+        >>> _ = ep.add_call(Call([1], [2], [-0.5]))
+        >>> ep.finish(Status.TRUNCATED, "reached max_turns=1 with tool calls pending")
+        >>> ep.sequences[0].status.name, ep.sequences[0].reason
+        ('TRUNCATED', 'reached max_turns=1 with tool calls pending')
+        """
+        if status is not Status.DONE and self._calls:
+            last = self._calls[-1].id
+            assert last is not None
+            seq = self._seqs[self._placed[last]]
+            if seq.status is Status.RUNNING:
+                seq.status, seq.reason = Status(status), str(reason)
         for seq in self._seqs:
             if seq.status is Status.RUNNING:
                 seq.status = Status.DONE

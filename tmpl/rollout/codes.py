@@ -45,6 +45,14 @@ class EndCode(str, enum.Enum):
     CRASHED = "crashed"
     #: dropped by ``max_staleness`` with ``stale="drop"``: sampled by weights too many versions old
     STALE_DROPPED = "stale_dropped"
+    #: the ``edit_history`` hook raised (the reason names the exception)
+    EDIT_FAILED = "edit_failed"
+    #: the ``edit_history`` hook returned messages that are no conversation (not a list of messages, an
+    #: unknown role, unanswered tool calls) or that the template refuses to render
+    EDIT_REJECTED = "edit_rejected"
+    #: ``history="template"``: the template could not render the history, or the prompt spliced from
+    #: sampled IDs and encoded text did not decode to its render (``tmpl.errors.HistorySpliceError``)
+    RENDER_FAILED = "render_failed"
 
     @property
     def status(self) -> Status:
@@ -72,6 +80,9 @@ _STATUS = {
             EndCode.VERIFY_FAILED,
             EndCode.CRASHED,
             EndCode.STALE_DROPPED,
+            EndCode.EDIT_FAILED,
+            EndCode.EDIT_REJECTED,
+            EndCode.RENDER_FAILED,
         ),
         Status.ABORTED,
     ),
