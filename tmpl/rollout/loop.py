@@ -16,17 +16,20 @@ rewards and logging only. Samples run concurrently and finish at different turns
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import inspect
 import logging
 import sys
 import time
 from array import array
-from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampling
 from ..chat_template import ChatTemplate
-from ..errors import TmplError
+from ..episode import Call, Episode
+from ..errors import HistorySpliceError, TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import CompletionReader, parser_for
 from ..tools.toolbox import as_toolbox
@@ -36,6 +39,7 @@ from . import images as _images
 from .codes import EndCode
 from .collector import fewer_collections
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
+from .history import HISTORY_MODES, HistoryContext, SampledTurn, splice, view
 from .metrics import RolloutMetrics
 from .result import RolloutResult
 from .sample import SampleRun
@@ -89,6 +93,25 @@ class Rollout(WeightUpdates):
 
     Given a :class:`tmpl.vision.VisionTemplate`, prompts and tool results may carry images
     (docs/vision.md, "Rollouts"): trajectories hold their image inputs, requests carry them.
+
+    History (docs/rollouts.md, "History modes"): ``history="append"`` (default) keeps each sample one
+    append-only sequence, prompt plus completions plus exact suffixes. ``history="template"`` renders
+    each turn's prompt as the deployed template does for the conversation so far (reasoning dropped
+    where the template drops it), with every earlier turn's sampled IDs put back wherever the render
+    keeps their text (:mod:`tmpl.rollout.history`); the sample's generations are calls of an
+    :class:`tmpl.episode.Episode`, merged into ``RolloutResult.sequences`` (one per branch).
+    ``edit_history(messages, ctx)``: a hook called between turns (``ctx``: a
+    :class:`tmpl.rollout.history.HistoryContext`) that returns the messages the next prompt renders
+    (a window over old tool results, a compaction); it implies rendered prompts as in template mode.
+    After a final answer it may return messages ending with a user message to go on. A hook that
+    raises ends the sample ``EndCode.EDIT_FAILED``; messages that are no conversation or that the
+    template refuses, ``EndCode.EDIT_REJECTED``.
+
+    >>> def window(messages, ctx):                                                # doctest: +SKIP
+    ...     ctx.label = "window"
+    ...     old = [i for i, m in enumerate(messages) if m["role"] == "tool"][:-1]
+    ...     return [dict(m, content="[omitted]") if i in old else m for i, m in enumerate(messages)]
+    >>> rollout = tmpl.Rollout(tpl, backend, tools=toolbox, edit_history=window)   # doctest: +SKIP
     """
 
     def __init__(
@@ -111,12 +134,24 @@ class Rollout(WeightUpdates):
         version: int = 0,
         max_staleness: int | None = None,
         stale: StalePolicy = "withhold",
+        history: str = "append",
+        edit_history: Callable[[list[dict[str, Any]], HistoryContext], Any] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {', '.join(map(repr, HISTORY_MODES))}, not {history!r}")
+        if edit_history is not None and not callable(edit_history):
+            raise TypeError(f"edit_history must be callable, not {type(edit_history).__name__}")
         self._init_weights(version, max_staleness, stale)
         # a tmpl.vision.VisionTemplate: its text template, and the images hooks (images.py)
         self.tpl, self.vision = _images.unwrap(template)
+        self.history = history
+        self.edit_history = edit_history
+        #: prompts rendered from the messages each turn (history="template" or a hook), not appended
+        self._rendered = history == "template" or edit_history is not None
+        if self._rendered and self.vision is not None:
+            raise ValueError("history='template' and edit_history do not take a VisionTemplate yet")
         self.backend = backend
         self.toolbox = as_toolbox(tools)
         if self.toolbox is not None:
@@ -173,7 +208,9 @@ class Rollout(WeightUpdates):
         prompts = self._prompts(conversations, setup, "conversations")
         scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
         rounds = (
-            ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision) if self.toolbox is not None else None
+            ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision, suffixes=not self._rendered)
+            if self.toolbox is not None
+            else None
         )
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]
         bar = self._bar(len(jobs))
@@ -290,11 +327,15 @@ class Rollout(WeightUpdates):
         attempt: int = 0,
         rounds: ToolRounds | None = None,
     ) -> RolloutResult:
-        if traj is None:
+        if traj is None or self._rendered:  # rendered: the last trajectory may be a branch's
             traj = self._trajectory(i, s, prompt)
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
         run = SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
+        if self._rendered:
+            run.episode = Episode(max_length=self.max_length, sample_id=(i, s))
+            run.view = [dict(m) for m in conversation]
+            run.gaps[self.tpl.codec.decode(list(prompt))] = list(prompt)  # the first prompt comes back as sent
         if self.vision is not None:
             run.images = _images.images_of(traj)
         sampling = self.sampling
@@ -406,6 +447,8 @@ class Rollout(WeightUpdates):
         rounds: ToolRounds | None = None,
     ) -> bool:
         """One generation and, when it called tools, one tool round. False once the sample ended."""
+        if self._rendered and turn > 0 and not self._next_prompt(run, turn):
+            return False
         traj = run.traj
         budget = traj.max_new_tokens(self.max_tokens_per_turn)
         if budget <= 0:
@@ -420,11 +463,15 @@ class Rollout(WeightUpdates):
             return run.end(EndCode.BACKEND_ABORTED, "the backend aborted the request")
         with run.clock("bookkeeping"):
             ids = result.token_ids
+            sent = len(run.sequence)
             kept = traj.add_completion(ids, result.logprobs, message=len(run.history))
             whole = kept == len(ids)  # most turns: no copy of the slice
             run.sequence += ids if whole else ids[:kept]
             run.versions += versions if whole else versions[:kept]
+        call = self._call(run, turn, sent, kept, result) if self._rendered and kept else None
         if not traj.running:  # cut at the budget, or no usable logprobs
+            if call is not None:
+                self._add_call(run, call, None)
             return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
         with run.clock("parse"):
             if len(result.token_ids) > PARSE_OFF_LOOP:  # a long parse waits on a thread, the loop serves the others
@@ -432,10 +479,16 @@ class Rollout(WeightUpdates):
             else:  # most turns: a thread hop would cost more than the parse
                 parsed = self._read(result.token_ids, tools=self.toolbox)
         assistant = parsed.to_message()
+        if call is not None:
+            self._add_call(run, call, assistant)
         run.history.append(assistant)
         if result.finish_reason == "length" or kept < len(result.token_ids):
             return run.end(EndCode.TURN_LIMIT, f"turn {turn} hit its token limit ({budget}) before a stop token")
         if not parsed.has_calls or self.toolbox is None:
+            if self.edit_history is not None and turn < self.max_turns - 1:
+                go = await self._edit(run, turn, answered=True)  # a simulated user may go on
+                if go is not None:
+                    return go
             return run.end(EndCode.FINISHED)
         if turn == self.max_turns - 1:
             return run.end(EndCode.MAX_TURNS, f"reached max_turns={self.max_turns} with tool calls pending")
@@ -461,6 +514,11 @@ class Rollout(WeightUpdates):
         run.calls += done.calls
         run.failures += done.failed
         run.count_failures(done.failures)
+        if self._rendered and done.error is None:  # the next prompt is rendered from the messages
+            run.history += tool_messages
+            if done.stop:
+                return run.end(EndCode.TOOL_STOP, "a tool failed and on_error='stop'")
+            return await self._edit(run, run.turns - 1, answered=False) is not False
         if done.error is not None:
             if not isinstance(done.error, TmplError):
                 raise done.error
@@ -488,6 +546,114 @@ class Rollout(WeightUpdates):
             return run.end(EndCode.TOOL_STOP, "a tool failed and on_error='stop'")
         if not run.traj.running:
             return run.end(EndCode.BUDGET_CUT)
+        return True
+
+    # -- history modes (rollout/history.py) ------------------------------------------------------
+    def _call(self, run: SampleRun, turn: int, sent: int, kept: int, result: GenerationResult) -> Call:
+        """The episode call of this turn's generation (its kept tokens), remembered for later splices."""
+        ids = run.sequence[sent:]
+        assert result.logprobs is not None and len(ids) == kept
+        call = Call(
+            run.sequence[:sent],
+            ids,
+            result.logprobs[:kept],
+            versions=run.versions[len(run.versions) - kept :].tolist(),
+            id=f"turn-{turn}",
+            turn=turn,
+        )
+        run.sampled.append(SampledTurn.of(self.tpl.codec, f"turn-{turn}", len(run.history), ids))
+        return call
+
+    def _add_call(self, run: SampleRun, call: Call, assistant: dict[str, Any] | None) -> None:
+        """Add ``call`` to the sample's episode: it merges or branches (labelled with what changed)."""
+        assert run.episode is not None and run.view is not None
+        messages = run.view + ([assistant] if assistant is not None else [])
+        run.episode.add_call(call, edit=run.edit, messages=messages)
+        run.edit = None
+        if assistant is not None:
+            run.view = messages
+
+    async def _edit(self, run: SampleRun, turn: int, *, answered: bool) -> bool | None:
+        """Call the ``edit_history`` hook between turns. True: go on; False: the sample ended (a code);
+        None: the model answered and the hook did not go on (the caller ends the sample FINISHED)."""
+        hook = self.edit_history
+        if hook is None:
+            return None if answered else True
+        ctx = HistoryContext(run.index, run.sample, turn, answered)
+        try:
+            out = hook(copy.deepcopy(run.history), ctx)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as exc:  # noqa: BLE001 - the user's hook: its sample ends, named
+            self._recorded(run, ctx)
+            return run.end(EndCode.EDIT_FAILED, f"edit_history raised {type(exc).__name__} after turn {turn}: {exc}")
+        self._recorded(run, ctx)
+        if out is None:
+            return None if answered else True
+        try:
+            if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence):
+                raise TypeError(f"it returned {type(out).__name__}, not a list of messages")
+            messages = [dict(m) if isinstance(m, Mapping) else m for m in out]
+            validate_messages(messages, where="edit_history")
+        except (TmplError, TypeError, ValueError) as exc:
+            return run.end(EndCode.EDIT_REJECTED, f"edit_history after turn {turn}: {exc}")
+        if answered and messages[-1].get("role") != "user":
+            run.history = messages
+            return None
+        if messages[: len(run.history)] != run.history:  # an edit, not only messages added after
+            run.sampled = _follow(run.sampled, run.history, messages)
+            run.edit = "edit_history" + (f": {ctx.label}" if ctx.label else "")
+        run.history = messages
+        return True
+
+    @staticmethod
+    def _recorded(run: SampleRun, ctx: HistoryContext) -> None:
+        """The model calls the hook recorded (``ctx.record_call``): untrained calls of the episode."""
+        assert run.episode is not None
+        for call in ctx.calls:
+            run.episode.add_call(call)
+
+    def _next_prompt(self, run: SampleRun, turn: int) -> bool:
+        """Render the history, splice the sampled IDs back in, and continue the sample's sequence or
+        start a new one (a branch). False once the sample ended."""
+        with run.clock("suffix"):
+            try:
+                text = self.tpl.renderer.text(run.history, tools=self.tool_schemas, add_generation_prompt=True)
+                spliced = splice(
+                    self.tpl,
+                    text,
+                    run.sampled,
+                    run.gaps,
+                    sample=f"{run.index}/{run.sample}",
+                    turn=turn,
+                    messages=run.history,
+                )
+            except HistorySpliceError as exc:
+                return run.end(EndCode.RENDER_FAILED, str(exc))
+            except TmplError as exc:
+                code = EndCode.EDIT_REJECTED if run.edit is not None else EndCode.RENDER_FAILED
+                return run.end(code, f"turn {turn}: the template cannot render the history: {exc}")
+        prompt = spliced.ids
+        run.kept.append(spliced.kept)
+        run.view = view(run.history, spliced.dropped)
+        run.edit = "; ".join(e for e in (run.edit, spliced.edit) if e) or None
+        with run.clock("bookkeeping"):
+            n = len(run.sequence)
+            if len(prompt) >= n and prompt[:n] == run.sequence:  # nothing rewritten: the sequence goes on
+                delta = prompt[n:]
+                appended = run.traj.add_suffix(delta) if delta else 0
+                run.sequence += delta if appended == len(delta) else delta[:appended]
+                run.versions += APPENDED * appended
+                return run.traj.running or run.end(EndCode.BUDGET_CUT)
+            if len(prompt) >= self.max_length:
+                return run.end(
+                    EndCode.NO_BUDGET,
+                    f"turn {turn}: the rendered prompt starts a new sequence of {len(prompt)} tokens, "
+                    f"max_length={self.max_length} leaves none to generate",
+                )
+            run.traj = self._trajectory(run.index, run.sample, prompt)
+            run.sequence = list(prompt)
+            run.versions = array("i")
         return True
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Trajectory:
@@ -520,8 +686,8 @@ class Rollout(WeightUpdates):
     # -- checks -----------------------------------------------------------------------------
     def _measure_drift(self, run: SampleRun) -> tuple[bool | None, DriftDetail | None]:
         """Drift of one finished sample, if ``measure_drift`` chooses it (timed as the ``drift`` phase)."""
-        if not chosen(self.measure_drift, run.index, run.sample):
-            return None, None
+        if self._rendered or not chosen(self.measure_drift, run.index, run.sample):
+            return None, None  # rendered histories: there is no one sequence to re-render
         with run.clock("drift"):
             return self._drift(run.history, run.traj)
 
@@ -573,3 +739,20 @@ class Rollout(WeightUpdates):
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
+
+
+def _follow(turns: list[SampledTurn], before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[SampledTurn]:
+    """The sampled turns with their message indices moved to where an edit put their messages (-1: the
+    edit removed or changed the message, so its text is searched no more)."""
+    out = []
+    k = 0
+    for t in turns:
+        index = -1
+        if 0 <= t.message < len(before):
+            old = before[t.message]
+            for j in range(k, len(after)):
+                if after[j] == old:
+                    index, k = j, j + 1
+                    break
+        out.append(dataclasses.replace(t, message=index))
+    return out

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..episode import Episode
 from ..trajectory.images import has_images
 from ..trajectory.types import Span, Status
 from .codes import EndCode
@@ -20,7 +21,9 @@ from .drift import DriftDetail
 from .metrics import SampleTimes
 
 if TYPE_CHECKING:
+    from ..episode import TrainingSequence
     from ..trajectory import Trajectory
+    from .history import KeptSpan
 
 
 @dataclass(kw_only=True)
@@ -39,6 +42,15 @@ class RolloutResult:
 
     >>> r.versions.tolist(), r.version, r.staleness      # doctest: +SKIP
     ([3, 3, 4, -1, -1, 4], 5, 2)
+
+    ``sequences`` are the sample's exact training sequences (docs/episodes.md): with
+    ``history="append"`` one, equal to ``prompt_ids + completion_ids`` with ``mask``, ``logprobs`` and
+    ``versions``; with ``history="template"`` or an ``edit_history`` hook one per branch, and then
+    ``trajectory`` is the last sequence's (the prompt of the last branch and what followed it).
+    ``kept`` says, per prompt rendered, where each earlier turn's sampled IDs came back.
+
+    >>> [(s.ids.shape, s.trained_tokens, str(s.branch)) for s in r.sequences]   # doctest: +SKIP
+    [((812,), 143, 'first')]
     """
 
     index: int  # which conversation
@@ -63,6 +75,25 @@ class RolloutResult:
     #: raised (the suffix was appended unchecked; the rollout logs the error once)
     unverified: int = 0
     _loss_mask: np.ndarray | None = field(default=None, repr=False)  # mask after the staleness policy
+    #: the episode of the sample's calls (history="template" / edit_history); None: built from the trajectory
+    _episode: Episode | None = field(default=None, repr=False)
+    #: per prompt rendered from the history (history="template" / edit_history): the earlier turns it kept
+    kept: list[tuple[KeptSpan, ...]] = field(default_factory=list, repr=False)
+
+    @property
+    def episode(self) -> Episode:
+        """The sample's calls merged into training sequences (:class:`tmpl.episode.Episode`).
+
+        In append mode it is built on first use from the trajectory (one sequence, equal to it).
+        """
+        if self._episode is None:
+            self._episode = Episode.from_result(self)
+        return self._episode
+
+    @property
+    def sequences(self) -> list[TrainingSequence]:
+        """The exact training sequences: ids, mask, logprobs, versions, turns covered, branch, status."""
+        return self.episode.sequences
 
     @property
     def prompt_ids(self) -> np.ndarray:

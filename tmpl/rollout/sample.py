@@ -17,7 +17,9 @@ from .result import RolloutResult
 from .timing import PhaseClock
 
 if TYPE_CHECKING:
+    from ..episode import Episode
     from ..trajectory import Trajectory
+    from .history import KeptSpan, SampledTurn
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +53,13 @@ class SampleRun:
     dropped: bool = False  # cancelled by the staleness policy (stale="drop")
     images: Any = None  # the ImageInputs of ``sequence`` (vision rollouts: rollout/images.py), else None
     image_sources: list[Any] | None = None  # those images themselves (PIL), read by images.sources
+    # history="template" / edit_history (rollout/history.py): the episode of this sample's calls
+    episode: Episode | None = None
+    sampled: list[SampledTurn] = field(default_factory=list)  # every generation so far, for the splice
+    gaps: dict[str, list[int]] = field(default_factory=dict)  # texts encoded so far -> their IDs
+    view: list[dict[str, Any]] | None = None  # the messages as the current prompt shows them
+    edit: str | None = None  # what changed the history before the next call (a branch's label)
+    kept: list[tuple[KeptSpan, ...]] = field(default_factory=list)  # per prompt rendered: turns kept
 
     def __post_init__(self) -> None:
         self.clock = PhaseClock(self.times)
@@ -85,6 +94,8 @@ class SampleRun:
         dropped: bool = False,
     ) -> RolloutResult:
         """The sample's result; ``dropped``: cancelled by ``stale="drop"`` (no versions, finish "abort")."""
+        if self.episode is not None and not self.episode.finished:
+            self.episode.finish(self.traj.status, self.traj.reason)
         result = RolloutResult(
             index=self.index,
             sample=self.sample,
@@ -102,6 +113,8 @@ class SampleRun:
             _versions=np.frombuffer(self.versions, dtype=np.int32).copy(),
             resumed=self.resumed,
             unverified=self.unverified,
+            _episode=self.episode,
+            kept=self.kept,
         )
         if dropped:
             result._mark_dropped()

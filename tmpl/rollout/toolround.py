@@ -91,9 +91,17 @@ class ToolRounds:
     """Starts the tool rounds begun in one pass of the event loop as one batch; builds suffixes in batches."""
 
     def __init__(
-        self, template: ChatTemplate, toolbox: Toolbox, schemas: Sequence[Any] | None, vision: Any = None
+        self,
+        template: ChatTemplate,
+        toolbox: Toolbox,
+        schemas: Sequence[Any] | None,
+        vision: Any = None,
+        *,
+        suffixes: bool = True,
     ) -> None:
         self.tpl = template
+        #: False: no suffix is built (``history="template"`` renders the next prompt from the messages)
+        self.want_suffixes = suffixes
         self.vision = vision  # a VisionTemplate: tools may return images (rollout/images.py)
         self.toolbox = toolbox
         self.schemas = schemas
@@ -167,7 +175,10 @@ class ToolRounds:
         if self.vision is not None:  # tools that returned images: their results as image parts
             messages = [images.tool_messages(job.outcomes, msgs) for job, msgs in zip(jobs, messages)]
         start = perf_counter()
-        suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
+        if self.want_suffixes:
+            suffixes = self._suffixes(messages, [job.completion for job in jobs], [job.before for job in jobs])
+        else:
+            suffixes = [(None, None)] * n
         suffix_seconds = (perf_counter() - start) / n
         stop_on_error = self.toolbox.on_error == "stop"
         for job, msgs, (suffix, error), cut in zip(jobs, messages, suffixes, cuts):
