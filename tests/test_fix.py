@@ -11,7 +11,6 @@ of CPU on the whole data set).
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tmpl.report.space import SPACE_TOOLS, generate, messages_of
 from .conftest import DATA, catalog, template_under_test
 from .contract import HARD_CONTENTS, HISTORIES, TOOLS, assistant_turn, check_turn, marker, tool_results
 from .counterexamples import reproduces
+from .fixes import fixed
 
 ENTRIES = catalog()  # every one is reported; the fixer runs where the tool loop is UNSAFE
 FAMILIES = ("qwen2.5-instruct", "qwen3", "llama-3.2-instruct", "gemma-4-it", "mistral-nemo-instruct-2407", "gpt-oss")
@@ -39,12 +39,8 @@ def _template(key: str) -> tmpl.ChatTemplate:
     return template_under_test(key)
 
 
-@functools.lru_cache(maxsize=None)
 def _fix(key: str) -> tmpl.report.FixResult | TemplateFixError:
-    try:
-        return make_training_safe(_template(key))
-    except TemplateFixError as exc:
-        return exc
+    return fixed(key)  # made once per process, shared with tests/test_generation_markers.py
 
 
 def _render(

@@ -12,19 +12,19 @@ markers, its notes must say why.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
 
 import tmpl
 from tmpl.errors import TemplateFixError
-from tmpl.report import SAFE_WITH, UNSAFE, check, make_training_safe
+from tmpl.report import SAFE_WITH, UNSAFE, check
 from tmpl.report.fix.rewrite import has_generation_markers
 from tmpl.report.search import space_for
 from tmpl.report.space import SPACE_TOOLS, generate, messages_of
 
 from .conftest import catalog, template_under_test
+from .fixes import fixed
 
 FAMILIES = ("qwen3", "mistral-nemo-instruct-2407", "qwen2.5-instruct", "llama-3.2-instruct")
 ENTRIES = catalog()
@@ -77,12 +77,9 @@ def _conversations(tpl: tmpl.ChatTemplate):
             yield messages_of(spec, space), dict(spec.kwargs)
 
 
-@functools.lru_cache(maxsize=None)
 def _fix(key: str) -> tmpl.report.FixResult | TemplateFixError:
-    try:
-        return make_training_safe(_template(key))
-    except TemplateFixError as exc:
-        return exc
+    _template(key)  # skips a catalog template whose tool loop is already SAFE
+    return fixed(key)  # made once per process, shared with tests/test_fix.py
 
 
 @pytest.mark.parametrize("key", KEYS, ids=[Path(k).name for k in KEYS])
