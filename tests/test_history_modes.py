@@ -400,6 +400,23 @@ def test_a_summary_call_is_recorded_untrained(twin):
     assert sum(s.trained_tokens for s in seqs) == sum(len(x) for x in rec.sampled)
 
 
+def _budgeted(tpl, script, question: str, max_length: int):
+    """The scripted Qwen3 sample, a second user turn ``question`` added by the hook, under ``max_length``:
+    its recorder and its result."""
+    rec = Recorder(script)
+    rollout = tmpl.Rollout(
+        tpl,
+        Scripted(rec),
+        tools=FUNCS,
+        history="template",
+        edit_history=more_users(question),
+        max_turns=8,
+        max_length=max_length,
+    )
+    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    return rec, res
+
+
 def test_a_branch_over_max_length_is_truncated_with_the_reason_named(twin):
     tpl = _tpl("qwen3")
     script = _qwen3_script(tpl)
@@ -408,17 +425,7 @@ def test_a_branch_over_max_length_is_truncated_with_the_reason_named(twin):
         tpl, Scripted(probe), tools=FUNCS, history="template", edit_history=more_users("And in Tokyo?"), max_turns=8
     ).run([[{"role": "user", "content": USER}]])
     branch_prompt = len(probe.prompts[2])  # the second user turn starts a new sequence
-    rec = Recorder(script)
-    rollout = tmpl.Rollout(
-        tpl,
-        Scripted(rec),
-        tools=FUNCS,
-        history="template",
-        edit_history=more_users("And in Tokyo?"),
-        max_turns=8,
-        max_length=branch_prompt + 5,
-    )
-    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    rec, res = _budgeted(tpl, script, "And in Tokyo?", branch_prompt + 5)
     # the engine is asked for what the branch leaves (5 tokens): the turn ends at its limit, as in append mode
     assert res.code is EndCode.TURN_LIMIT and res.status is tmpl.Status.TRUNCATED
     assert rec.prompts[2] == probe.prompts[2]
@@ -436,17 +443,7 @@ def test_a_branch_over_max_length_is_truncated_with_the_reason_named(twin):
     first = len(res.sequences[0].ids)
     branch_prompt = len(probe.prompts[2])
     assert branch_prompt > first + 1
-    rec = Recorder(script)
-    rollout = tmpl.Rollout(
-        tpl,
-        Scripted(rec),
-        tools=FUNCS,
-        history="template",
-        edit_history=more_users(long),
-        max_turns=8,
-        max_length=branch_prompt - 1,
-    )
-    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    rec, res = _budgeted(tpl, script, long, branch_prompt - 1)
     assert res.code is EndCode.NO_BUDGET and res.status is tmpl.Status.TRUNCATED
     assert f"starts a new sequence of {branch_prompt} tokens, max_length={branch_prompt - 1}" in res.reason
     assert len(rec.prompts) == 2  # nothing was sent for the branch that does not fit
