@@ -210,6 +210,10 @@ def test_withhold_keeps_the_sample_and_takes_its_tokens_out_of_the_loss(tpl):
     assert r.staleness == 2 and r.versions.tolist() == expected_versions(r, [0, 0, 0])
     assert r.mask.sum() > 0 and r.loss_mask.tolist() == [0] * len(r.mask)
     assert fresh.stale_action is None and fresh.loss_mask.tolist() == fresh.mask.tolist()
+    # the training sequences carry the same loss mask; the episode keeps what was sampled
+    [seq] = r.sequences
+    assert seq.mask.sum() == 0 and r.episode.sequences[0].mask.sum() == r.mask.sum() > 0
+    assert [s.mask.tolist() for s in fresh.sequences] == [fresh.episode.sequences[0].mask.tolist()]
     batch = tmpl.collate_arrays([r, fresh], pad_id=0)
     assert batch["tool_mask"][0, : len(r.mask)].tolist() == [0] * len(r.mask)
     assert batch["tool_mask"][1, : len(fresh.mask)].tolist() == fresh.mask.tolist()
@@ -241,6 +245,11 @@ def test_mask_takes_out_only_the_tokens_sampled_too_long_ago(tpl):
     assert r.stale_action == "mask" and r.status.name == "DONE"
     assert r.loss_mask.tolist() == [int(v >= 1) for v in versions]  # version 0 is 2 behind 2: off
     assert 0 < r.loss_mask.sum() < r.mask.sum()
+    # the sequence's loss mask is the result's: the prompt's tokens, then loss_mask over the completion
+    [seq] = r.sequences
+    p = len(r.prompt_ids)
+    assert seq.mask[:p].sum() == 0 and seq.mask[p:].tolist() == r.loss_mask.tolist()
+    assert r.episode.sequences[0].mask[p:].tolist() == r.mask.tolist()
 
 
 def test_drop_cancels_a_sample_as_soon_as_an_update_makes_it_too_stale(tpl):

@@ -451,8 +451,8 @@ class Episode:
         """The episode of a :class:`tmpl.RolloutResult` (append mode): :meth:`from_trajectory` of its
         trajectory with its versions, named ``(index, sample)``.
 
-        Its ``loss_mask`` (the rollout's staleness policy) is not carried: the episode's mask is what
-        was sampled, ``result.mask``.
+        The episode's mask is what was sampled, ``result.mask``; ``RolloutResult.sequences`` applies
+        the rollout's staleness policy to it, as ``result.loss_mask`` does.
         """
         return cls.from_trajectory(
             result.trajectory,

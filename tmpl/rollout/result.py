@@ -75,6 +75,8 @@ class RolloutResult:
     #: raised (the suffix was appended unchecked; the rollout logs the error once)
     unverified: int = 0
     _loss_mask: np.ndarray | None = field(default=None, repr=False)  # mask after the staleness policy
+    #: stale="mask": sampled tokens of a version below this are off the loss (their sequences' too)
+    _stale_below: int | None = field(default=None, repr=False)
     #: the episode of the sample's calls (history="template" / edit_history); None: built from the trajectory
     _episode: Episode | None = field(default=None, repr=False)
     #: per prompt rendered from the history (history="template" / edit_history): the earlier turns it kept
@@ -92,8 +94,26 @@ class RolloutResult:
 
     @property
     def sequences(self) -> list[TrainingSequence]:
-        """The exact training sequences: ids, mask, logprobs, versions, turns covered, branch, status."""
-        return self.episode.sequences
+        """The exact training sequences: ids, mask, logprobs, versions, turns covered, branch, status.
+
+        Their ``mask`` is the loss mask, after the rollout's staleness policy as :attr:`loss_mask` is:
+        all 0 for a withheld sample, 0 on the tokens sampled too many versions ago under ``stale="mask"``
+        (``result.episode.sequences`` keep what was sampled, as :attr:`mask` does).
+
+        >>> [seq.mask.sum() for seq in r.sequences], r.loss_mask.sum()   # doctest: +SKIP
+        ([12], 12)
+        """
+        sequences = self.episode.sequences
+        if self.stale_action == "withhold":
+            return [_with_mask(seq, np.zeros_like(seq.mask)) for seq in sequences]
+        if self.stale_action == "mask" and self._stale_below is not None:
+            out = []
+            for seq in sequences:
+                keep = seq.mask.copy()
+                keep[(seq.versions >= 0) & (seq.versions < self._stale_below)] = 0
+                out.append(_with_mask(seq, keep))
+            return out
+        return sequences
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -211,3 +231,9 @@ class RolloutResult:
             finish_reason="error",
             code=EndCode.CRASHED,
         )
+
+
+def _with_mask(seq: TrainingSequence, mask: np.ndarray) -> TrainingSequence:
+    """``seq`` with another (read-only) mask: a snapshot of its own, the episode's left as it is."""
+    mask.setflags(write=False)
+    return dataclasses.replace(seq, mask=mask)

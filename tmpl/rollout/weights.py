@@ -174,6 +174,7 @@ class WeightUpdates:
             keep[(versions >= 0) & (versions < now - self.max_staleness)] = 0
             result.stale_action = "mask"
             result._loss_mask = keep
+            result._stale_below = now - self.max_staleness
         else:  # drop: the sample ended before an update made it too stale
             self._dropped(result.trajectory, result.oldest_version, now)
             result._mark_dropped()
