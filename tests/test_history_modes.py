@@ -225,6 +225,8 @@ def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
     assert all(s.status is tmpl.Status.DONE for s in seqs)
     # the result's trajectory is the last branch: its prompt is the last prompt sent
     assert res.prompt_ids.tolist() == rec.prompts[-1]
+    # the rollout's metrics count every branch's sampled tokens, not only the last trajectory's
+    assert rollout.metrics.tokens_generated == sum(len(x) for x in rec.sampled) > int(res.mask.sum())
 
 
 def test_qwen3_template_mode_without_rewrites_is_one_sequence(twin):

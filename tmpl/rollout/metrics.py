@@ -126,14 +126,24 @@ class RolloutMetrics:
             m.turns_mean += r.turns
             m.tool_calls += r.tool_calls
             m.tool_failures += r.tool_failures
-            mask = r.mask
-            generated = int(mask.sum())
-            m.tokens_generated += generated
-            m.tokens_appended += len(mask) - generated
+            episode = getattr(r, "_episode", None)
+            if episode is not None:  # history="template" / edit_history: every branch, not only the last
+                sequences = episode.sequences
+                generated = sum(int(seq.mask.sum()) for seq in sequences)
+                m.tokens_generated += generated
+                m.tokens_appended += sum(len(seq.ids) - seq.prompt_length for seq in sequences) - generated
+                versions = np.concatenate([seq.versions for seq in sequences]) if sequences else None
+                loss_on = sum(int(seq.mask.sum()) for seq in r.sequences)
+            else:
+                mask = r.mask
+                generated = int(mask.sum())
+                m.tokens_generated += generated
+                m.tokens_appended += len(mask) - generated
+                versions = getattr(r, "versions", None)
+                loss_on = None
             times = r.times
             for k in _PHASES:
                 outside[k] += getattr(times, k)
-            versions = getattr(r, "versions", None)
             if versions is not None:
                 for v, count in _counts(versions[versions >= 0]):
                     m.tokens_by_version[v] = m.tokens_by_version.get(v, 0) + count
@@ -143,7 +153,8 @@ class RolloutMetrics:
                 action = getattr(r, "stale_action", None)
                 if action is not None:
                     m.stale[action] = m.stale.get(action, 0) + 1
-                    m.stale_tokens_off += generated - int(r.loss_mask.sum()) if action != "drop" else 0
+                    if action != "drop":
+                        m.stale_tokens_off += generated - (int(r.loss_mask.sum()) if loss_on is None else loss_on)
                 m.resumed += int(getattr(r, "resumed", 0))
             m.unverified += int(getattr(r, "unverified", 0))
             if r.drift is not None:
