@@ -537,3 +537,29 @@ def test_generated_conversations_render_as_deployed(case):
             turn = int(span.call.split("-")[1])
             assert s.ids[: span.start].tolist() == rec.prompts[turn]
             assert np.array_equal(s.ids[span.start : span.end], rec.sampled[turn])
+
+
+# -- tmpl check names the history mode --------------------------------------------------------------
+
+
+def test_check_names_template_mode_where_the_deployed_render_rewrites_the_history():
+    """Qwen3 drops earlier turns' thinking: `tmpl check` says history "template", and a template-mode
+    rollout of it does branch (the deployed prompts are not one append-only sequence); the mode is
+    "append" exactly where both uses are SAFE; it is in the report's JSON and markdown."""
+    tpl = _tpl("qwen3")
+    report = tmpl.report.check(tpl)
+    mode, why = report.history_mode()
+    assert mode == "template" and "several user turns" in why, why
+    assert report.to_dict()["history_mode"] == [mode, why]
+    assert f"history mode that trains it as deployed: {mode}**" in report.to_markdown()
+    rec = Recorder(_qwen3_script(tpl))
+    rollout = tmpl.Rollout(
+        tpl, Scripted(rec), tools=FUNCS, history="template", edit_history=more_users("And in Tokyo?"), max_turns=8
+    )
+    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    _check_prompts_are_full_renders(tpl, res, rec)
+    assert len(res.sequences) > 1  # append-only would have trained on prompts the template never renders
+    for family in ("qwen2.5-instruct", "llama-3.2-instruct"):
+        other = tmpl.report.check(_tpl(family))
+        both_safe = all(other.verdicts[u].level == tmpl.report.SAFE for u in ("tool_loop", "multi_user"))
+        assert (other.history_mode()[0] == "append") == both_safe, (family, other.history_mode())

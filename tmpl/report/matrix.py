@@ -237,13 +237,14 @@ COLUMNS = (
     "parser",
     "suffix path",
     "images",
+    "history",
 )
 
 
 def _cells(row: Row) -> list[str]:
     r = row.report
     if r is None:
-        return [row.name, row.origin, f"SKIPPED ({row.error})", "", "", "", "", "", ""]
+        return [row.name, row.origin, f"SKIPPED ({row.error})", "", "", "", "", "", "", ""]
     fast = "fast (" + ", ".join(sorted(set(r.fast_path.values()))) + ")" if r.fast_path else "render per call"
     if r.history_dependence:
         fast = "render per call (history-dependent)"
@@ -259,6 +260,7 @@ def _cells(row: Row) -> list[str]:
         r.parser or "-",
         fast,
         r.images.label if r.images is not None else "-",
+        r.history_mode()[0],
     ]
 
 
@@ -285,6 +287,9 @@ def to_markdown(rows: Sequence[Row], title: str = "Compatibility matrix") -> str
         "conversation goes on with new user messages. See docs/concepts.md for what is checked.",
         "*images* (templates that render image parts): image placeholders expanded as the",
         "processor's own full render, and the suffix of a tool result with an image; see docs/vision.md.",
+        "*history*: the `Rollout(history=...)` that trains on what the deployed template renders:",
+        "`append` where both uses are SAFE, else `template`; `-` where no turn closes as tmpl needs",
+        '(docs/rollouts.md, "History modes").',
         "",
         f"Tool loop: {_summary(rows)}.",
         "",

@@ -96,9 +96,31 @@ class TemplateReport:
     #: templates that render image parts: the images check (:mod:`tmpl.report.multimodal`); else None
     images: Any = None
 
+    def history_mode(self) -> tuple[str, str]:
+        """Which ``Rollout(history=...)`` trains this template on the contexts it sees when deployed,
+        and why: ``"append"`` where appending exact suffixes is proven to give the deployed render
+        (tool loop and several user turns both SAFE: one sequence per sample, the cheapest);
+        ``"template"`` where the template rewrites the history (it drops reasoning, moves content) or
+        that is not proven: each prompt rendered as deployed, the sampled IDs it keeps spliced back
+        (docs/rollouts.md, "History modes"); ``"-"`` where a plain conversation does not render as a
+        turn tmpl can close (no stop token to end it, no place to splice IDs): neither mode runs it.
+
+        >>> tmpl.report.check(tpl).history_mode()   # doctest: +SKIP
+        ('template', 'several user turns UNSAFE: ...')
+        """
+        if self.plain_renders is False:  # no turn tmpl can close and splice: neither mode runs it
+            return "-", f"no rollout runs it: {self.plain_error or 'a plain conversation does not render'}"
+        levels = {use: self.verdicts[use] for use in ("tool_loop", "multi_user")}
+        if all(v.level == SAFE for v in levels.values()):
+            return "append", "append-only is the deployed render: tool loop and several user turns SAFE"
+        names = {"tool_loop": "tool loop", "multi_user": "several user turns"}
+        why = ", ".join(f"{names[use]} {v.label}" for use, v in levels.items() if v.level != SAFE)
+        return "template", f"{why}: append-only would train on contexts the deployed template never renders"
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (checks and verdicts included)."""
         out = asdict(self)
+        out["history_mode"] = list(self.history_mode())
         out["stability"] = {k: v.to_dict() for k, v in self.stability.items()}
         out["verdicts"] = {k: {**asdict(v), "label": v.label} for k, v in self.verdicts.items()}
         if self.images is not None:
@@ -120,6 +142,7 @@ class TemplateReport:
             f"- tokenizer: `{self.tokenizer}`; fingerprint `{self.fingerprint[:16]}`",
             f"- **tool loop (token-in/token-out): {self.verdicts['tool_loop'].label}**{self._proven('tool_loop')}",
             f"- **several user turns: {self.verdicts['multi_user'].label}**{self._proven('multi_user')}",
+            "- **history mode that trains it as deployed: {}** ({})".format(*self.history_mode()),
             "",
             "## Tool support",
             f"- plain conversation renders: {yn(self.plain_renders)}"
