@@ -217,15 +217,15 @@ def pytest_terminal_summary(terminalreporter, config):
 #: worker (its module-scoped fixtures made once), except these, which share a worker with the others of
 #: their group, one module after another: the real-engine modules (so at most two engines run at once,
 #: one per worker and core) and the Ray clusters (one at a time). Their groups are handed out first:
-#: they are the longest. engines-1 holds the modules that share :func:`rl_server` (one start for three
-#: modules), and fixes the two modules that share tests/fixes.py. tests/run_envs.sh's modules are here too (they run in their own environments).
+#: they are the longest; "fixes" holds the two modules that share tests/fixes.py. tests/run_envs.sh's
+#: modules are here too (they run in their own environments).
 SERIAL_GROUPS = {
     "test_async_rl_real": "engines-1",
-    "test_rollout_distributed_vllm": "engines-1",
-    "test_vllm_server_real": "engines-1",
-    "test_vllm_real": "engines-2",
-    "test_vision_backends_vllm": "engines-2",
-    "test_vision_rollout_vllm": "engines-2",
+    "test_vllm_real": "engines-1",
+    "test_vision_backends_vllm": "engines-1",
+    "test_vision_rollout_vllm": "engines-1",
+    "test_vllm_server_real": "engines-2",
+    "test_rollout_distributed_vllm": "engines-2",
     "test_rollout_distributed": "engines-2",
     "test_vision_backends_server": "engines-2",
     "test_integrations_verl_agent_loop": "engines-1",
@@ -236,25 +236,6 @@ SERIAL_GROUPS = {
     "test_fix": "fixes",
     "test_generation_markers": "fixes",
 }
-
-
-@pytest.fixture(scope="session")
-def rl_server(tmp_path_factory):
-    """One RL-ready vLLM server of the Qwen fixture (``--enable-scale-out`` for the tokens endpoint,
-    ``VLLM_SERVER_DEV_MODE=1`` for pause/reload/versions), shared by the modules of engines-1 that run
-    on it (test_async_rl_real, test_rollout_distributed_vllm, test_vllm_server_real's scale-out server):
-    one start instead of three. Whoever changes its state puts it back (test_async_rl_real restores the
-    fixture's weights, resets the prefix cache and resumes after each test); its log is read from an
-    offset taken before each test's requests. Nobody may kill it: a test that kills a server starts its own.
-
-    >>> def test_x(rl_server): httpx.get(rl_server.url + "/health")   # doctest: +SKIP
-    """
-    from .vllm_servers import running
-
-    with running(
-        tmp_path_factory.mktemp("vllm-rl-shared"), "--enable-scale-out", env={"VLLM_SERVER_DEV_MODE": "1"}
-    ) as [server]:
-        yield server
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,9 +1,8 @@
 """Async RL against a real vLLM server (the CPU build): weight updates under requests in flight,
 per-token versions from the server's ``weight_versions`` spans, partial rollouts, staleness, cancel.
 
-One server (``VLLM_SERVER_DEV_MODE=1`` for the RL endpoints, ``--enable-scale-out`` for
-``/inference/v1/generate``): the session's shared ``rl_server`` (tests/conftest.py), put back on the
-fixture's weights after every test; a second one for the tests of two servers.
+One server for the module (``VLLM_SERVER_DEV_MODE=1`` for the RL endpoints, ``--enable-scale-out``
+for ``/inference/v1/generate``), started under ``flock /tmp/tmpl-vllm.lock`` by whoever runs it.
 
 The new weights are a copy of the fixture whose final norm (``model.norm.weight``) is scaled per
 channel: greedy output changes, and the key/value cache does not (the final norm comes after every
@@ -66,10 +65,9 @@ def running(*folders):
 
 
 @pytest.fixture(scope="module")
-def server(rl_server):
-    """The session's shared RL server (tests/conftest.py: rl_server); every test leaves it as it found it
-    (``fresh_weights``)."""
-    return {"url": rl_server.url, "log": rl_server.log, "proc": rl_server.proc}
+def server(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("vllm-rl")) as [one]:
+        yield one
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,7 @@
 """Real vLLM servers (the CPU build) as subprocesses on 127.0.0.1, driven by ``tmpl.backends.VLLMServer``.
 
-Two servers: a stock one of this module's own, always killed at teardown, and one with
-``--enable-scale-out`` (the tokens endpoint ``/inference/v1/generate``): the session's shared
-``rl_server`` (tests/conftest.py), its log read from offsets. Skips with the reason
+Two servers per module, started in parallel and always killed at teardown: a stock one and one
+with ``--enable-scale-out`` (the tokens endpoint ``/inference/v1/generate``). Skips with the reason
 when vllm or the fixture model is absent. The last test SIGKILLs the stock server mid-rollout: keep
 it last (tests after it would find that server dead).
 """
@@ -31,24 +30,22 @@ from .vllm_servers import RAMBLE, STARTUP_LIMIT, LongServer, free_port, metric, 
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory, rl_server):
-    """A stock server of this module's own (the last test kills it) and, as the scale-out one, the
-    session's shared RL server (tests/conftest.py: rl_server; its log read from offsets)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / f"server-{port}.log"
-    with log.open("wb") as f:
-        proc = start_server(port, f)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log)
-            yield {
-                "stock": url,
-                "scale_out": rl_server.url,
-                "procs": [proc, rl_server.proc],
-                "logs": [log, rl_server.log],
-            }
-        finally:
+def servers(tmp_path_factory):
+    ports = free_port(), free_port()
+    logs = [tmp_path_factory.mktemp("vllm") / f"server-{p}.log" for p in ports]
+    files = [path.open("wb") for path in logs]
+    procs = [start_server(ports[0], files[0]), start_server(ports[1], files[1], "--enable-scale-out")]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        deadline = time.monotonic() + STARTUP_LIMIT
+        for proc, url, log in zip(procs, urls, logs):
+            wait_ready(proc, url, deadline, log)
+        yield {"stock": urls[0], "scale_out": urls[1], "procs": procs, "logs": logs}
+    finally:
+        for proc in procs:
             stop(proc)
+        for f in files:
+            f.close()
 
 
 @pytest.fixture(scope="module")
