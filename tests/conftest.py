@@ -20,6 +20,16 @@ import pytest
 from tmpl import _compat
 
 REPO = Path(__file__).resolve().parent.parent
+#: One OpenMP thread for torch and for vLLM's CPU engine, in this process and every process a test starts
+#: (set before torch or vLLM loads its OpenMP runtime). The suite runs two workers on two cores, with
+#: servers and engines beside them: with a thread per core, a parallel region waits at each barrier for
+#: the thread whose core another process holds. Measured on the 2-core machine (a vLLM CPU server of
+#: the Qwen fixture, 400 greedy tokens): vLLM's default (two threads bound to the two cores) 5.0 s idle
+#: and 96 s beside one busy process; one unbound thread 7.0 s idle and 7.5 s beside it. An environment
+#: that sets OMP_NUM_THREADS keeps its own.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+for _key, _value in ONE_THREAD.items():
+    os.environ.setdefault(_key, _value)
 #: the environment before any test ran: subprocesses that must not inherit what imported libraries or
 #: earlier tests set in ``os.environ`` (vLLM sets engine settings there) start from this
 PRISTINE_ENV = dict(os.environ)

@@ -22,7 +22,7 @@ from typing import IO
 
 from tmpl.backends import VLLMServer
 
-from .conftest import PRISTINE_ENV
+from .conftest import ONE_THREAD, PRISTINE_ENV
 from .engine_ledger import record_start
 from .fixture_models import QWEN
 
@@ -30,7 +30,14 @@ STARTUP_LIMIT = 300.0  # seconds; ~30 s on an idle 2-core machine
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's CPU platform keeps its worker inside the engine core process
 # (else a third process, spawned, imports vLLM again: 66 s instead of 88 s to ready on an idle machine,
 # the same IDs); the API server still runs its engine core in a process of its own.
-SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# ONE_THREAD (conftest.py): one unbound OpenMP thread; vLLM binds one per core, 13 times slower beside
+# the suite's other worker.
+SERVER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    **ONE_THREAD,
+}
 REAPER = Path(__file__).with_name("reaper.py")  # ends a server with the test process that started it
 
 # out of the fixture model's training distribution: it writes on without a stop token for hundreds of tokens
