@@ -171,6 +171,20 @@ def tiny_qwen2():
     return model, tok
 
 
+@pytest.fixture(scope="session")
+def scale_out_server(tmp_path_factory):
+    """One vLLM CPU server of the Qwen fixture with ``--enable-scale-out`` (the tokens endpoint),
+    shared by the modules that need no more than that: test_vllm_server_real and
+    test_rollout_distributed_vllm (xdist group engines-2, one after the other on one worker; a start is
+    a minute of a 2-core CI machine). Nothing there restarts, pauses or kills it; their tests read its
+    log and counters from where they began. Stopped with the worker's session (an idle server takes no
+    CPU here). A :class:`tests.vllm_servers.Server`."""
+    from .vllm_servers import running
+
+    with running(tmp_path_factory.mktemp("vllm-scale-out"), "--enable-scale-out") as [server]:
+        yield server
+
+
 def pytest_configure(config):
     """Give the session a ledger of real-engine starts (``tests/vllm_servers.py``), unless a parent
     process (``.ci/run``) already named one; subprocesses and workers inherit it."""

