@@ -55,18 +55,23 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer of tests/test_architecture.py")
 
 
-def runtime_imports(module: str) -> set[str]:
-    """The tmpl modules ``module`` imports outside ``if TYPE_CHECKING:`` blocks (lazy imports included)."""
+def runtime_imports(module: str, types: bool = False) -> set[str]:
+    """The tmpl modules ``module`` imports outside ``if TYPE_CHECKING:`` blocks (lazy imports included;
+    ``types``: those blocks' too)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in node.body
-        for n in ast.walk(child)
-    }
+    skipped = (
+        set()
+        if types
+        else {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in node.body
+            for n in ast.walk(child)
+        }
+    )
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -103,11 +108,15 @@ def test_imports_point_down(module: str) -> None:
     assert not upward, f"{module} (layer {layer_of(module)}) imports higher layers: {upward}"
 
 
-def test_no_import_cycles() -> None:
-    """No cycle among modules, leaving out a package's own __init__ importing its children."""
+@pytest.mark.parametrize("types", [False, True], ids=["runtime", "with-type-imports"])
+def test_no_import_cycles(types: bool) -> None:
+    """No cycle among modules, leaving out a package's own __init__ importing its children; with
+    ``types``, none either through imports made for type hints only (``if TYPE_CHECKING:``): a module
+    the loop imports that names the loop's class in its hints types it with a Protocol instead."""
+    graph = GRAPH if not types else {m: runtime_imports(m, types=True) for m in MODULES}
 
     def edges(m: str) -> set[str]:
-        return {d for d in GRAPH[m] if not (MODULES[m].name == "__init__.py" and d.startswith(m + "."))}
+        return {d for d in graph[m] if not (MODULES[m].name == "__init__.py" and d.startswith(m + "."))}
 
     state: dict[str, int] = {}
     stack: list[str] = []

@@ -229,6 +229,41 @@ def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
     assert rollout.metrics.tokens_generated == sum(len(x) for x in rec.sampled) > int(res.mask.sum())
 
 
+def test_streamed_template_mode_equals_run_and_builds_no_suffix(twin, monkeypatch):
+    """Rollout.stream_sync in template mode gives what run gives, and never asks for a tool suffix (the
+    next prompt is rendered): a template whose suffix cannot be built still trains in template mode."""
+    tpl = _tpl("qwen3")
+
+    def refuse(*args, **kwargs):
+        raise tmpl.errors.SpliceError(tpl.name, "after the turn close (made up by this test)")
+
+    monkeypatch.setattr(tpl, "suffix_ids_batch", refuse)
+    monkeypatch.setattr(tpl, "suffix_ids", refuse)
+    outs = {}
+    for how in ("run", "stream"):
+        rec = Recorder(_qwen3_script(tpl))
+        rollout = tmpl.Rollout(
+            tpl,
+            Scripted(rec),
+            tools=FUNCS,
+            history="template",
+            edit_history=more_users("And in Tokyo?", "Thanks!"),
+            max_turns=8,
+        )
+        conversations = [[{"role": "user", "content": USER}]]
+        if how == "run":
+            [res] = rollout.run(conversations)
+        else:
+            [[res]] = list(rollout.stream_sync(conversations))
+        assert res.code is EndCode.FINISHED, (how, res.code, res.reason)
+        outs[how] = (res, rec)
+    (a, rec_a), (b, rec_b) = outs["run"], outs["stream"]
+    assert rec_a.prompts == rec_b.prompts and len(rec_a.prompts) == 5
+    assert [s.ids.tolist() for s in a.sequences] == [s.ids.tolist() for s in b.sequences]
+    assert [s.mask.tolist() for s in a.sequences] == [s.mask.tolist() for s in b.sequences]
+    _check_every_sampled_token_trained_once(b, rec_b)
+
+
 def test_qwen3_template_mode_without_rewrites_is_one_sequence(twin):
     """One user turn with tool calls: nothing is dropped, so template mode equals append mode."""
     tpl = _tpl("qwen3")

@@ -39,7 +39,6 @@ from .suffixes import suffixes_of
 if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
     from ..tools.metrics import CallOutcome
-    from .loop import Rollout
     from .sample import SampleRun
 
 
@@ -67,18 +66,19 @@ def prompt_ids(vision: VisionTemplate, conversation: Sequence[Mapping[str, Any]]
     return ImageIds(out.ids, out.images)
 
 
-def trajectory(rollout: Rollout, i: int, s: int, prompt: Sequence[int]) -> Any:
-    """The sample's :class:`~tmpl.trajectory.images.ImageTrajectory` (its prompt's images, if any)."""
-    assert rollout.vision is not None
-    images = getattr(prompt, "images", None)
+def trajectory(
+    vision: VisionTemplate, max_length: int, max_completion_length: int | None, sample_id: str, prompt: Sequence[int]
+) -> Any:
+    """The sample's :class:`~tmpl.trajectory.images.ImageTrajectory` (its prompt's images, if any),
+    within a Rollout's ``max_length`` and ``max_completion_length``."""
     return ImageTrajectory(
         prompt,
-        rollout.max_length,
-        rollout.max_completion_length,
-        vocab_size=rollout.tpl.codec.vocab_size,
-        sample_id=f"{i}/{s}",
-        images=images,
-        image_token_id=rollout.vision.image_token_id,
+        max_length,
+        max_completion_length,
+        vocab_size=vision.chat.codec.vocab_size,
+        sample_id=sample_id,
+        images=getattr(prompt, "images", None),
+        image_token_id=vision.image_token_id,
     )
 
 

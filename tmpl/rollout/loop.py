@@ -206,12 +206,8 @@ class Rollout(WeightUpdates):
         start = time.perf_counter()
         setup = SetupTimes()
         prompts = self._prompts(conversations, setup, "conversations")
-        scheduler = Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
-        rounds = (
-            ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision, suffixes=not self._rendered)
-            if self.toolbox is not None
-            else None
-        )
+        scheduler = self._scheduler()
+        rounds = self._tool_rounds()
         jobs = [(i, s) for i in range(len(conversations)) for s in range(self.sampling.n)]
         bar = self._bar(len(jobs))
         results: list[RolloutResult] = []
@@ -241,6 +237,17 @@ class Rollout(WeightUpdates):
         )
         await self._count_cache(cache_before)
         return results
+
+    def _scheduler(self) -> Scheduler:
+        """The batching scheduler of one run or stream."""
+        return Scheduler(self.backend, max_batch=self.max_batch, max_concurrency=self.max_concurrency)
+
+    def _tool_rounds(self) -> ToolRounds | None:
+        """The tool rounds of one run or stream (None without tools): with their suffixes in append mode;
+        in template mode each turn's prompt is rendered instead."""
+        if self.toolbox is None:
+            return None
+        return ToolRounds(self.tpl, self.toolbox, self.tool_schemas, self.vision, suffixes=not self._rendered)
 
     async def _cache_counters(self) -> tuple[float, float] | None:
         try:
@@ -658,7 +665,8 @@ class Rollout(WeightUpdates):
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Trajectory:
         if self.vision is not None:
-            return _images.trajectory(self, i, s, prompt)  # type: ignore[no-any-return]
+            traj = _images.trajectory(self.vision, self.max_length, self.max_completion_length, f"{i}/{s}", prompt)
+            return traj  # type: ignore[no-any-return]
         return _twin.builder.Trajectory(
             prompt,
             self.max_length,

@@ -13,7 +13,7 @@ import queue as _queue
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .metrics import RolloutMetrics
 from .result import RolloutResult
@@ -21,12 +21,46 @@ from .scheduler import Scheduler
 from .timing import SetupTimes
 from .toolround import ToolRounds
 
-if TYPE_CHECKING:
-    from .loop import Rollout
+
+class Streamable(Protocol):
+    """What streaming needs of a :class:`tmpl.Rollout` (typed here so that this module, which the loop
+    imports, does not import the loop back)."""
+
+    max_concurrency: int
+    vision: Any
+    metrics: RolloutMetrics | None
+    _schedulers: set[Scheduler]
+    _home: asyncio.AbstractEventLoop | None
+
+    @property
+    def sampling(self) -> Any: ...
+
+    def _scheduler(self) -> Scheduler: ...
+
+    def _tool_rounds(self) -> ToolRounds | None: ...
+
+    def _prompts(
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], setup: SetupTimes, where: str, first: int = 0
+    ) -> list[Any]: ...
+
+    async def _cache_counters(self) -> tuple[float, float] | None: ...
+
+    async def _count_cache(self, before: tuple[float, float] | None) -> None: ...
+
+    async def _one(
+        self,
+        i: int,
+        s: int,
+        conversation: Sequence[Mapping[str, Any]],
+        prompt: list[int],
+        scheduler: Scheduler,
+        rounds: ToolRounds | None,
+        bar: Any = None,
+    ) -> RolloutResult: ...
 
 
 async def stream_groups(
-    rollout: Rollout,
+    rollout: Streamable,
     prompts: Iterable[Sequence[Mapping[str, Any]]] | Any,
     *,
     max_in_flight: int | None = None,
@@ -50,12 +84,8 @@ async def stream_groups(
     if bound < n:
         raise ValueError(f"max_in_flight={bound} cannot hold one group of n={n} samples")
     start = time.perf_counter()
-    scheduler = Scheduler(rollout.backend, max_batch=rollout.max_batch, max_concurrency=rollout.max_concurrency)
-    rounds = (
-        ToolRounds(rollout.tpl, rollout.toolbox, rollout.tool_schemas, rollout.vision)
-        if rollout.toolbox is not None
-        else None
-    )
+    scheduler = rollout._scheduler()
+    rounds = rollout._tool_rounds()  # with suffixes only where the history mode appends them
     setup = SetupTimes()
     done: asyncio.Queue[tuple[int, list[RolloutResult]] | BaseException] = asyncio.Queue()
     room = asyncio.Condition()
@@ -136,7 +166,7 @@ async def stream_groups(
 
 
 def stream_groups_in_thread(
-    rollout: Rollout, prompts: Iterable[Sequence[Mapping[str, Any]]], *, max_in_flight: int | None = None
+    rollout: Streamable, prompts: Iterable[Sequence[Mapping[str, Any]]], *, max_in_flight: int | None = None
 ) -> Iterator[list[RolloutResult]]:
     """:meth:`stream` for synchronous code: generation runs on an event loop in a thread of its own,
     so it goes on while the caller trains; :meth:`update_weights` from the caller's thread reaches it.
