@@ -4,7 +4,8 @@
 :mod:`.sample` holds one sample's state, :mod:`.result` :class:`RolloutResult`); :mod:`.scheduler` batches
 requests for the backend; :mod:`.metrics` counts what happened;
 :mod:`.codes` says how a sample ended; :mod:`.drift` explains drift; :mod:`.timing` times phases;
-:mod:`.scale` runs one rollout over worker processes or Ray actors (:class:`DistributedRollout`).
+:mod:`.scale` runs one rollout over worker processes or Ray actors (:class:`DistributedRollout`);
+:mod:`.subagent` makes a rollout a tool of another (:class:`SubAgent`), its calls in the parent's episode.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .drift import DriftCause, DriftDetail, explain_drift
 from .loop import Rollout, RolloutResult
 from .metrics import RolloutMetrics, SampleTimes
 from .scale import DistributedRollout, RolloutSettings
+from .subagent import SubAgent
 
 __all__ = [
     "DistributedRollout",
@@ -26,4 +28,5 @@ __all__ = [
     "RolloutResult",
     "RolloutSettings",
     "SampleTimes",
+    "SubAgent",
 ]

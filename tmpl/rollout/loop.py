@@ -45,6 +45,7 @@ from .result import RolloutResult
 from .sample import SampleRun
 from .scheduler import Scheduler
 from .stream import stream_groups, stream_groups_in_thread
+from .subagent import request_prefix, subagents_of
 from .timing import PhaseClock, SetupTimes
 from .toolround import ToolRounds
 from .versions import APPENDED, token_versions
@@ -154,6 +155,7 @@ class Rollout(WeightUpdates):
             raise ValueError("history='template' and edit_history do not take a VisionTemplate yet")
         self.backend = backend
         self.toolbox = as_toolbox(tools)
+        self._subagents = subagents_of(self.toolbox)  # tools that run episodes of their own (subagent.py)
         if self.toolbox is not None:
             parser_for(self.tpl)  # fail now (NoToolParserError, with why) rather than mid-rollout
         self._read = CompletionReader(self.tpl)  # each turn's completion, parsed
@@ -460,7 +462,7 @@ class Rollout(WeightUpdates):
         budget = traj.max_new_tokens(self.max_tokens_per_turn)
         if budget <= 0:
             return run.end(EndCode.NO_BUDGET, "no token budget left for another turn")
-        rid = f"{run.index}-{run.sample}-{turn}" + (f"-r{attempt}" if attempt else "")
+        rid = request_prefix() + f"{run.index}-{run.sample}-{turn}" + (f"-r{attempt}" if attempt else "")
         result, versions = await self._generate(run, rid, budget, sampling, scheduler)
         run.turns += 1
         run.finish = result.finish_reason
@@ -519,6 +521,8 @@ class Rollout(WeightUpdates):
         run.times.suffix += done.suffix_seconds
         tool_messages = done.messages
         run.calls += done.calls
+        if self._subagents:
+            self._take_subagents(run, parsed, run.turns - 1)
         run.failures += done.failed
         run.count_failures(done.failures)
         if self._rendered and done.error is None:  # the next prompt is rendered from the messages
@@ -556,6 +560,19 @@ class Rollout(WeightUpdates):
         return True
 
     # -- history modes (rollout/history.py) ------------------------------------------------------
+    def _take_subagents(self, run: SampleRun, parsed: ParsedCompletion, turn: int) -> None:
+        """The sub-agent runs this turn's tool calls made: into the sample's episode under the turn's call
+        (template mode: it holds that call now), or kept for the result's episode (append mode)."""
+        for call in parsed.tool_calls:
+            agent = self._subagents.get(call.name)
+            done = agent.take(call.id) if agent is not None else None
+            if done is None:
+                continue
+            if run.episode is not None and f"turn-{turn}" in run.episode._index:
+                done.add_to(run.episode, f"turn-{turn}")
+            else:
+                run.subagents.append((turn, done))
+
     def _call(self, run: SampleRun, turn: int, sent: int, kept: int, result: GenerationResult) -> Call:
         """The episode call of this turn's generation (its kept tokens), remembered for later splices."""
         ids = run.sequence[sent:]

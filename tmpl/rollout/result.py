@@ -81,15 +81,21 @@ class RolloutResult:
     _episode: Episode | None = field(default=None, repr=False)
     #: per prompt rendered from the history (history="template" / edit_history): the earlier turns it kept
     kept: list[tuple[KeptSpan, ...]] = field(default_factory=list, repr=False)
+    #: append mode: the sub-agents its tool calls ran (turn of the parent call, run), added to ``episode``
+    _subagents: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def episode(self) -> Episode:
         """The sample's calls merged into training sequences (:class:`tmpl.episode.Episode`).
 
-        In append mode it is built on first use from the trajectory (one sequence, equal to it).
+        In append mode it is built on first use from the trajectory (one sequence, equal to it), with the
+        calls of the sub-agents its tool calls ran (:class:`tmpl.rollout.SubAgent`) in sequences of their own.
         """
         if self._episode is None:
-            self._episode = Episode.from_result(self)
+            episode = Episode.from_result(self)
+            for turn, sub in self._subagents:
+                sub.add_to(episode, f"turn-{turn}")
+            self._episode = episode
         return self._episode
 
     @property

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..episode import Episode
     from ..trajectory import Trajectory
     from .history import KeptSpan, SampledTurn
+    from .subagent import SubAgentRun
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +61,9 @@ class SampleRun:
     view: list[dict[str, Any]] | None = None  # the messages as the current prompt shows them
     edit: str | None = None  # what changed the history before the next call (a branch's label)
     kept: list[tuple[KeptSpan, ...]] = field(default_factory=list)  # per prompt rendered: turns kept
+    # sub-agents (rollout/subagent.py) its tool calls ran, with the turn of the parent call, in append mode
+    # (in template mode their calls go to ``episode`` as they finish)
+    subagents: list[tuple[int, SubAgentRun]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.clock = PhaseClock(self.times)
@@ -115,6 +119,7 @@ class SampleRun:
             unverified=self.unverified,
             _episode=self.episode,
             kept=self.kept,
+            _subagents=self.subagents,
         )
         if dropped:
             result._mark_dropped()

@@ -32,6 +32,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import inspect
 import json
@@ -54,6 +55,8 @@ from .procworker import content_of
 from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
+#: the tool call an async tool was started for, readable inside it (a sub-agent names its run by it)
+CURRENT_CALL: contextvars.ContextVar[ToolCall] = contextvars.ContextVar("tmpl_current_tool_call")
 ISOLATION = ("thread", "process")
 
 
@@ -184,7 +187,9 @@ class Toolbox:
         self._tools: dict[str, _Tool] = {}
         timeouts = dict(timeouts or {})
         for i, item in enumerate(tools):
-            fn, schema = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+            fn, schema = (
+                item if isinstance(item, tuple) and len(item) == 2 else (item, getattr(item, "tool_schema", None))
+            )
             if not callable(fn):
                 raise ToolboxError(f"tools[{i}] is not callable ({type(fn).__name__})")
             schema = tool_schema(schema if schema is not None else fn)
@@ -199,7 +204,13 @@ class Toolbox:
                 callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
             )
             self._tools[name] = _Tool(
-                name, fn, schema, is_async, sig, float(timeouts.pop(name, self.timeout)), _keywords(sig)
+                name,
+                fn,
+                schema,
+                is_async,
+                sig,
+                float(timeouts.pop(name, getattr(fn, "tool_timeout", self.timeout))),
+                _keywords(sig),
             )
         if timeouts:
             raise ToolboxError(f"timeouts given for tools that do not exist: {', '.join(sorted(timeouts))}")
@@ -209,6 +220,12 @@ class Toolbox:
         self._workers = WorkerPool()  # sync calls: reused daemon threads, grown when all are stuck
         self._processes: ProcessPool | None = None
         if isolation == "process":
+            bound = [name for name, t in self._tools.items() if getattr(t.fn, "in_process_only", False)]
+            if bound:
+                raise ToolboxError(
+                    f"tools {', '.join(bound)} run in the caller's event loop (sub-agents): "
+                    "isolation='process' cannot run them"
+                )
             size = workers or min(max_concurrency, max(2, os.cpu_count() or 2))
             blob = pack_tools({name: t.fn for name, t in self._tools.items()}, worker_tools)
             self._processes = ProcessPool(blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
@@ -578,7 +595,11 @@ class _Batch:
     def _launch_async(
         self, tool: _Tool, call: ToolCall, args: dict[str, Any], out: asyncio.Future[CallOutcome]
     ) -> None:
-        task = asyncio.ensure_future(self.box._execute_async(tool, call, args), loop=self.loop)
+        def start() -> asyncio.Task[CallOutcome]:  # in a context of its own, where the tool reads its call
+            CURRENT_CALL.set(call)
+            return self.loop.create_task(self.box._execute_async(tool, call, args))
+
+        task = contextvars.copy_context().run(start)
 
         def done(t: asyncio.Future[CallOutcome]) -> None:
             self._finish(out, t.exception() or t.result())
