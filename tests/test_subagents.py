@@ -89,6 +89,8 @@ def test_a_subagents_calls_join_the_parents_episode_each_trained_once(twin, hist
     seqs = res.sequences
     assert sorted(str(s.agent) for s in seqs) == ["None", "research"]
     assert sum(int(s.mask.sum()) for s in seqs) == sum(len(ids) for ids in engine.sampled.values())
+    # the parent rollout's metrics count the sub-agent's sampled tokens too
+    assert parent.metrics.tokens_generated == sum(len(ids) for ids in engine.sampled.values())
     by_agent = {s.agent: s for s in seqs}
     for agent, rids in ((None, parents), ("research", subs)):
         seq = by_agent[agent]

@@ -127,6 +127,8 @@ class RolloutMetrics:
             m.tool_calls += r.tool_calls
             m.tool_failures += r.tool_failures
             episode = getattr(r, "_episode", None)
+            if episode is None and getattr(r, "_subagents", None):  # append mode with sub-agents: theirs too
+                episode = r.episode
             if episode is not None:  # history="template" / edit_history: every branch, not only the last
                 sequences = episode.sequences
                 generated = sum(int(seq.mask.sum()) for seq in sequences)
