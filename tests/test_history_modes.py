@@ -264,6 +264,35 @@ def test_streamed_template_mode_equals_run_and_builds_no_suffix(twin, monkeypatc
     _check_every_sampled_token_trained_once(b, rec_b)
 
 
+def test_rows_collate_one_row_per_sequence_with_its_loss_mask(twin):
+    """RolloutResult.rows(): tmpl.collate gets one row per sequence, each its prompt (up to its first sampled
+    token) and completion, the loss mask the sequence's; a withheld sample's rows train nothing."""
+    tpl = _tpl("qwen3")
+    rec = Recorder(_qwen3_script(tpl))
+    rollout = tmpl.Rollout(
+        tpl,
+        Scripted(rec),
+        tools=FUNCS,
+        history="template",
+        edit_history=more_users("And in Tokyo?", "Thanks!"),
+        max_turns=8,
+    )
+    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    rows = res.rows()
+    assert len(rows) == len(res.sequences) == 3
+    batch = tmpl.trajectory.collate_arrays(rows, pad_id=0)
+    for b, seq in enumerate(res.sequences):
+        p = int(batch["prompt_lengths"][b])
+        c = int(batch["completion_lengths"][b])
+        prompt = batch["prompt_ids"][b][batch["prompt_ids"].shape[1] - p :].tolist()
+        assert prompt + batch["completion_ids"][b][:c].tolist() == seq.ids.tolist()
+        assert p == seq.spans[0].start and prompt == rec.prompts[int(seq.spans[0].call.split("-")[1])]
+        assert batch["tool_mask"][b][:c].tolist() == seq.mask[p:].tolist()
+    assert int(batch["tool_mask"][batch["completion_mask"] == 1].sum()) == sum(len(x) for x in rec.sampled)
+    res.stale_action = "withhold"  # as max_staleness leaves a sample too stale to train on
+    assert all(int(r.loss_mask.sum()) == 0 for r in res.rows())
+
+
 def test_qwen3_template_mode_without_rewrites_is_one_sequence(twin):
     """One user turn with tool calls: nothing is dropped, so template mode equals append mode."""
     tpl = _tpl("qwen3")

@@ -471,10 +471,11 @@ class Episode:
         >>> batch["prompt_ids"].tolist(), batch["completion_ids"].tolist(), batch["versions"].tolist()
         ([[1, 2]], [[3]], [[2]])
         """
-        return [_row(seq, self._sample_id, self._max_length) for seq in self.sequences]
+        return [sequence_row(seq, self._sample_id, self._max_length) for seq in self.sequences]
 
 
-def _row(seq: TrainingSequence, sample_id: Any, max_length: int | None) -> SequenceRow:
+def sequence_row(seq: TrainingSequence, sample_id: Any, max_length: int | None) -> SequenceRow:
+    """``seq`` as a collate row named ``(sample_id, seq.index)`` (see :class:`SequenceRow`)."""
     p = seq.prompt_length
     spans = []
     turn, pos = 0, p

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..episode import Episode
+from ..episode import Episode, SequenceRow
+from ..episode.builder import sequence_row
 from ..trajectory.images import has_images
 from ..trajectory.types import Span, Status
 from .codes import EndCode
@@ -120,6 +121,16 @@ class RolloutResult:
                 out.append(_with_mask(seq, keep))
             return out
         return sequences
+
+    def rows(self) -> list[SequenceRow]:
+        """One row per training sequence for :func:`tmpl.collate` (their loss masks: :attr:`sequences`').
+
+        Append mode: one row, the sample's trajectory; template mode, an edit hook or sub-agents: one per
+        sequence, each its prompt (up to its first sampled token) and completion.
+
+        >>> batch = tmpl.collate([row for r in results for row in r.rows()], pad_id=0)   # doctest: +SKIP
+        """
+        return [sequence_row(seq, (self.index, self.sample), self.trajectory.max_length) for seq in self.sequences]
 
     @property
     def prompt_ids(self) -> np.ndarray:
