@@ -225,7 +225,9 @@ def test_replay_prints_the_causes_stored_and_found_again(tmp_path, capsys):
     again = capsys.readouterr().out
     for out in (stored, again):
         rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
-        assert [row.split(" | ")[4] for row in rows] == ["json_reserialized", "", "whitespace"]
+        cause = next(line for line in out.splitlines() if line.startswith("| index")).split(" | ").index("cause")
+        assert [row.split(" | ")[cause] for row in rows] == ["json_reserialized", "", "whitespace"]
+        assert all(row.split(" | ")[3] == "1" for row in rows)  # append mode: one sequence each
         assert "3 samples, 3 measured, 2 drifted: json_reserialized 1, whitespace 1" in out
     assert stored == again
 

@@ -293,6 +293,71 @@ def test_rows_collate_one_row_per_sequence_with_its_loss_mask(twin):
     assert all(int(r.loss_mask.sum()) == 0 for r in res.rows())
 
 
+def _same_sequences(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for name in ("ids", "mask", "logprobs", "versions"):
+            assert getattr(x, name).tolist() == getattr(y, name).tolist(), name
+        assert (x.turns, x.agent, x.parent, x.status, x.branch.kind, x.branch.edit) == (
+            y.turns,
+            y.agent,
+            y.parent,
+            y.status,
+            y.branch.kind,
+            y.branch.edit,
+        )
+
+
+def test_export_keeps_every_sequence_of_a_template_mode_sample(twin, tmp_path, capsys):
+    """tmpl.export writes a template-mode sample's calls: read back (JSON Lines, and a Dataset), its
+    sequences and collate rows are the same; an append-mode sample writes none (its trajectory is all)."""
+    tpl = _tpl("qwen3")
+    rec = Recorder(_qwen3_script(tpl))
+    rollout = tmpl.Rollout(
+        tpl,
+        Scripted(rec),
+        tools=FUNCS,
+        history="template",
+        edit_history=more_users("And in Tokyo?", "Thanks!"),
+        max_turns=8,
+    )
+    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    assert len(res.sequences) == 3
+    tmpl.export.to_jsonl([res], tmp_path / "r.jsonl")
+    [back] = tmpl.export.from_jsonl(tmp_path / "r.jsonl")
+    _same_sequences(res.sequences, back.sequences)
+    a = tmpl.trajectory.collate_arrays(res.rows(), pad_id=0)
+    b = tmpl.trajectory.collate_arrays(back.rows(), pad_id=0)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    pytest.importorskip("datasets")
+    [again] = tmpl.export.from_dataset(tmpl.export.to_dataset([res]))
+    _same_sequences(res.sequences, again.sequences)
+    append = tmpl.Rollout(tpl, Scripted(Recorder(_qwen3_script(tpl)[:2])), tools=FUNCS)
+    [plain] = append.run([[{"role": "user", "content": USER}]])
+    [record] = tmpl.export.to_records([plain])
+    assert record["episode"] is None
+    _same_sequences(plain.sequences, tmpl.export.from_records([record])[0].sequences)
+    # tmpl replay names the template-mode sample's sequences and measures no drift it cannot have
+    from tmpl.cli import main
+
+    tmpl.export.to_jsonl([res, plain], tmp_path / "both.jsonl")
+    assert main(["replay", str(tmp_path / "both.jsonl")]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [(row[3], row[4]) for row in rows] == [("3", "not measured (history: template)"), ("1", "not measured")]
+
+
+def test_a_bad_episode_record_is_refused_by_sample(tmp_path):
+    tpl = _tpl("qwen3")
+    rollout = tmpl.Rollout(
+        tpl, Scripted(Recorder(_qwen3_script(tpl))), tools=FUNCS, history="template", edit_history=more_users("And?")
+    )
+    [record] = tmpl.export.to_records(rollout.run([[{"role": "user", "content": USER}]]))
+    del record["episode"]["calls"][1]["completion_ids"]
+    with pytest.raises(tmpl.errors.ExportError, match=r"records\[0\].*episode.*completion_ids"):
+        tmpl.export.from_records([record])
+
+
 def test_qwen3_template_mode_without_rewrites_is_one_sequence(twin):
     """One user turn with tool calls: nothing is dropped, so template mode equals append mode."""
     tpl = _tpl("qwen3")

@@ -99,6 +99,11 @@ def test_a_subagents_calls_join_the_parents_episode_each_trained_once(twin, hist
             assert seq.ids[: span.start].tolist() == engine.sent[rid]  # what the engine was sent ...
             assert seq.ids[span.start : span.end].tolist() == engine.sampled[rid]  # ... and sampled
             assert seq.mask[span.start : span.end].all()
+    # exported and read back, the sub-agent's sequence is there still
+    [back] = tmpl.export.from_records(tmpl.export.to_records([res]))
+    assert [(s.agent, s.ids.tolist(), s.mask.tolist()) for s in back.sequences] == [
+        (s.agent, s.ids.tolist(), s.mask.tolist()) for s in seqs
+    ]
     calls = {c.id: c for c in res.episode.calls}
     sub_calls = [c for c in calls.values() if c.agent == "research"]
     assert [c.parent for c in sub_calls] == ["turn-0", "turn-0"]  # under the parent's call that ran it

@@ -276,6 +276,8 @@ def _replay(args: argparse.Namespace) -> int:
     except (UnicodeDecodeError, EOFError, OSError) as exc:  # binary, a broken .gz
         raise ExportError(args.file, f"cannot be read ({_one_line(exc)}); expected {expected}") from exc
     rows = []
+    # samples whose calls were exported (template mode, a hook, sub-agents): each prompt was the render
+    rendered = {id(r) for r in results if r.from_calls}
     if args.model:
         from .report.budget import DEFAULT_BUDGET, run_budgeted
 
@@ -284,7 +286,9 @@ def _replay(args: argparse.Namespace) -> int:
 
         def rerender_all() -> list[tuple[bool | None, DriftDetail | None]]:  # in a worker: untrusted template
             return [
-                rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
+                (None, None)  # template mode: each prompt was the render itself; no one sequence to re-render
+                if id(r) in rendered
+                else rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
                 for r in results
             ]
 
@@ -295,16 +299,19 @@ def _replay(args: argparse.Namespace) -> int:
         rows = [(r, drift, detail) for r, (drift, detail) in zip(results, drifts)]
     else:
         rows = [(r, r.drift, r.drift_detail) for r in results]
-    print("| index | sample | status | drift | cause | token | ours | re-rendered | versions | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| index | sample | status | sequences | drift | cause | token | ours | re-rendered | versions | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r, drift, d in rows:
         shown = "not measured" if drift is None else str(drift).lower()
+        if id(r) in rendered and drift is None:
+            shown = "not measured (history: template)"
         cause, where, ours, theirs = (
             (d.cause.value, str(d.position), _cell(d.ours), _cell(d.rendered)) if d else ("",) * 4
         )
         stale = f"{r.staleness} ({r.stale_action})" if r.stale_action else str(r.staleness)
         print(
-            f"| {r.index} | {r.sample} | {r.status.name} | {shown} | {cause} | {where} | {ours} | {theirs} "
+            f"| {r.index} | {r.sample} | {r.status.name} | {len(r.sequences)} | {shown} | {cause} | {where} | {ours} "
+            f"| {theirs} "
             f"| {_versions_cell(r.versions)} | {stale} |"
         )
     measured = [d for _, drift, d in rows if drift is not None]

@@ -23,6 +23,9 @@ One record per sample (``to_records``), in the order given:
   (what ``max_staleness`` did: None, ``withhold``, ``drop``, ``mask``), ``loss_mask`` (``mask``
   after that policy), ``resumed`` (partial rollouts continued after an abort-mode weight update).
   Records written before versions existed read back with -1 everywhere.
+- ``episode``: None for a sample whose one sequence is its trajectory (append mode); else (template mode,
+  an ``edit_history`` hook, sub-agents) its episode's calls (:mod:`tmpl.episode.records`), so that
+  ``result.sequences`` and ``result.rows()`` read back the same (a JSON string in a ``Dataset``).
 - ``run_metrics``: the rollout's :class:`tmpl.RolloutMetrics` as flat numbers, when given.
 - ``images``: None for a text-only sample; for a trajectory with images
   (:class:`tmpl.trajectory.images.ImageTrajectory`) its image inputs: ``image_token_id``,
@@ -50,7 +53,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ExportError
+from .episode.records import from_record as episode_from_record
+from .episode.records import to_record as episode_to_record
+from .errors import ExportError, TmplError
 from .rollout.drift import DriftCause, DriftDetail
 from .rollout.loop import RolloutResult
 from .rollout.metrics import RolloutMetrics, SampleTimes
@@ -144,6 +149,9 @@ def to_records(
             "loss_mask": r.loss_mask.tolist(),
             "resumed": r.resumed,
             "images": _images_field(r, k, saver, inline_bytes),
+            # the sample's calls when its sequences are not the trajectory alone (template mode, a hook,
+            # sub-agents): read back, result.sequences are the same
+            "episode": episode_to_record(r.episode) if r.from_calls else None,
         }
         if run is not None:
             record["run_metrics"] = run
@@ -216,6 +224,16 @@ def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLik
     messages = record["messages"]
     if isinstance(messages, str):
         messages = json.loads(messages)
+    episode = None
+    if record.get("episode") is not None:
+        carried = record["episode"]
+        try:
+            episode = episode_from_record(
+                json.loads(carried) if isinstance(carried, str) else carried,
+                sample_id=(int(record.get("index", 0)), int(record.get("sample", 0))),
+            )
+        except TmplError as exc:
+            raise ExportError(where, f"cannot rebuild the episode: {exc}") from exc
     times = SampleTimes(**(record.get("times") or {}))
     return RolloutResult(
         index=int(record.get("index", 0)),
@@ -235,6 +253,7 @@ def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLik
         stale_action=record.get("stale_action"),
         resumed=int(record.get("resumed", 0)),
         _loss_mask=loss_mask,
+        _episode=episode,
     )
 
 
@@ -318,6 +337,7 @@ def to_dataset(
         record["messages"] = json.dumps(record["messages"], ensure_ascii=False, default=_jsonable)
         record["sample_id"] = None if record["sample_id"] is None else str(record["sample_id"])
         record["images"] = None if record["images"] is None else json.dumps(record["images"])
+        record["episode"] = None if record["episode"] is None else json.dumps(record["episode"])
         rows.append(record)
     if not rows:
         return datasets.Dataset.from_dict({})
@@ -370,6 +390,7 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
         "loss_mask": S(V("uint8")),
         "resumed": V("int64"),
         "images": V("string"),
+        "episode": V("string"),
     }
     if "run_metrics" in first:
         features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}

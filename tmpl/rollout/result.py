@@ -84,6 +84,8 @@ class RolloutResult:
     kept: list[tuple[KeptSpan, ...]] = field(default_factory=list, repr=False)
     #: append mode: the sub-agents its tool calls ran (turn of the parent call, run), added to ``episode``
     _subagents: list[Any] = field(default_factory=list, repr=False)
+    #: the episode was built from the trajectory on first use (append mode), not kept from the calls
+    _built: bool = field(default=False, repr=False)
 
     @property
     def episode(self) -> Episode:
@@ -93,11 +95,18 @@ class RolloutResult:
         calls of the sub-agents its tool calls ran (:class:`tmpl.rollout.SubAgent`) in sequences of their own.
         """
         if self._episode is None:
+            self._built = True
             episode = Episode.from_result(self)
             for turn, sub in self._subagents:
                 sub.add_to(episode, f"turn-{turn}")
             self._episode = episode
         return self._episode
+
+    @property
+    def from_calls(self) -> bool:
+        """True when the sequences come from the sample's model calls (template mode, an ``edit_history``
+        hook, sub-agents), False when its trajectory alone is its one sequence (append mode)."""
+        return bool(self._subagents) or (self._episode is not None and not self._built)
 
     @property
     def sequences(self) -> list[TrainingSequence]:
