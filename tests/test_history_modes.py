@@ -181,9 +181,9 @@ def _qwen3_script(tpl):
     ]
 
 
-def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
-    tpl = _tpl("qwen3")
-    assert not tpl.codec.encode("It is sunny in Paris.") == split(tpl, "It is sunny in Paris.", "ny in")
+def _qwen3_three_users(tpl, **kwargs):
+    """The Qwen3 episode of three user turns (a simulated user asks twice more), template mode:
+    (its result, the recorder of what the engine got and sampled, the rollout)."""
     rec = Recorder(_qwen3_script(tpl))
     rollout = tmpl.Rollout(
         tpl,
@@ -192,8 +192,16 @@ def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
         history="template",
         edit_history=more_users("And in Tokyo?", "Thanks!"),
         max_turns=8,
+        **kwargs,
     )
     [res] = rollout.run([[{"role": "user", "content": USER}]])
+    return res, rec, rollout
+
+
+def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
+    tpl = _tpl("qwen3")
+    assert not tpl.codec.encode("It is sunny in Paris.") == split(tpl, "It is sunny in Paris.", "ny in")
+    res, rec, rollout = _qwen3_three_users(tpl)
     assert res.code is EndCode.FINISHED and res.status.name == "DONE", res.reason
     assert res.turns == 5 and [m["role"] for m in res.messages].count("user") == 3
     _check_prompts_are_full_renders(tpl, res, rec)
@@ -268,16 +276,7 @@ def test_rows_collate_one_row_per_sequence_with_its_loss_mask(twin):
     """RolloutResult.rows(): tmpl.collate gets one row per sequence, each its prompt (up to its first sampled
     token) and completion, the loss mask the sequence's; a withheld sample's rows train nothing."""
     tpl = _tpl("qwen3")
-    rec = Recorder(_qwen3_script(tpl))
-    rollout = tmpl.Rollout(
-        tpl,
-        Scripted(rec),
-        tools=FUNCS,
-        history="template",
-        edit_history=more_users("And in Tokyo?", "Thanks!"),
-        max_turns=8,
-    )
-    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    res, rec, rollout = _qwen3_three_users(tpl)
     rows = res.rows()
     assert len(rows) == len(res.sequences) == 3
     batch = tmpl.trajectory.collate_arrays(rows, pad_id=0)
@@ -312,16 +311,7 @@ def test_export_keeps_every_sequence_of_a_template_mode_sample(twin, tmp_path, c
     """tmpl.export writes a template-mode sample's calls: read back (JSON Lines, and a Dataset), its
     sequences and collate rows are the same; an append-mode sample writes none (its trajectory is all)."""
     tpl = _tpl("qwen3")
-    rec = Recorder(_qwen3_script(tpl))
-    rollout = tmpl.Rollout(
-        tpl,
-        Scripted(rec),
-        tools=FUNCS,
-        history="template",
-        edit_history=more_users("And in Tokyo?", "Thanks!"),
-        max_turns=8,
-    )
-    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    res, rec, rollout = _qwen3_three_users(tpl)
     assert len(res.sequences) == 3
     tmpl.export.to_jsonl([res], tmp_path / "r.jsonl")
     [back] = tmpl.export.from_jsonl(tmp_path / "r.jsonl")
