@@ -185,7 +185,14 @@ def _qwen3_three_users(tpl, **kwargs):
     """The Qwen3 episode of three user turns (a simulated user asks twice more), template mode:
     (its result, the recorder of what the engine got and sampled, the rollout)."""
     rec = Recorder(_qwen3_script(tpl))
-    rollout = tmpl.Rollout(
+    rollout = _qwen3_rollout(tpl, rec, **kwargs)
+    [res] = rollout.run([[{"role": "user", "content": USER}]])
+    return res, rec, rollout
+
+
+def _qwen3_rollout(tpl, rec, **kwargs):
+    """A template-mode Qwen3 rollout on ``rec``'s script, a simulated user asking twice more."""
+    return tmpl.Rollout(
         tpl,
         Scripted(rec),
         tools=FUNCS,
@@ -194,8 +201,6 @@ def _qwen3_three_users(tpl, **kwargs):
         max_turns=8,
         **kwargs,
     )
-    [res] = rollout.run([[{"role": "user", "content": USER}]])
-    return res, rec, rollout
 
 
 def test_qwen3_template_mode_renders_as_deployed_and_reuses_sampled_ids(twin):
@@ -250,14 +255,7 @@ def test_streamed_template_mode_equals_run_and_builds_no_suffix(twin, monkeypatc
     outs = {}
     for how in ("run", "stream"):
         rec = Recorder(_qwen3_script(tpl))
-        rollout = tmpl.Rollout(
-            tpl,
-            Scripted(rec),
-            tools=FUNCS,
-            history="template",
-            edit_history=more_users("And in Tokyo?", "Thanks!"),
-            max_turns=8,
-        )
+        rollout = _qwen3_rollout(tpl, rec)
         conversations = [[{"role": "user", "content": USER}]]
         if how == "run":
             [res] = rollout.run(conversations)
