@@ -173,10 +173,9 @@ class Pace:
         self.seconds = 2.0  # until measured
         self.fraction = self.FRACTION
         self.sent_at = 0.0  # when the current try's request reached the server
-        self.override: float | None = None  # a test's own wait
 
     def wait(self) -> float:
-        return self.override if self.override is not None else min(10.0, max(0.02, self.fraction * self.seconds))
+        return min(10.0, max(0.02, self.fraction * self.seconds))
 
     def observe(self, seconds: float) -> None:
         self.seconds = max(0.1, seconds)

@@ -89,6 +89,8 @@ def from_record(record: Mapping[str, Any], sample_id: Any = None) -> Episode:
             raise EpisodeError(sample_id, c.get("id"), f"calls[{k}] has no {exc.args[0]!r}") from None
         episode.add_call(call, edit=edits.get(call.id) if call.id is not None else None)
     if record.get("finished"):
-        status = record.get("status")
-        episode.finish(Status[status] if status else Status.DONE, record.get("reason") or "")
+        status = record.get("status") or "DONE"
+        if status not in Status.__members__:
+            raise EpisodeError(sample_id, None, f"unknown status {status!r}")
+        episode.finish(Status[status], record.get("reason") or "")
     return episode

@@ -565,7 +565,7 @@ class Rollout(WeightUpdates):
         (template mode: it holds that call now), or kept for the result's episode (append mode)."""
         for call in parsed.tool_calls:
             agent = self._subagents.get(call.name)
-            done = agent.take(call.id) if agent is not None else None
+            done = agent.take(call) if agent is not None else None
             if done is None:
                 continue
             if run.episode is not None and f"turn-{turn}" in run.episode._index:

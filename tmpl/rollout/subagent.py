@@ -14,14 +14,16 @@ parent's sequences (another lineage): each of its sampled tokens is trained once
 >>> {s.agent for s in r.sequences}                                                         # doctest: +SKIP
 {None, 'research'}
 
-The sub-rollout's request IDs start with ``<name>@<tool call id>/`` so that they never collide with the
-parent's on a shared server. Sub-agents run in the parent's event loop: a :class:`tmpl.Toolbox` with
+The sub-rollout's request IDs start with ``<name>@<tool call id>#<k>/`` (``k`` counts the sub-agent's runs)
+so that they never collide with the parent's, nor with another run's, on a shared server. Sub-agents run in the parent's event loop: a :class:`tmpl.Toolbox` with
 ``isolation="process"`` refuses one (a ``ToolboxError`` says so).
 """
 
 from __future__ import annotations
 
 import contextvars
+import itertools
+import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -52,16 +54,16 @@ class _Runs(Protocol):
 class SubAgentRun:
     """One finished call of a sub-agent: its name, the tool call that ran it, its sample's result."""
 
-    __slots__ = ("name", "tool_call_id", "result")
+    __slots__ = ("name", "label", "result")
 
-    def __init__(self, name: str, tool_call_id: str, result: Any) -> None:
-        self.name, self.tool_call_id, self.result = name, tool_call_id, result
+    def __init__(self, name: str, label: str, result: Any) -> None:
+        self.name, self.label, self.result = name, label, result
 
     def add_to(self, episode: Episode, parent: str) -> None:
         """Add the sub-episode's calls to ``episode`` under ``parent`` (the id of the parent's call),
-        renamed ``<name>@<tool call id>/<call id>`` with agent ``<name>`` (``<name>/<agent>`` for a
-        nested sub-agent's), their IDs, logprobs, versions and trained flag as sampled."""
-        prefix = f"{self.name}@{self.tool_call_id}/"
+        renamed ``<label>/<call id>`` (``label``: ``<name>@<tool call id>#<k>``) with agent ``<name>``
+        (``<name>/<agent>`` for a nested sub-agent's), their IDs, logprobs, versions and trained flag as sampled."""
+        prefix = f"{self.label}/"
         for call in self.result.episode.calls:
             episode.add_call(
                 Call(
@@ -109,42 +111,45 @@ class SubAgent:
                 },
             },
         }
-        self._finished: dict[str, SubAgentRun] = {}
+        # finished runs by the ToolCall object that ran them (a model-written call id may repeat across
+        # samples or turns); an entry whose call is gone (its sample cancelled) is dropped at the next run
+        self._finished: dict[int, tuple[weakref.ref[Any], SubAgentRun]] = {}
+        self._runs = itertools.count()
 
     #: a Toolbox with isolation="process" refuses it: it runs in the rollout's own event loop
     in_process_only = True
 
     async def __call__(self, **arguments: Any) -> str:
         call = CURRENT_CALL.get(None)
-        call_id = call.id if call is not None else f"call-{len(self._finished)}"
         task = arguments.get(self.task)
         if not isinstance(task, str):
             raise TypeError(f"{self.name} takes {self.task!r}, a string")
-        token = _PREFIX.set(f"{request_prefix()}{self.name}@{call_id}/")
+        label = f"{self.name}@{call.id if call is not None else 'call'}#{next(self._runs)}"
+        token = _PREFIX.set(f"{request_prefix()}{label}/")
         try:
             [result] = await self.rollout.run_async([[{"role": "user", "content": task}]])
         finally:
             _PREFIX.reset(token)
-        self._finished[call_id] = SubAgentRun(self.name, call_id, result)
+        if call is not None:
+            for key in [k for k, (ref, _) in self._finished.items() if ref() is None]:
+                del self._finished[key]
+            self._finished[id(call)] = (weakref.ref(call), SubAgentRun(self.name, label, result))
         if result.status.name != "DONE":
             return f"The sub-agent {self.name} stopped ({result.code.value}): {result.reason}"
         answers = [m for m in result.messages if m.get("role") == "assistant"]
         content = answers[-1].get("content") if answers else None
         return content if isinstance(content, str) else ""
 
-    def take(self, tool_call_id: str) -> SubAgentRun | None:
-        """The finished run of the tool call ``tool_call_id`` (removed from this sub-agent), or None."""
-        return self._finished.pop(tool_call_id, None)
+    def take(self, call: Any) -> SubAgentRun | None:
+        """The finished run of the tool call ``call`` (the ToolCall object; removed here), or None."""
+        entry = self._finished.get(id(call))
+        if entry is None or entry[0]() is not call:
+            return None
+        del self._finished[id(call)]
+        return entry[1]
 
 
-def subagents_of(tools: Any) -> Mapping[str, SubAgent]:
-    """The sub-agents among a Rollout's tools, by name."""
-    if tools is None:
-        return {}
-    items = list(tools) if not hasattr(tools, "_tools") else [t.fn for t in tools._tools.values()]
-    found = {}
-    for item in items:
-        fn = item[0] if isinstance(item, tuple) else item
-        if isinstance(fn, SubAgent):
-            found[fn.name] = fn
-    return found
+def subagents_of(toolbox: Any) -> Mapping[str, SubAgent]:
+    """The sub-agents among a Rollout's tools (its Toolbox, or None), by name."""
+    tools = [] if toolbox is None else [t.fn for t in toolbox._tools.values()]
+    return {fn.name: fn for fn in tools if isinstance(fn, SubAgent)}
