@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tmpl.tools",),
     ("tmpl.report", "tmpl.backends"),
     ("tmpl.rollout",),
+    ("tmpl.gateway",),
     ("tmpl.export", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),
 ]
 
@@ -158,6 +159,7 @@ FAMILIES = (
     errors.ExportError,
     errors.WorkerError,
     errors.TokenizerChangedError,
+    errors.GatewayError,
 )
 
 
@@ -177,6 +179,7 @@ def test_every_error_is_in_errors_py_and_in_one_family() -> None:
                     "NotLiteral",  # private control flow inside the pythonic parser, never escapes
                     "LiteralError",  # private to the literal reader, turned into a CallProblem
                     "Unsupported",  # the fast encoder declining a pipeline, turned into Codec.fast_reason
+                    "_ClientGone",  # the gateway's client went away: the call is cancelled, nothing answered
                 }, f"{module}.{node.name} is an exception defined outside errors.py"
 
 
@@ -259,6 +262,12 @@ def test_backend_error_reexported() -> None:
             errors.WorkerError,
             {"worker": "ray actor 1", "shard": "shard 0 (conversations 0-3)", "attempts": 2},
             "rollout worker ray actor 1: shard 0 (conversations 0-3) lost after 2 attempt(s): the actor died",
+        ),
+        (
+            errors.HistoryConflictError("s1", "messages[1]: an assistant turn the gateway never returned"),
+            errors.GatewayError,
+            {"session": "s1", "status": 409, "param": "messages", "kind": "conflict_error"},
+            "session 's1': messages[1]: an assistant turn the gateway never returned",
         ),
     ],
 )

@@ -1,6 +1,6 @@
 """Typed errors of tmpl. Each one says what went wrong and where.
 
-Every error tmpl raises is defined here and belongs to one of ten catchable families:
+Every error tmpl raises is defined here and belongs to one of eleven catchable families:
 
 ==================== ===================================================== ===========================
 family               what went wrong                                       attributes
@@ -15,6 +15,7 @@ family               what went wrong                                       attri
 :class:`ExportError` a rollout file or record                              ``where``, ``reason``
 :class:`WorkerError` a rollout worker (a process or a Ray actor)           ``worker``, ``reason``
 :class:`TokenizerChangedError` a tokenizer changed after tmpl read it      ``tokenizer``, ``changes``
+:class:`GatewayError` a request to the gateway (``tmpl serve``)            ``session``, ``status``, ``reason``
 ==================== ===================================================== ===========================
 
 The specific classes below (``SpliceError``, ``TokenIdError``...) subclass their family and add
@@ -761,3 +762,75 @@ class ImagePlaceholderError(TemplateError):
     def __init__(self, template: str, parts: tuple[str, ...], reason: str) -> None:
         super().__init__(template, f"images {', '.join(parts) or '(none)'}: {reason}")
         self.parts = parts
+
+
+class GatewayError(TmplError):
+    """A request the gateway (:mod:`tmpl.gateway`, ``tmpl serve``) cannot answer: ``session`` names the
+    session, ``status`` is the HTTP status the API answers with, ``kind`` its error type (the OpenAI and
+    Anthropic shapes carry it), ``param`` the request field at fault where one is.
+
+    >>> raise GatewayError("s1", 400, "messages[2]: a tool result for call id 'x9' the gateway never issued")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.GatewayError: session 's1': messages[2]: a tool result for call id 'x9' the gateway never issued
+    """
+
+    kind = "invalid_request_error"
+
+    def __init__(self, session: str | None, status: int, reason: str, *, param: str | None = None) -> None:
+        self.session = session
+        self.status = status
+        self.reason = reason
+        self.param = param
+        where = f"session {session!r}: " if session is not None else ""
+        super().__init__(f"{where}{reason}")
+
+
+class GatewayRequestError(GatewayError, ValueError):
+    """A request body the gateway cannot read: malformed JSON, a wrong schema, an unknown tool call id (400).
+
+    >>> GatewayRequestError("s1", "messages: field required", param="messages").status
+    400
+    """
+
+    def __init__(self, session: str | None, reason: str, *, param: str | None = None, status: int = 400) -> None:
+        super().__init__(session, status, reason, param=param)
+
+
+class SessionNotFoundError(GatewayError, LookupError):
+    """A session the gateway does not hold: never opened (strict sessions), expired, or already drained (404).
+
+    >>> SessionNotFoundError("s1", "expired after 600 s idle").status
+    404
+    """
+
+    kind = "not_found_error"
+
+    def __init__(self, session: str, reason: str) -> None:
+        super().__init__(session, 404, reason)
+
+
+class HistoryConflictError(GatewayError):
+    """A history that claims an assistant turn the gateway never produced, refused in strict mode (409).
+
+    >>> HistoryConflictError("s1", "messages[1]: assistant content differs from every reply").status
+    409
+    """
+
+    kind = "conflict_error"
+
+    def __init__(self, session: str, reason: str) -> None:
+        super().__init__(session, 409, reason, param="messages")
+
+
+class BackendUnavailableError(GatewayError):
+    """The backend behind the gateway failed or cannot be reached (503).
+
+    >>> BackendUnavailableError("s1", "connection refused").status
+    503
+    """
+
+    kind = "api_error"
+
+    def __init__(self, session: str | None, reason: str) -> None:
+        super().__init__(session, 503, reason)

@@ -1,0 +1,277 @@
+"""The gateway's HTTP API: an ASGI app (FastAPI) over a :class:`~tmpl.gateway.Gateway`.
+
+Routes (each dialect also at ``/v1/...``, its session then from the ``X-Tmpl-Session`` header, or a
+new one whose key the response header names):
+
+- ``POST /s/{session}/v1/chat/completions``: OpenAI Chat Completions (:mod:`.dialects.openai_chat`);
+- ``POST /s/{session}/v1/messages``: Anthropic Messages (:mod:`.dialects.anthropic`);
+- ``GET /v1/models``, ``GET /health``;
+- ``GET /s/{session}/episode``: the session's training sequences (IDs, mask, logprobs, versions,
+  branches) and its episode record (:func:`tmpl.episode.records.to_record`);
+- ``POST /s/{session}/reward`` ``{"reward": 1.0, "call": null}``; ``POST /s/{session}/finish``;
+- ``GET /episodes/drain?limit=N``: finished episodes, each given once.
+
+Errors come in each API's own shape with the status of the :class:`~tmpl.errors.GatewayError`: 400 for
+malformed JSON or a wrong schema, 413 for a body over ``max_body`` bytes, 404 for an ended session, 409
+for a history the gateway never produced (strict mode), 503 when the backend fails. A client that
+disconnects while its call runs has the engine request cancelled (the session notes the call aborted).
+
+>>> import uvicorn                                                   # doctest: +SKIP
+>>> uvicorn.run(create_app(Gateway(tpl, backend)), port=8100)        # doctest: +SKIP
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' `Request` annotations, which name
+# the lazily imported module, at definition time
+import asyncio
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ..episode.records import to_record
+from ..errors import GatewayError, GatewayRequestError, TmplError
+from .dialects import anthropic, openai_chat
+from .service import Completion, Gateway
+
+__all__ = ["SESSION_HEADER", "create_app", "episode_json"]
+
+log = logging.getLogger("tmpl.gateway")
+
+SESSION_HEADER = "x-tmpl-session"
+_KEY = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
+
+
+def _fastapi() -> Any:
+    try:
+        import fastapi
+        import fastapi.responses
+    except ImportError as exc:  # pragma: no cover - the extra is missing
+        raise ImportError("tmpl's gateway needs FastAPI and uvicorn: pip install 'tmpl[gateway]'") from exc
+    return fastapi
+
+
+def episode_json(gateway: "Gateway", key: str) -> dict[str, Any]:
+    """What ``GET /s/{session}/episode`` answers: the sequences, the record, the session's counters."""
+    session = gateway.session(key)
+    episode = session.episode
+    return {
+        "session": key,
+        "calls": session.calls,
+        "sequences": [
+            {
+                "index": s.index,
+                "ids": s.ids.tolist(),
+                "mask": s.mask.tolist(),
+                "logprobs": s.logprobs.tolist(),
+                "versions": s.versions.tolist(),
+                "calls": list(s.calls),
+                "branch": {
+                    "kind": s.branch.kind,
+                    "text": str(s.branch),
+                    "message": s.branch.message,
+                    "field": s.branch.field,
+                    "edit": s.branch.edit,
+                },
+                "status": s.status.name,
+            }
+            for s in episode.sequences
+        ],
+        "ended": dict(session.ended),
+        "problems": [{"call": c, "problem": p} for c, p in session.problems],
+        "tokens": {"encoded": session.encoded_tokens, "reused": session.reused_tokens},
+        "record": to_record(episode),
+    }
+
+
+def create_app(
+    gateway: Gateway,
+    *,
+    max_body: int = 8 * 2**20,
+    poll: float = 0.25,
+) -> Any:
+    """The FastAPI app. ``max_body``: request bytes at most (413 past it); ``poll``: seconds between
+    checks that a waiting client is still connected."""
+    fastapi = _fastapi()
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
+
+    async def read_json(request: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body:
+            raise GatewayRequestError(None, f"the body is {length} bytes, over the limit of {max_body}", status=413)
+        size, parts = 0, []
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                raise GatewayRequestError(None, f"the body is over the limit of {max_body} bytes", status=413)
+            parts.append(chunk)
+        try:
+            return json.loads(b"".join(parts))
+        except ValueError as exc:
+            raise GatewayRequestError(None, f"the body is not valid JSON: {exc}") from None
+
+    def session_of(request: Any, session: str | None) -> str:
+        key = session or request.headers.get(SESSION_HEADER) or f"anon-{uuid.uuid4().hex}"
+        if not _KEY.fullmatch(key):
+            raise GatewayRequestError(
+                None, "a session key is 1-200 characters of A-Z a-z 0-9 . _ : @ -", param="session"
+            )
+        return key
+
+    async def run(request: Any, call: Callable[[], Any]) -> Completion:
+        """Await the call, cancelling it (and its engine requests) when the client goes away."""
+        task = asyncio.ensure_future(call())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise _ClientGone
+
+    def error(dialect: Any, exc: GatewayError, key: str | None) -> Any:
+        headers = {SESSION_HEADER: key} if key else None
+        return JSONResponse(dialect.error_body(exc), status_code=exc.status, headers=headers)
+
+    def unexpected(dialect: Any, exc: Exception, key: str | None) -> Any:
+        log.exception("gateway: unexpected error in session %r", key)
+        wrapped = GatewayError(key, 500, f"internal error: {type(exc).__name__}: {exc}")
+        wrapped.kind = "api_error"
+        return error(dialect, wrapped, key)
+
+    async def chat(request: Any, session: str | None) -> Any:
+        key = None
+        try:
+            key = session_of(request, session)
+            req = openai_chat.parse(await read_json(request))
+            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+        except _ClientGone:
+            return fastapi.Response(status_code=499)
+        except GatewayError as exc:
+            return error(openai_chat, exc, key)
+        except (TmplError, Exception) as exc:  # noqa: BLE001 - answered in the API's shape, logged
+            return unexpected(openai_chat, exc, key)
+        model = req.model or gateway.model
+        headers = {SESSION_HEADER: key}
+        if not req.stream:
+            body = openai_chat.response(
+                key, done.plan, done.replies, model=model, logprobs=req.logprobs, tpl=gateway.tpl
+            )
+            return JSONResponse(body, headers=headers)
+
+        async def sse() -> AsyncIterator[str]:
+            for chunk in openai_chat.chunks(
+                key,
+                done.plan,
+                done.replies,
+                model=model,
+                include_usage=req.include_usage,
+                logprobs=req.logprobs,
+                tpl=gateway.tpl,
+            ):
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+
+    async def messages(request: Any, session: str | None) -> Any:
+        key = None
+        try:
+            key = session_of(request, session)
+            req = anthropic.parse(await read_json(request))
+            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+        except _ClientGone:
+            return fastapi.Response(status_code=499)
+        except GatewayError as exc:
+            return error(anthropic, exc, key)
+        except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
+            return unexpected(anthropic, exc, key)
+        model = req.model or gateway.model
+        headers = {SESSION_HEADER: key}
+        reply = done.replies[0]
+        if not req.stream:
+            return JSONResponse(anthropic.response(key, done.plan, reply, model=model), headers=headers)
+
+        async def sse() -> AsyncIterator[str]:
+            for event, data in anthropic.events(key, done.plan, reply, model=model):
+                yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/chat/completions")
+    async def chat_any(request: fastapi.Request) -> Any:
+        return await chat(request, None)
+
+    @app.post("/s/{session}/v1/chat/completions")
+    async def chat_in(session: str, request: fastapi.Request) -> Any:
+        return await chat(request, session)
+
+    @app.post("/v1/messages")
+    async def messages_any(request: fastapi.Request) -> Any:
+        return await messages(request, None)
+
+    @app.post("/s/{session}/v1/messages")
+    async def messages_in(session: str, request: fastapi.Request) -> Any:
+        return await messages(request, session)
+
+    def models() -> Any:
+        return {"object": "list", "data": [{"id": gateway.model, "object": "model", "created": 0, "owned_by": "tmpl"}]}
+
+    app.get("/v1/models")(models)
+    app.get("/s/{session}/v1/models")(models)
+
+    @app.get("/health")
+    async def health() -> Any:
+        return {"status": "ok", "sessions": len(gateway.sessions), "calls": gateway.calls}
+
+    def plain_error(exc: GatewayError) -> Any:
+        return JSONResponse(openai_chat.error_body(exc), status_code=exc.status)
+
+    @app.get("/s/{session}/episode")
+    async def episode(session: str) -> Any:
+        try:
+            return JSONResponse(episode_json(gateway, session))
+        except GatewayError as exc:
+            return plain_error(exc)
+
+    @app.post("/s/{session}/reward")
+    async def reward(session: str, request: fastapi.Request) -> Any:
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict) or "reward" not in body:
+                raise GatewayRequestError(
+                    session, 'the body must be {"reward": <number>, "call": <id or null>}', param="reward"
+                )
+            try:
+                gateway.reward(session, body["reward"], call=body.get("call"))
+            except TmplError as exc:
+                if isinstance(exc, GatewayError):
+                    raise
+                raise GatewayRequestError(session, str(exc), param="reward") from exc
+            return {"session": session, "reward": body["reward"], "call": body.get("call")}
+        except GatewayError as exc:
+            return plain_error(exc)
+
+    @app.post("/s/{session}/finish")
+    async def finish(session: str) -> Any:
+        try:
+            done = gateway.finish(session)
+        except GatewayError as exc:
+            return plain_error(exc)
+        return {"session": session, "reason": done.reason, "record": to_record(done.episode)}
+
+    @app.get("/episodes/drain")
+    async def drain(limit: int | None = None) -> Any:
+        out = gateway.drain(limit)
+        return {"episodes": [{"session": f.key, "reason": f.reason, "record": to_record(f.episode)} for f in out]}
+
+    app.state.gateway = gateway
+    return app
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its call was answered."""

@@ -1,0 +1,253 @@
+"""``Gateway``: sessions in front of one tmpl backend, whatever API dialect the client speaks.
+
+The dialects (:mod:`tmpl.gateway.dialects`) turn a request into canonical messages and tools and a
+:class:`CallParams`; :meth:`Gateway.complete` plans the prompt IDs (:meth:`Session.plan`), asks the
+backend for ``n`` generations, parses each with the template's tool-call parser, and records every one
+as a call of the session's episode. The same backend objects a :class:`tmpl.Rollout` takes serve here
+(vLLM servers, SGLang, offline vLLM, Torch, Scripted), with their weight versions.
+
+>>> gateway = Gateway(tpl, VLLMServer("http://127.0.0.1:8000"))                          # doctest: +SKIP
+>>> replies = asyncio.run(gateway.complete("s1", [{"role": "user", "content": "Hi"}], None, CallParams()))  # doctest: +SKIP
+>>> gateway.episode("s1").sequences[0].ids[-len(replies[0].result.token_ids):].tolist() == replies[0].result.token_ids  # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.base import GenerationRequest, GenerationResult, Sampling
+from ..errors import BackendUnavailableError, GatewayError, GatewayRequestError, NoToolParserError, TmplError
+from ..toolcalls.api import CompletionReader
+from .session import Plan, Reply, Session
+from .store import Finished, SessionStore
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+    from ..chat_template import ChatTemplate
+    from ..episode import Episode
+
+__all__ = ["CallParams", "Completion", "Gateway"]
+
+log = logging.getLogger("tmpl.gateway")
+
+
+@dataclass(frozen=True)
+class CallParams:
+    """What a request asks of a generation, read by its dialect (None: the gateway's default)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A call answered: the session, the prompt it was sent (how it was made) and its replies."""
+
+    session: str
+    plan: Plan
+    replies: list[Reply]
+
+
+class Gateway:
+    """Sessions of agent episodes over ``backend``, rendered with ``tpl``.
+
+    - ``max_tokens``: a call's default and ceiling of sampled tokens; ``max_context``: prompt plus
+      sampled tokens at most (a longer prompt is refused with a 400 naming its length).
+    - ``temperature``/``top_p``: defaults where a request names none; ``max_n``: choices per call at most.
+    - ``ttl``, ``max_sessions``, ``max_finished``, ``create_sessions``: see :class:`SessionStore`.
+    - ``strict``: a history holding an assistant turn the gateway never returned is refused (409)
+      instead of starting a branch.
+    - ``model``: the name ``/v1/models`` lists (default: the template's name).
+    """
+
+    def __init__(
+        self,
+        tpl: ChatTemplate,
+        backend: Backend,
+        *,
+        model: str | None = None,
+        max_tokens: int = 1024,
+        max_context: int = 32_768,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_n: int = 16,
+        ttl: float = 3600.0,
+        max_sessions: int = 10_000,
+        max_finished: int = 10_000,
+        create_sessions: bool = True,
+        strict: bool = False,
+        max_heads: int = 16,
+    ) -> None:
+        self.tpl = tpl
+        self.backend = backend
+        self.model = model or tpl.name
+        self.max_tokens = max_tokens
+        self.max_context = max_context
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_n = max_n
+        self.strict = strict
+        self.sessions = SessionStore(
+            lambda key: Session(key, tpl, max_heads=max_heads, strict=strict),
+            ttl=ttl,
+            max_sessions=max_sessions,
+            max_finished=max_finished,
+            create=create_sessions,
+        )
+        self._reader = CompletionReader(tpl)
+        self._has_parser: bool | None = None
+        self._ids = itertools.count()
+        self._prefix = f"gw{os.getpid():x}"
+        #: calls answered, and calls whose prompt continued a head by a suffix (the rest were rendered)
+        self.calls = 0
+        self.appended = 0
+
+    # -- calls -----------------------------------------------------------------------
+    async def complete(
+        self,
+        session_key: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        params: CallParams,
+    ) -> Completion:
+        """Generate ``params.n`` replies to ``messages`` (canonical) in session ``session_key``, each recorded.
+
+        Raises GatewayRequestError (400), SessionNotFoundError (404), HistoryConflictError (409, strict) or
+        BackendUnavailableError (503); nothing is recorded for a call that raises.
+        """
+        session = self.sessions.get(session_key)
+        if not 1 <= params.n <= self.max_n:
+            raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
+        try:
+            plan = session.plan(messages, tools)
+        except GatewayError:
+            raise
+        except TmplError as exc:  # the template cannot render the history (a role it refuses...)
+            raise GatewayRequestError(session_key, f"{type(exc).__name__}: {exc}", param="messages") from exc
+        room = self.max_context - len(plan.prompt_ids)
+        if room <= 0:
+            raise GatewayRequestError(
+                session_key,
+                f"the prompt is {len(plan.prompt_ids)} tokens, at or over the context limit {self.max_context}",
+                param="messages",
+            )
+        max_tokens = min(params.max_tokens or self.max_tokens, self.max_tokens, room)
+        if max_tokens < 1:
+            raise GatewayRequestError(session_key, "max_tokens must be at least 1", param="max_tokens")
+        try:
+            sampling = Sampling(
+                temperature=self.temperature if params.temperature is None else params.temperature,
+                top_p=self.top_p if params.top_p is None else params.top_p,
+                seed=params.seed,
+            )
+        except ValueError as exc:
+            raise GatewayRequestError(session_key, str(exc)) from exc
+        version = self.backend.weight_version
+        results = await asyncio.gather(
+            *(self._generate(session, plan, max_tokens, sampling, version, k) for k in range(params.n))
+        )
+        replies = []
+        for call_id, result in results:
+            reply = self._reply(call_id, plan, result, tools)
+            session.record(plan, reply, version=version)
+            replies.append(reply)
+        self.calls += 1
+        self.appended += plan.mode == "append"
+        return Completion(session_key, plan, replies)
+
+    async def _generate(
+        self, session: Session, plan: Plan, max_tokens: int, sampling: Sampling, version: int, k: int
+    ) -> tuple[str, GenerationResult]:
+        call_id = f"{self._prefix}-{next(self._ids)}"
+        request = GenerationRequest(
+            call_id,
+            plan.prompt_ids,
+            max_tokens,
+            self.tpl.stop_token_ids,
+            sampling=sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k),
+            version=version,
+            sample=session.key,
+        )
+        try:
+            result = await self.backend.agenerate(request)
+        except asyncio.CancelledError:
+            session.ended[call_id] = "aborted: the client went away before the reply (the engine request was cancelled)"
+            await asyncio.shield(self.backend.cancel(call_id))
+            raise
+        except Exception as exc:  # noqa: BLE001 - any backend failure is the client's 503
+            raise BackendUnavailableError(session.key, f"{type(exc).__name__}: {exc}") from exc
+        if result.finish_reason == "error" or not result.token_ids:
+            raise BackendUnavailableError(
+                session.key, result.error or f"the backend returned no tokens ({result.finish_reason})"
+            )
+        if result.logprobs is None:
+            raise BackendUnavailableError(
+                session.key, "the backend returned no logprobs: the call could not be trained"
+            )
+        return call_id, result
+
+    def _reply(self, call_id: str, plan: Plan, result: GenerationResult, tools: Any) -> Reply:
+        """The assistant message of a generation: content, reasoning and calls from the template's parser;
+        where a call the model wrote cannot be read, the text it wrote, the problem recorded."""
+        parsed = None
+        if self._has_parser is not False:
+            try:
+                parsed = self._reader(result.token_ids, tools=tools)
+                self._has_parser = True
+            except NoToolParserError:
+                self._has_parser = False
+        problems = [f"{e.kind}: {e.message}" for e in parsed.errors if e.is_call] if parsed is not None else []
+        if parsed is None or problems:
+            message: dict[str, Any] = {"role": "assistant", "content": self._text(result.token_ids)}
+        else:
+            message = parsed.to_message(reasoning_key="reasoning_content")
+        return Reply(call_id, plan.prompt_ids, result, message, parsed, problems)
+
+    def _text(self, ids: Sequence[int]) -> str:
+        """What the model wrote, stop token left out."""
+        ids = list(ids)
+        if ids and ids[-1] in self.tpl.stop_token_ids:
+            ids.pop()
+        return self.tpl.codec.decode(ids)
+
+    # -- results ---------------------------------------------------------------------
+    def session(self, key: str) -> Session:
+        """The open session of ``key`` (SessionNotFoundError when there is none)."""
+        return self.sessions.get(key, create=False)
+
+    def episode(self, key: str) -> Episode:
+        """The episode of an open session: its calls merged into training sequences."""
+        return self.session(key).episode
+
+    def reward(self, key: str, value: float, *, call: str | None = None) -> None:
+        """Attach a reward to the session's episode (or to one of its calls)."""
+        episode = self.episode(key)
+        if call is None:
+            episode.reward = value
+        else:
+            episode.set_call_reward(call, value)
+
+    def finish(self, key: str) -> Finished:
+        """End a session now; its episode goes to :meth:`drain`."""
+        return self.sessions.finish(key)
+
+    def drain(self, limit: int | None = None) -> list[Finished]:
+        """Finished episodes (ended, expired or closed for room), oldest first, each given once."""
+        self.sessions.expire()
+        return self.sessions.drain(limit)
+
+    def close(self) -> None:
+        """End every session (their episodes stay to be drained) and close the backend."""
+        self.sessions.close_all()
+        self.backend.close()

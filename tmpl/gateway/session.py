@@ -1,0 +1,250 @@
+"""One agent episode behind the gateway: its prompts built from token IDs, its calls kept as an episode.
+
+A harness sends the whole conversation on every call. :meth:`Session.plan` matches it against the
+*heads* the session holds (each reply it returned, with the conversation it ended and the IDs of its
+sequence so far):
+
+- **append**: the request is a head's conversation (its assistant reply as the client sent it back,
+  see :func:`~tmpl.gateway.canonical.reply_difference`) followed by tool results only. The prompt is
+  that head's IDs plus :meth:`ChatTemplate.suffix_ids` of the new results: the sampled IDs are kept and
+  only the new messages are tokenized, as tmpl's own loop does.
+- **render**: anything else (a new user turn, a compacted or edited history, a first call). The
+  template renders the request; :func:`tmpl.rollout.history.splice` puts back the sampled IDs of every
+  earlier reply the render holds unchanged, and encodes only the text between them.
+
+Each generation is a :class:`tmpl.episode.Call` of the session's :class:`tmpl.episode.Episode`: a call
+whose prompt extends a sequence continues it; any other starts a branch, whose record names the first
+message and field that differ (``edit`` says what the gateway saw the client change).
+
+>>> session = Session("s1", tpl)                                     # doctest: +SKIP
+>>> plan = session.plan(messages, tools)                            # doctest: +SKIP
+>>> plan.mode, len(plan.prompt_ids)                                 # doctest: +SKIP
+('render', 312)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..episode import Call, Episode
+from ..errors import GatewayRequestError, HistoryConflictError
+from ..rollout.history import SampledTurn, splice
+from .canonical import message_difference, reply_difference, tool_call, tools_key
+
+if TYPE_CHECKING:
+    from ..backends.base import GenerationResult
+    from ..chat_template import ChatTemplate
+    from ..toolcalls.types import ParsedCompletion
+
+__all__ = ["Head", "Plan", "Reply", "Session"]
+
+PlanMode = Literal["append", "render"]
+
+
+@dataclass(frozen=True)
+class Head:
+    """A reply the session returned, as the next request can continue it."""
+
+    call: str
+    #: the conversation it ended, the reply included (canonical messages)
+    messages: tuple[dict[str, Any], ...]
+    tools_key: str
+    #: the IDs of the sequence so far: the call's prompt, then what it sampled
+    ids: tuple[int, ...]
+    sampled: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The prompt of the next call: its IDs, how they were made, and what the client changed."""
+
+    prompt_ids: list[int]
+    mode: PlanMode
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    #: what the client changed against the closest head (None: nothing, or a first call)
+    edit: str | None = None
+    #: tokens tokenized for this prompt (the rest are IDs the engine already saw or sampled)
+    encoded: int = 0
+
+
+@dataclass
+class Reply:
+    """One generated choice, parsed back into an assistant message."""
+
+    call: str
+    prompt_ids: list[int]
+    result: GenerationResult
+    message: dict[str, Any]
+    parsed: ParsedCompletion | None
+    #: calls the model wrote that could not be read: the reply carries its text instead
+    problems: list[str] = field(default_factory=list)
+    sequence: int = -1
+
+
+class Session:
+    """The state of one episode: its heads, the replies it returned, the call ids it issued, its episode.
+
+    ``max_heads``: how many recent replies a request may continue (a client retrying an earlier turn,
+    or choosing one of ``n`` choices); ``strict``: refuse (409) a history that holds an assistant turn
+    the gateway never returned, instead of starting a branch.
+    """
+
+    def __init__(self, key: str, tpl: ChatTemplate, *, max_heads: int = 16, strict: bool = False) -> None:
+        self.key = key
+        self.tpl = tpl
+        self.strict = strict
+        self.episode = Episode(sample_id=key)
+        self.heads: deque[Head] = deque(maxlen=max_heads)
+        #: every reply returned: (its canonical message, its call id, its sampled IDs), in order
+        self.replies: list[tuple[dict[str, Any], str, tuple[int, ...]]] = []
+        #: tool call ids the gateway issued, with their tool's name
+        self.issued: dict[str, str] = {}
+        #: calls that ended other than by a stop or a length (aborted, failed): call id -> reason
+        self.ended: dict[str, str] = {}
+        #: malformed tool calls the model wrote: (call id, what was wrong)
+        self.problems: list[tuple[str, str]] = []
+        self.gaps: dict[str, list[int]] = {}
+        self.lock = asyncio.Lock()
+        self.created = self.touched = time.monotonic()
+        self.calls = 0
+        #: tokens of all prompts that were tokenized, and that came as IDs (sampled or seen)
+        self.encoded_tokens = 0
+        self.reused_tokens = 0
+
+    # -- the prompt ------------------------------------------------------------------
+    def plan(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
+        """The prompt IDs for ``messages`` (canonical) and ``tools``; see the module docstring."""
+        if not messages:
+            raise GatewayRequestError(self.key, "messages must hold at least one message", param="messages")
+        messages = [dict(m) for m in messages]
+        self._check_call_ids(messages)
+        key = tools_key(tools)
+        continued = False  # the request continues a head (a new user turn, say): no edit to name
+        closest: tuple[int, str | None] | None = None  # else where it leaves the head it follows longest
+        for head in reversed(self.heads):
+            n = len(head.messages)
+            diff = _prefix_difference(messages, head.messages)
+            if head.tools_key != key:
+                diff = (0, "tools")
+            elif diff is None:
+                new = messages[n:]
+                if new and all(m["role"] == "tool" for m in new):
+                    suffix = self.tpl.suffix_ids(
+                        new, completion_ids=list(head.sampled), tools=tools, history=list(head.messages[:-1])
+                    )
+                    return Plan(list(head.ids) + suffix, "append", messages, tools, None, len(suffix))
+                continued = True
+                continue
+            if closest is None or diff[0] > closest[0]:
+                closest = diff
+        return self._render(messages, tools, None if continued else closest)
+
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, closest: tuple[int, str | None] | None
+    ) -> Plan:
+        """The template's render of ``messages`` with every returned reply it keeps spliced back as IDs."""
+        turns: list[SampledTurn] = []
+        used = 0  # replies are matched in order: a reply is kept once, where the history holds it
+        rendered: list[dict[str, Any]] = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                rendered.append(m)
+                continue
+            found = None
+            for k in range(used, len(self.replies)):
+                if reply_difference(m, self.replies[k][0]) is None:
+                    found = k
+                    break
+            if found is None:
+                if self.strict:
+                    raise HistoryConflictError(
+                        self.key, f"messages[{i}]: an assistant turn the gateway never returned (strict mode)"
+                    )
+                rendered.append(m)
+                continue
+            ours, call_id, sampled = self.replies[found]
+            used = found + 1
+            # the reply as the gateway returned it, with the client's call ids (tool results cite them)
+            mine = dict(ours)
+            if m.get("tool_calls") and ours.get("tool_calls"):
+                mine["tool_calls"] = [
+                    tool_call(c["id"] or o["id"], o["function"]["name"], o["function"]["arguments"])
+                    for c, o in zip(m["tool_calls"], ours["tool_calls"])
+                ]
+            rendered.append(mine)
+            turns.append(SampledTurn.of(self.tpl.codec, call_id, i, sampled))
+        text = self.tpl.render(rendered, tools, add_generation_prompt=True)
+        spliced = splice(self.tpl, text, turns, self.gaps, sample=self.key, turn=self.calls, messages=rendered)
+        edit = None
+        if closest is not None:
+            index, what = closest
+            edit = f"client changed messages[{index}]" + (f" ({what})" if what else "")
+        if spliced.edit:
+            edit = f"{edit}; {spliced.edit}" if edit else spliced.edit
+        return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded)
+
+    def _check_call_ids(self, messages: list[dict[str, Any]]) -> None:
+        """Every tool result answers a call id an assistant turn of the request holds, or one the gateway issued."""
+        held: set[str] = set()
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                held.update(c["id"] for c in m.get("tool_calls", ()) if c["id"])
+            elif m["role"] == "tool" and m["tool_call_id"] not in held and m["tool_call_id"] not in self.issued:
+                raise GatewayRequestError(
+                    self.key,
+                    f"messages[{i}]: a tool result for call id {m['tool_call_id']!r} that no assistant turn "
+                    "of the request holds and the gateway never issued",
+                    param=f"messages[{i}].tool_call_id",
+                )
+
+    # -- the episode -----------------------------------------------------------------
+    def record(self, plan: Plan, reply: Reply, *, version: int | None) -> None:
+        """Keep a generated reply: a call of the episode, a head the next request may continue."""
+        result = reply.result
+        call = Call(
+            plan.prompt_ids,
+            result.token_ids,
+            result.logprobs,
+            versions=result.versions if result.versions is not None else version,
+            id=reply.call,
+            turn=self.calls,
+        )
+        reply.sequence = self.episode.add_call(call, edit=plan.edit, messages=plan.messages)
+        self.calls += 1
+        self.encoded_tokens += plan.encoded
+        self.reused_tokens += len(plan.prompt_ids) - plan.encoded
+        if result.finish_reason not in ("stop", "length"):
+            self.ended[reply.call] = result.finish_reason + (f": {result.error}" if result.error else "")
+        for c in reply.message.get("tool_calls", ()):
+            self.issued[c["id"]] = c["function"]["name"]
+        sampled = tuple(result.token_ids)
+        self.replies.append((reply.message, reply.call, sampled))
+        self.heads.append(
+            Head(
+                reply.call,
+                (*plan.messages, reply.message),
+                tools_key(plan.tools),
+                (*plan.prompt_ids, *sampled),
+                sampled,
+            )
+        )
+        self.touched = time.monotonic()
+
+
+def _prefix_difference(
+    messages: Sequence[Mapping[str, Any]], head: Sequence[Mapping[str, Any]]
+) -> tuple[int, str | None] | None:
+    """Where ``messages`` stop being a continuation of ``head`` (index, field), or None where they are one."""
+    for i, ours in enumerate(head):
+        if i >= len(messages):
+            return i, None
+        what = message_difference(messages[i], ours)
+        if what is not None:
+            return i, what
+    return None

@@ -1,0 +1,144 @@
+"""Sessions by key: opened on first use, expired after a TTL idle, bounded in number; finished episodes queued.
+
+>>> store = SessionStore(lambda key: Session(key, tpl), ttl=600, max_sessions=1000)   # doctest: +SKIP
+>>> session = store.open("s1")                                                       # doctest: +SKIP
+>>> store.finish("s1"); [key for key, _ in store.drain()]                             # doctest: +SKIP
+['s1']
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..episode import Episode
+from ..errors import SessionNotFoundError
+from ..trajectory.types import Status
+from .session import Session
+
+__all__ = ["Finished", "SessionStore"]
+
+log = logging.getLogger("tmpl.gateway")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A session's episode once it ended: by a finish call, a TTL, or room made for newer sessions."""
+
+    key: str
+    episode: Episode
+    reason: str
+
+
+class SessionStore:
+    """The gateway's sessions (most recently used last) and the queue of finished episodes.
+
+    - ``ttl``: seconds a session may stay idle before it ends (expired keys are remembered, bounded,
+      so that a late call is told "expired", not given a fresh session).
+    - ``max_sessions``: open sessions at most; the least recently used ends to make room.
+    - ``max_finished``: finished episodes kept until drained; past it the oldest is dropped, counted
+      in :attr:`dropped` and logged (drain them, or raise the bound).
+    - ``create``: open a session on a call to an unknown key (False: only :meth:`open` does).
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[str], Session],
+        *,
+        ttl: float = 3600.0,
+        max_sessions: int = 10_000,
+        max_finished: int = 10_000,
+        create: bool = True,
+    ) -> None:
+        if ttl <= 0 or max_sessions < 1 or max_finished < 1:
+            raise ValueError("ttl, max_sessions and max_finished must be positive")
+        self.factory = factory
+        self.ttl = ttl
+        self.max_sessions = max_sessions
+        self.create = create
+        self._open: OrderedDict[str, Session] = OrderedDict()
+        self._ended: OrderedDict[str, str] = OrderedDict()  # key -> why it ended (bounded)
+        self._finished: deque[Finished] = deque()
+        self.max_finished = max_finished
+        #: finished episodes dropped unread because the queue was full
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, key: str) -> Session:
+        """The session of ``key``, opened when new (SessionNotFoundError for an ended one)."""
+        self.expire()
+        session = self._open.get(key)
+        if session is not None:
+            self._open.move_to_end(key)
+            return session
+        if key in self._ended:
+            raise SessionNotFoundError(key, f"the session ended ({self._ended[key]}); start a new one")
+        while len(self._open) >= self.max_sessions:
+            oldest = next(iter(self._open))
+            self._end(oldest, f"closed to make room: more than {self.max_sessions} open sessions")
+        session = self._open[key] = self.factory(key)
+        return session
+
+    def get(self, key: str, *, create: bool | None = None) -> Session:
+        """The open session of ``key``: opened when new if ``create`` (default: the store's setting)."""
+        self.expire()
+        session = self._open.get(key)
+        if session is not None:
+            self._open.move_to_end(key)
+            return session
+        if key in self._ended:
+            raise SessionNotFoundError(key, f"the session ended ({self._ended[key]})")
+        if not (self.create if create is None else create):
+            raise SessionNotFoundError(key, "no such session")
+        return self.open(key)
+
+    def finish(self, key: str, reason: str = "finished by the client") -> Finished:
+        """End the session of ``key`` now: its episode goes to the queue :meth:`drain` reads."""
+        if key not in self._open:
+            raise SessionNotFoundError(
+                key, f"the session ended ({self._ended[key]})" if key in self._ended else "no such session"
+            )
+        return self._end(key, reason)
+
+    def expire(self) -> None:
+        """End every session idle for longer than the TTL."""
+        now = time.monotonic()
+        while self._open:
+            key, session = next(iter(self._open.items()))
+            if now - session.touched <= self.ttl:
+                break
+            self._end(key, f"expired after {self.ttl:g} s idle")
+
+    def drain(self, limit: int | None = None) -> list[Finished]:
+        """Finished episodes, oldest first, removed from the queue (at most ``limit``)."""
+        out = []
+        while self._finished and (limit is None or len(out) < limit):
+            out.append(self._finished.popleft())
+        return out
+
+    def close_all(self, reason: str = "the gateway shut down") -> None:
+        """End every open session (their episodes stay to be drained)."""
+        for key in list(self._open):
+            self._end(key, reason)
+
+    def _end(self, key: str, reason: str) -> Finished:
+        session = self._open.pop(key)
+        self._ended[key] = reason
+        while len(self._ended) > 10 * self.max_sessions:
+            self._ended.popitem(last=False)
+        episode = session.episode
+        if not episode.finished:
+            episode.finish(Status.DONE if episode.calls else Status.ABORTED, reason)
+        done = Finished(key, episode, reason)
+        if episode.calls:
+            if len(self._finished) >= self.max_finished:
+                lost = self._finished.popleft()
+                self.dropped += 1
+                log.warning("finished-episode queue full (%d): dropped session %r unread", self.max_finished, lost.key)
+            self._finished.append(done)
+        return done
