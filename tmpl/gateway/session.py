@@ -215,7 +215,8 @@ class Session:
             id=reply.call,
             turn=self.calls,
         )
-        reply.sequence = self.episode.add_call(call, edit=plan.edit, messages=plan.messages)
+        # the conversation with the reply: a later branch names where the client left it
+        reply.sequence = self.episode.add_call(call, edit=plan.edit, messages=[*plan.messages, reply.message])
         self.calls += 1
         self.encoded_tokens += plan.encoded
         self.reused_tokens += len(plan.prompt_ids) - plan.encoded

@@ -1,0 +1,486 @@
+"""The gateway (issue 37) with real clients, unmodified, on real tokenizers: the ``openai`` SDK (chat
+completions, streamed and not) and the ``anthropic`` SDK (messages, streamed and not) run multi-turn
+tool episodes through ``tmpl.gateway.create_app`` served by uvicorn on 127.0.0.1, over a Scripted
+backend that writes each family's own tool-call format.
+
+For every call: the prompt IDs the engine was sent are the tokenization of the template's full render
+of the conversation the client sent (``apply_chat_template``), the engine's sampled IDs come back
+unchanged in the next prompt (never re-tokenized), the episode is one sequence equal to the last
+prompt plus what it sampled, and every sampled token is in its loss mask once. A client that compacts
+its history at turn 3 gets a branch naming the message and field it changed. Bad input gets each API's
+own error shape and records nothing. (tests/test_gateway_vllm.py runs the clients against a real vLLM
+server.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import tmpl
+from tmpl.backends import Scripted
+from tmpl.backends.base import Backend, GenerationResult
+from tmpl.gateway import Gateway, create_app
+
+from .conftest import load_tokenizer
+from .gateway_util import as_rendered, full_render_ids, served
+
+openai = pytest.importorskip("openai", reason="the openai SDK is not installed (pip install -e '.[test]')")
+anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (pip install -e '.[test]')")
+pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+
+#: each family's completions as its model writes them: a call to get_weather(city), then an answer
+FAMILIES = {
+    "qwen2.5-instruct": (
+        '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call><|im_end|>',
+        "It is sunny in {city}.<|im_end|>",
+    ),
+    "qwen3": (
+        '<think>\nI should look it up.\n</think>\n\n<tool_call>\n{{"name": "get_weather", "arguments": {{"city": '
+        '"{city}"}}}}\n</tool_call><|im_end|>',
+        "<think>\nThe tool said so.\n</think>\n\nIt is sunny in {city}.<|im_end|>",
+    ),
+    "llama-3.2-instruct": (
+        '{{"name": "get_weather", "parameters": {{"city": "{city}"}}}}<|eot_id|>',
+        "It is sunny in {city}.<|eot_id|>",
+    ),
+}
+CITIES = ["Paris", "Lima", "Oslo", "Quito"]
+
+
+class Policy:
+    """Scripted: a call per city until every city of the episode has a result, then the answer; the
+    results it returned, by request, to check against the episode."""
+
+    def __init__(self, tokenizer, family: str, calls: int = 2) -> None:
+        self.tok = tokenizer
+        self.call, self.answer = FAMILIES[family]
+        self.calls = calls
+        self.sampled: dict[str, list[int]] = {}
+
+    def __call__(self, req):
+        text = self.tok.decode(list(req.prompt_ids))
+        done = sum(text.count(f"sunny, {c}") for c in CITIES)
+        city = CITIES[done % len(CITIES)]
+        out = self.call if done < self.calls else self.answer
+        ids = self.tok.encode(out.format(city=city), add_special_tokens=False)
+        self.sampled[req.request_id] = ids
+        return ids
+
+
+def gateway_of(family: str, calls: int = 2, **kwargs) -> tuple[Gateway, Scripted, Policy]:
+    tok = load_tokenizer(family)
+    tpl = tmpl.ChatTemplate(tok, enable_thinking=True) if family == "qwen3" else tmpl.ChatTemplate(tok)
+    policy = Policy(tok, family, calls)
+    backend = Scripted(policy)
+    return Gateway(tpl, backend, **kwargs), backend, policy
+
+
+def check_episode(gateway: Gateway, backend: Scripted, policy: Policy, key: str, sent: list[list[dict]]) -> None:
+    """Each call's prompt: what the engine got, the full render of what the client sent, and the previous
+    prompt plus its sampled IDs (kept); the episode one sequence, each sampled token in the mask once."""
+    episode = gateway.episode(key)
+    calls = episode.calls
+    assert len(calls) == len(sent) >= 3
+    engine = {r.request_id: list(r.prompt_ids) for r in backend.requests}
+    for k, (call, messages) in enumerate(zip(calls, sent)):
+        prompt = call.prompt_ids.tolist()
+        assert prompt == engine[call.id], f"call {k}: the engine was sent other IDs"
+        assert call.completion_ids.tolist() == policy.sampled[call.id], f"call {k}: sampled IDs changed"
+        assert prompt == full_render_ids(gateway.tpl.tokenizer, messages, TOOLS), f"call {k}: not the full render"
+        if k:
+            before = calls[k - 1]
+            kept = before.prompt_ids.tolist() + before.completion_ids.tolist()
+            assert prompt[: len(kept)] == kept, f"call {k}: the earlier sampled IDs were not kept"
+    assert episode.num_sequences == 1, [str(s.branch) for s in episode.sequences]
+    seq = episode.sequences[0]
+    last = calls[-1]
+    assert seq.ids.tolist() == last.prompt_ids.tolist() + last.completion_ids.tolist()
+    assert int(seq.mask.sum()) == sum(len(c.completion_ids) for c in calls)
+    for span, call in zip(seq.spans, calls):
+        assert seq.ids[span.start : span.end].tolist() == call.completion_ids.tolist()
+        assert seq.mask[span.start : span.end].all()
+
+
+def openai_episode(client, *, stream: bool, question: str = "Weather in Paris and Lima?"):
+    """The loop an OpenAI chat harness runs: call, run the tools, send everything back, until an answer."""
+    messages: list[dict] = [{"role": "user", "content": question}]
+    sent = []
+    for _ in range(8):
+        sent.append(json.loads(json.dumps(messages)))
+        if stream:
+            content, reasoning, calls = "", "", {}
+            for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True):
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                reasoning += getattr(delta, "reasoning_content", None) or ""
+                for tc in delta.tool_calls or []:
+                    entry = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
+                                                        "function": {"name": tc.function.name, "arguments": ""}})  # fmt: skip
+                    entry["function"]["arguments"] += tc.function.arguments or ""
+            message = {"role": "assistant", "content": content or None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = list(calls.values())
+        else:
+            reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            message = reply.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return messages, sent
+        for call in message["tool_calls"]:
+            city = json.loads(call["function"]["arguments"])["city"]
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"sunny, {city}"})
+    raise AssertionError("the episode did not end")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_openai_chat_episode_is_exact(family, stream):
+    gateway, backend, policy = gateway_of(family)
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/ep-1/v1", api_key="unused", max_retries=0)
+        messages, sent = openai_episode(client, stream=stream)
+        record = httpx.get(f"{url}/s/ep-1/episode").json()
+    assert messages[-1]["content"].strip() == "It is sunny in Oslo."
+    check_episode(gateway, backend, policy, "ep-1", sent)
+    assert gateway.appended == len(sent) - 1  # every later call went in as a suffix, none re-rendered
+    seq = gateway.episode("ep-1").sequences[0]
+    assert record["sequences"][0]["ids"] == seq.ids.tolist() and record["sequences"][0]["mask"] == seq.mask.tolist()
+    if family == "qwen3":  # the reasoning went out, came back, and stayed as sampled
+        assert all("reasoning_content" in m for m in messages if m["role"] == "assistant")
+
+
+def anthropic_episode(client, *, stream: bool):
+    messages: list[dict] = [{"role": "user", "content": "Weather in Paris and Lima?"}]
+    sent = []  # the same conversation in the OpenAI shape, for the full render
+    chat: list[dict] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": messages[0]["content"]}]
+    for _ in range(8):
+        sent.append(json.loads(json.dumps(chat)))
+        kwargs = dict(model="m", max_tokens=128, system="Be brief.", messages=messages, tools=ANTHROPIC_TOOLS)
+        if stream:
+            with client.messages.stream(**kwargs) as events:
+                reply = events.get_final_message()
+        else:
+            reply = client.messages.create(**kwargs)
+        blocks = [b.model_dump(exclude_none=True) for b in reply.content]
+        messages.append({"role": "assistant", "content": blocks})
+        text = "".join(b["text"] for b in blocks if b["type"] == "text")
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        thinking = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
+        turn = {"role": "assistant", "content": text}
+        if thinking:
+            turn["reasoning_content"] = thinking
+        if uses:
+            turn["tool_calls"] = [{"id": b["id"], "type": "function",
+                                   "function": {"name": b["name"], "arguments": b["input"]}} for b in uses]  # fmt: skip
+        chat.append(turn)
+        if reply.stop_reason != "tool_use":
+            assert reply.stop_reason == "end_turn"
+            return messages, sent
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": f"sunny, {b['input']['city']}"} for b in uses
+        ]
+        messages.append({"role": "user", "content": results})
+        chat += [{"role": "tool", "tool_call_id": r["tool_use_id"], "content": r["content"]} for r in results]
+    raise AssertionError("the episode did not end")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_anthropic_messages_episode_is_exact(family, stream):
+    gateway, backend, policy = gateway_of(family)
+    with served(create_app(gateway)) as url:
+        client = anthropic.Anthropic(base_url=f"{url}/s/ep-2", api_key="unused", max_retries=0)
+        messages, sent = anthropic_episode(client, stream=stream)
+    assert messages[-1]["content"][-1]["text"].strip() == "It is sunny in Oslo."
+    check_episode(gateway, backend, policy, "ep-2", sent)
+
+
+def test_a_compacting_client_gets_a_branch_where_it_changed_its_history():
+    """A harness that summarises its history at turn 3: the calls before stay one exact sequence, the
+    call after starts a branch that names the message and field changed; every sampled token is in one
+    loss mask."""
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=3)
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/compact/v1", api_key="unused", max_retries=0)
+        messages: list[dict] = [{"role": "user", "content": "Weather in Paris, Lima and Oslo?"}]
+        for turn in range(6):
+            if turn == 3:  # compaction: the tool exchanges so far become one summary line
+                messages = [messages[0], {"role": "user", "content": "Summary so far: Paris and Lima are sunny."}]
+            reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            message = reply.choices[0].message.model_dump(exclude_none=True)
+            messages.append(message)
+            if not message.get("tool_calls"):
+                break
+            for call in message["tool_calls"]:
+                city = json.loads(call["function"]["arguments"])["city"]
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"sunny, {city}"})
+    episode = gateway.episode("compact")
+    assert episode.num_sequences == 2, [str(s.branch) for s in episode.sequences]
+    first, second = episode.sequences
+    assert len(first.calls) == 3 and first.branch.kind == "first"
+    assert second.branch.kind == "diverged"
+    assert (second.branch.message, second.branch.field) == (1, "role"), str(second.branch)
+    assert "client changed messages[1] (role)" in second.branch.edit
+    assert int(first.mask.sum() + second.mask.sum()) == sum(len(c.completion_ids) for c in episode.calls)
+    # the branch's prompt is the template's render of the compacted history
+    last = episode.calls[3]
+    expected = full_render_ids(gateway.tpl.tokenizer, [messages[0], messages[1]], TOOLS)
+    assert last.prompt_ids.tolist() == expected
+
+
+def test_n_choices_and_continuing_the_second():
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/n2/v1", api_key="unused", max_retries=0)
+        messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
+        reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, n=2, logprobs=True)
+        assert [c.index for c in reply.choices] == [0, 1]
+        assert len(reply.choices[1].logprobs.content) == len(policy.sampled[reply.tmpl["calls"][1]])
+        chosen = reply.choices[1].message.model_dump(exclude_none=True)
+        messages += [chosen, {"role": "tool", "tool_call_id": chosen["tool_calls"][0]["id"], "content": "sunny, Paris"}]
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    episode = gateway.episode("n2")
+    calls = episode.calls
+    assert len(calls) == 3
+    # the third call continues the second choice's sequence, not the first's
+    assert episode.sequence_of(calls[2].id) == episode.sequence_of(calls[1].id) != episode.sequence_of(calls[0].id)
+    kept = calls[1].prompt_ids.tolist() + calls[1].completion_ids.tolist()
+    assert calls[2].prompt_ids.tolist()[: len(kept)] == kept
+
+
+def test_sessions_never_share_tokens():
+    """Eight clients at once, each with its own marker in its question: each session's sequences hold its
+    marker and no other's."""
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=1)
+    marks = [f"zebra{k}quokka" for k in range(8)]
+    errors: list[BaseException] = []
+    with served(create_app(gateway)) as url:
+
+        def run(k: int) -> None:
+            try:
+                client = openai.OpenAI(base_url=f"{url}/s/iso-{k}/v1", api_key="unused", max_retries=0)
+                openai_episode(client, stream=k % 2 == 1, question=f"Weather in Paris? {marks[k]}")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    tok = gateway.tpl.tokenizer
+    for k, mark in enumerate(marks):
+        text = "".join(tok.decode(s.ids.tolist()) for s in gateway.episode(f"iso-{k}").sequences)
+        assert mark in text
+        assert not [m for m in marks if m != mark and m in text]
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def _call(url: str, key: str, dialect: str, body, **kwargs) -> httpx.Response:
+    path = "chat/completions" if dialect == "openai" else "messages"
+    if isinstance(body, (bytes, str)):
+        return httpx.post(f"{url}/s/{key}/v1/{path}", content=body, timeout=30, **kwargs)
+    return httpx.post(f"{url}/s/{key}/v1/{path}", json=body, timeout=30, **kwargs)
+
+
+def _shape(dialect: str, response: httpx.Response, status: int) -> str:
+    """The error's message, after checking the status and the API's own error shape."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    if dialect == "openai":
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        return body["error"]["message"]
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    return body["error"]["message"]
+
+
+GOOD = {
+    "openai": {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+    "anthropic": {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                  "tools": ANTHROPIC_TOOLS},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_bad_requests_get_the_apis_own_errors_and_record_nothing(dialect):
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway, max_body=4096)) as url:
+        assert "not valid JSON" in _shape(dialect, _call(url, "bad", dialect, b'{"messages": [}'), 400)
+        assert "messages" in _shape(dialect, _call(url, "bad", dialect, {"model": "m"}), 400)
+        wrong_role = dict(GOOD[dialect], messages=[{"role": "wizard", "content": "x"}])
+        assert "role" in _shape(dialect, _call(url, "bad", dialect, wrong_role), 400)
+        huge = dict(GOOD[dialect], messages=[{"role": "user", "content": "x" * 10_000}])
+        assert "limit" in _shape(dialect, _call(url, "bad", dialect, huge), 413)
+        if dialect == "openai":
+            stray = [GOOD["openai"]["messages"][0], {"role": "tool", "tool_call_id": "nope12345", "content": "1"}]
+        else:
+            stray = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope12345", "content": "1"}]}]
+        message = _shape(dialect, _call(url, "bad", dialect, dict(GOOD[dialect], messages=stray)), 400)
+        assert "nope12345" in message and "never issued" in message
+        assert backend.requests == []  # nothing reached the engine
+        assert gateway.episode("bad").calls == ()
+        good = _call(url, "good", dialect, GOOD[dialect])  # other sessions unaffected
+        assert good.status_code == 200, good.text
+    assert len(gateway.episode("good").calls) == 1
+
+
+class Down(Backend):
+    """A backend whose engine cannot be reached."""
+
+    async def agenerate(self, request):
+        raise ConnectionRefusedError("[Errno 111] connection refused by 127.0.0.1:9")
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_backend_that_is_down_is_a_503(dialect):
+    tok = load_tokenizer("qwen2.5-instruct")
+    gateway = Gateway(tmpl.ChatTemplate(tok), Down())
+    with served(create_app(gateway)) as url:
+        assert "connection refused" in _shape(dialect, _call(url, "down", dialect, GOOD[dialect]), 503)
+    assert gateway.episode("down").calls == ()
+
+
+def test_strict_mode_refuses_a_history_the_gateway_never_produced_and_the_default_branches():
+    forged = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "It is raining in Paris."},  # never returned by the gateway
+        {"role": "user", "content": "Sure?"},
+    ]
+    for strict in (True, False):
+        gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1, strict=strict)
+        with served(create_app(gateway)) as url:
+            _call(url, "s", "openai", GOOD["openai"])
+            response = _call(url, "s", "openai", dict(GOOD["openai"], messages=forged))
+            if strict:
+                assert "never returned" in _shape("openai", response, 409)
+                assert len(gateway.episode("s").calls) == 1
+            else:
+                assert response.status_code == 200
+                episode = gateway.episode("s")
+                assert episode.num_sequences == 2
+                assert (episode.sequences[1].branch.message, episode.sequences[1].branch.field) == (1, "content")
+
+
+def test_an_expired_session_is_a_404_and_its_episode_is_drained():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1, ttl=0.5)
+    with served(create_app(gateway)) as url:
+        assert _call(url, "old", "openai", GOOD["openai"]).status_code == 200
+        time.sleep(0.8)
+        assert "ended" in _shape("openai", _call(url, "old", "openai", GOOD["openai"]), 404)
+        assert "ended" in _shape("anthropic", _call(url, "old", "anthropic", GOOD["anthropic"]), 404)
+        drained = httpx.get(f"{url}/episodes/drain").json()["episodes"]
+        assert [d["session"] for d in drained] == ["old"] and "expired" in drained[0]["reason"]
+        assert len(drained[0]["record"]["calls"]) == 1
+        assert httpx.get(f"{url}/episodes/drain").json()["episodes"] == []  # given once
+        assert httpx.get(f"{url}/s/old/episode").status_code == 404
+
+
+class Slow(Backend):
+    """An engine that takes 30 s unless its request is cancelled; says which were."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.started = threading.Event()
+
+    async def agenerate(self, request):
+        self.started.set()
+        await asyncio.sleep(30)
+        return GenerationResult(request.request_id, [1], [-0.1], "stop")
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+def test_a_client_that_goes_away_has_its_engine_request_cancelled():
+    tok = load_tokenizer("qwen2.5-instruct")
+    backend = Slow()
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    with served(create_app(gateway, poll=0.05)) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/s/gone/v1/chat/completions", json=dict(GOOD["openai"], stream=True), timeout=1.0)
+        deadline = time.monotonic() + 10
+        while not backend.cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert backend.started.is_set() and len(backend.cancelled) == 1
+    session = gateway.session("gone")
+    assert list(session.ended) == backend.cancelled and "aborted" in session.ended[backend.cancelled[0]]
+    assert session.episode.calls == ()
+
+
+def test_rewards_and_finish_over_http():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway)) as url:
+        _call(url, "r", "openai", GOOD["openai"])
+        call = gateway.episode("r").calls[0].id
+        assert httpx.post(f"{url}/s/r/reward", json={"reward": 0.5, "call": call}).status_code == 200
+        assert httpx.post(f"{url}/s/r/reward", json={"reward": 1.0}).status_code == 200
+        bad = httpx.post(f"{url}/s/r/reward", json={"reward": "lots"})
+        assert bad.status_code == 400 and "not a number" in bad.json()["error"]["message"]
+        done = httpx.post(f"{url}/s/r/finish").json()
+        assert done["record"]["reward"] == 1.0
+        assert httpx.post(f"{url}/s/r/finish").status_code == 404
+    finished = gateway.drain()
+    assert [f.key for f in finished] == ["r"]
+    assert finished[0].episode.reward == 1.0 and finished[0].episode.call_reward(call) == 0.5
+    assert np.all(finished[0].episode.sequences[0].mask.sum() == len(finished[0].episode.calls[0].completion_ids))
+
+
+def test_sessions_are_bounded():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1, max_sessions=2, max_finished=1)
+    with served(create_app(gateway)) as url:
+        for key in ("a", "b", "c"):
+            assert _call(url, key, "openai", GOOD["openai"]).status_code == 200
+        assert len(gateway.sessions) == 2
+        assert "room" in _shape("openai", _call(url, "a", "openai", GOOD["openai"]), 404)
+        for key in ("d",):  # ends b: the queue (1) drops a, unread, counted
+            _call(url, key, "openai", GOOD["openai"])
+    assert gateway.sessions.dropped == 1
+    assert [f.key for f in gateway.drain()] == ["b"]
+
+
+def test_models_and_health():
+    gateway, _, _ = gateway_of("qwen2.5-instruct", calls=1, model="tiny")
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/x/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_renders_used_for_checks_are_the_templates():
+    """The test's own full render differs from tmpl's when a call's arguments are left as a JSON string
+    (the template re-encodes it): as_rendered must parse them, or every exactness check above is void."""
+    tok = load_tokenizer("qwen2.5-instruct")
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    ]  # fmt: skip
+    text = tok.apply_chat_template(as_rendered(messages), tools=TOOLS, tokenize=False)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
