@@ -484,3 +484,60 @@ def test_renders_used_for_checks_are_the_templates():
     ]  # fmt: skip
     text = tok.apply_chat_template(as_rendered(messages), tools=TOOLS, tokenize=False)
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+
+
+def test_tmpl_serve_answers_an_sdk_on_the_fixture_model_and_stops_cleanly(tmp_path):
+    """The README's command: ``tmpl serve <model folder>`` with torch on this machine, then the openai SDK."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .fixture_models import QWEN, get_weather, missing
+    from .vllm_servers import free_port
+
+    if missing(QWEN):
+        pytest.skip(missing(QWEN))
+    from tmpl.toolcalls.schema import tool_schema
+
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tmpl", "serve", str(QWEN), "--port", str(port), "--max-tokens", "64"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "tmpl serve did not come up"
+            time.sleep(0.25)
+        client = openai.OpenAI(base_url=f"{url}/s/cli/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[tool_schema(get_weather)],
+            temperature=0,
+        )
+        choice = reply.choices[0]
+        assert choice.message.tool_calls or choice.message.content
+        record = httpx.get(f"{url}/s/cli/episode").json()
+        assert record["sequences"][0]["mask"].count(1) == reply.usage.completion_tokens
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log.close()
+    assert code == 0, (tmp_path / "serve.log").read_text()
+    assert "tmpl serve:" in (tmp_path / "serve.log").read_text()

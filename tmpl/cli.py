@@ -484,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--tools", metavar="FILE", help="a JSON file with the tool schemas the rollout rendered with")
     _hub(rep)
     rep.set_defaults(run=_replay)
+    from .gateway import serve
+
+    serve.add_parser(sub).set_defaults(run=serve.run)
     return parser
 
 
