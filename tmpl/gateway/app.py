@@ -4,6 +4,7 @@ Routes (each dialect also at ``/v1/...``, its session then from the ``X-Tmpl-Ses
 new one whose key the response header names):
 
 - ``POST /s/{session}/v1/chat/completions``: OpenAI Chat Completions (:mod:`.dialects.openai_chat`);
+- ``POST /s/{session}/v1/responses``: OpenAI Responses (:mod:`.dialects.responses`);
 - ``POST /s/{session}/v1/messages``: Anthropic Messages (:mod:`.dialects.anthropic`);
 - ``GET /v1/models``, ``GET /health``;
 - ``GET /s/{session}/episode``: the session's training sequences (IDs, mask, logprobs, versions,
@@ -20,19 +21,26 @@ disconnects while its call runs has the engine request cancelled (the session no
 >>> uvicorn.run(create_app(Gateway(tpl, backend)), port=8100)        # doctest: +SKIP
 """
 
-# no `from __future__ import annotations`: FastAPI reads the routes' `Request` annotations, which name
-# the lazily imported module, at definition time
+from __future__ import annotations
+
 import asyncio
 import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+try:
+    import fastapi
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError("tmpl's gateway needs FastAPI and uvicorn: pip install 'tmpl[gateway]'") from exc
 
 from ..episode.records import to_record
 from ..errors import GatewayError, GatewayRequestError, TmplError
-from .dialects import anthropic, openai_chat
+from .dialects import anthropic, openai_chat, responses
 from .service import Completion, Gateway
 
 __all__ = ["SESSION_HEADER", "create_app", "episode_json"]
@@ -43,16 +51,7 @@ SESSION_HEADER = "x-tmpl-session"
 _KEY = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 
 
-def _fastapi() -> Any:
-    try:
-        import fastapi
-        import fastapi.responses
-    except ImportError as exc:  # pragma: no cover - the extra is missing
-        raise ImportError("tmpl's gateway needs FastAPI and uvicorn: pip install 'tmpl[gateway]'") from exc
-    return fastapi
-
-
-def episode_json(gateway: "Gateway", key: str) -> dict[str, Any]:
+def episode_json(gateway: Gateway, key: str) -> dict[str, Any]:
     """What ``GET /s/{session}/episode`` answers: the sequences, the record, the session's counters."""
     session = gateway.session(key)
     episode = session.episode
@@ -93,9 +92,6 @@ def create_app(
 ) -> Any:
     """The FastAPI app. ``max_body``: request bytes at most (413 past it); ``poll``: seconds between
     checks that a waiting client is still connected."""
-    fastapi = _fastapi()
-    from fastapi.responses import JSONResponse, StreamingResponse
-
     app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
 
     async def read_json(request: Any) -> Any:
@@ -121,9 +117,9 @@ def create_app(
             )
         return key
 
-    async def run(request: Any, call: Callable[[], Any]) -> Completion:
+    async def run(request: Any, call: Callable[[], Awaitable[Completion]]) -> Completion:
         """Await the call, cancelling it (and its engine requests) when the client goes away."""
-        task = asyncio.ensure_future(call())
+        task: asyncio.Future[Completion] = asyncio.ensure_future(call())
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll)
             if done:
@@ -202,20 +198,52 @@ def create_app(
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
 
+    async def respond(request: Any, session: str | None) -> Any:
+        key = None
+        try:
+            key = session_of(request, session)
+            req = responses.parse(await read_json(request))
+            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+        except _ClientGone:
+            return fastapi.Response(status_code=499)
+        except GatewayError as exc:
+            return error(responses, exc, key)
+        except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
+            return unexpected(responses, exc, key)
+        model = req.model or gateway.model
+        headers = {SESSION_HEADER: key}
+        reply = done.replies[0]
+        if not req.stream:
+            return JSONResponse(responses.response(key, done.plan, reply, model=model, echo=req.echo), headers=headers)
+
+        async def sse() -> AsyncIterator[str]:
+            for event, data in responses.events(key, done.plan, reply, model=model, echo=req.echo):
+                yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/responses")
+    async def responses_any(request: Request) -> Any:
+        return await respond(request, None)
+
+    @app.post("/s/{session}/v1/responses")
+    async def responses_in(session: str, request: Request) -> Any:
+        return await respond(request, session)
+
     @app.post("/v1/chat/completions")
-    async def chat_any(request: fastapi.Request) -> Any:
+    async def chat_any(request: Request) -> Any:
         return await chat(request, None)
 
     @app.post("/s/{session}/v1/chat/completions")
-    async def chat_in(session: str, request: fastapi.Request) -> Any:
+    async def chat_in(session: str, request: Request) -> Any:
         return await chat(request, session)
 
     @app.post("/v1/messages")
-    async def messages_any(request: fastapi.Request) -> Any:
+    async def messages_any(request: Request) -> Any:
         return await messages(request, None)
 
     @app.post("/s/{session}/v1/messages")
-    async def messages_in(session: str, request: fastapi.Request) -> Any:
+    async def messages_in(session: str, request: Request) -> Any:
         return await messages(request, session)
 
     def models() -> Any:
@@ -239,7 +267,7 @@ def create_app(
             return plain_error(exc)
 
     @app.post("/s/{session}/reward")
-    async def reward(session: str, request: fastapi.Request) -> Any:
+    async def reward(session: str, request: Request) -> Any:
         try:
             body = await read_json(request)
             if not isinstance(body, dict) or "reward" not in body:

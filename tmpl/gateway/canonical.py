@@ -135,7 +135,8 @@ def _canonical_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def canonical_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Tools in the OpenAI function shape the templates render, or None for none.
+    """Tools in the OpenAI function shape the templates render (each function object as the client sent
+    it: a template renders its every field, ``strict`` included), or None for none.
 
     >>> canonical_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}])[0]["function"]["name"]
     'f'
@@ -149,11 +150,7 @@ def canonical_tools(tools: Any) -> list[dict[str, Any]] | None:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise GatewayRequestError(None, f"tools[{k}]: a function tool with a name is required", param="tools")
-        entry: dict[str, Any] = {"name": fn["name"]}
-        if isinstance(fn.get("description"), str):
-            entry["description"] = fn["description"]
-        entry["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": entry})
+        out.append({"type": "function", "function": dict(fn)})  # as sent: the template renders every field
     return out
 
 

@@ -18,7 +18,7 @@ __all__ = ["add_parser", "build_gateway"]
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``tmpl serve`` on the CLI's subcommands."""
-    serve = sub.add_parser(
+    serve: argparse.ArgumentParser = sub.add_parser(
         "serve",
         help="a token-exact OpenAI / Anthropic endpoint for agent harnesses (the gateway)",
         epilog="exit status: 0 stopped cleanly; 2 bad input or usage. See docs/gateway.md.",

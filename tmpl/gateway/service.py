@@ -48,6 +48,9 @@ class CallParams:
     top_p: float | None = None
     n: int = 1
     seed: int | None = None
+    #: stop strings: a reply ends with the token that completes the first one (the string left out of its
+    #: text); the engine's tokens after it are dropped, as an engine that stopped there would not have them
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,8 @@ class Gateway:
         )
         replies = []
         for call_id, result in results:
-            reply = self._reply(call_id, plan, result, tools)
+            result, cut = _cut_at_stop(self.tpl, result, params.stop)
+            reply = self._reply(call_id, plan, result, tools, cut)
             session.record(plan, reply, version=version)
             replies.append(reply)
         self.calls += 1
@@ -197,9 +201,10 @@ class Gateway:
             )
         return call_id, result
 
-    def _reply(self, call_id: str, plan: Plan, result: GenerationResult, tools: Any) -> Reply:
+    def _reply(self, call_id: str, plan: Plan, result: GenerationResult, tools: Any, stop: str | None = None) -> Reply:
         """The assistant message of a generation: content, reasoning and calls from the template's parser;
-        where a call the model wrote cannot be read, the text it wrote, the problem recorded."""
+        where a call the model wrote cannot be read, the text it wrote, the problem recorded. ``stop``: the
+        stop string that ended it (left out of the content)."""
         parsed = None
         if self._has_parser is not False:
             try:
@@ -212,6 +217,10 @@ class Gateway:
             message: dict[str, Any] = {"role": "assistant", "content": self._text(result.token_ids)}
         else:
             message = parsed.to_message(reasoning_key="reasoning_content")
+        if stop is not None:
+            content = message.get("content") or ""
+            at = content.find(stop)
+            message["content"] = (content[:at] if at >= 0 else content).rstrip()
         return Reply(call_id, plan.prompt_ids, result, message, parsed, problems)
 
     def _text(self, ids: Sequence[int]) -> str:
@@ -251,3 +260,35 @@ class Gateway:
         """End every session (their episodes stay to be drained) and close the backend."""
         self.sessions.close_all()
         self.backend.close()
+
+
+def _cut_at_stop(
+    tpl: ChatTemplate, result: GenerationResult, stops: Sequence[str]
+) -> tuple[GenerationResult, str | None]:
+    """``result`` ending with the token that completes the first stop string it holds (and which string),
+    or as it is when it holds none. Binary search over prefixes: containing a string only grows with them."""
+    if not stops:
+        return result, None
+    ids = result.token_ids
+    text = tpl.codec.decode(ids)
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    if not found:
+        return result, None
+    lo, hi = 1, len(ids)  # the shortest prefix whose text holds a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        head = tpl.codec.decode(ids[:mid])
+        if any(s in head for _, s in found):
+            hi = mid
+        else:
+            lo = mid + 1
+    head = tpl.codec.decode(ids[:lo])
+    first = min((head.find(s), s) for _, s in found if s in head)[1]
+    cut = dataclasses.replace(
+        result,
+        token_ids=list(ids[:lo]),
+        logprobs=None if result.logprobs is None else list(result.logprobs[:lo]),
+        versions=None if result.versions is None else list(result.versions[:lo]),
+        finish_reason="stop",
+    )
+    return cut, first

@@ -122,28 +122,28 @@ class Session:
         """The prompt IDs for ``messages`` (canonical) and ``tools``; see the module docstring."""
         if not messages:
             raise GatewayRequestError(self.key, "messages must hold at least one message", param="messages")
-        messages = [dict(m) for m in messages]
-        self._check_call_ids(messages)
+        request = [dict(m) for m in messages]
+        self._check_call_ids(request)
         key = tools_key(tools)
         continued = False  # the request continues a head (a new user turn, say): no edit to name
         closest: tuple[int, str | None] | None = None  # else where it leaves the head it follows longest
         for head in reversed(self.heads):
             n = len(head.messages)
-            diff = _prefix_difference(messages, head.messages)
+            diff = _prefix_difference(request, head.messages)
             if head.tools_key != key:
                 diff = (0, "tools")
             elif diff is None:
-                new = messages[n:]
+                new = request[n:]
                 if new and all(m["role"] == "tool" for m in new):
                     suffix = self.tpl.suffix_ids(
                         new, completion_ids=list(head.sampled), tools=tools, history=list(head.messages[:-1])
                     )
-                    return Plan(list(head.ids) + suffix, "append", messages, tools, None, len(suffix))
+                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix))
                 continued = True
                 continue
             if closest is None or diff[0] > closest[0]:
                 closest = diff
-        return self._render(messages, tools, None if continued else closest)
+        return self._render(request, tools, None if continued else closest)
 
     def _render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, closest: tuple[int, str | None] | None

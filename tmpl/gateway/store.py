@@ -116,7 +116,7 @@ class SessionStore:
 
     def drain(self, limit: int | None = None) -> list[Finished]:
         """Finished episodes, oldest first, removed from the queue (at most ``limit``)."""
-        out = []
+        out: list[Finished] = []
         while self._finished and (limit is None or len(out) < limit):
             out.append(self._finished.popleft())
         return out

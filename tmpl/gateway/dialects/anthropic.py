@@ -2,9 +2,9 @@
 
 Read: ``system`` (text or text blocks), ``messages`` with ``text``, ``tool_use``, ``tool_result`` and
 ``thinking`` blocks, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice`` (``auto``
-only), ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``. A user turn's ``tool_result``
-blocks become tool messages, in order, and its text a user message after them. Refused with a 400:
-``stop_sequences``, image and document blocks.
+only), ``max_tokens`` (required), ``temperature``, ``top_p``, ``stop_sequences`` (as the chat dialect's
+``stop``), ``stream``. A user turn's ``tool_result`` blocks become tool messages, in order, and its text
+a user message after them. Refused with a 400: image and document blocks.
 
 >>> body = {"model": "m", "max_tokens": 8, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
 >>> parse(body).messages
@@ -123,9 +123,14 @@ def parse(body: Any) -> MessagesRequest:
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise GatewayRequestError(None, "max_tokens is required: a positive integer", param="max_tokens")
-    if body.get("stop_sequences"):
+    stops = body.get("stop_sequences") or []
+    if (
+        not isinstance(stops, list)
+        or len(stops) > 8
+        or not all(isinstance(x, str) and 0 < len(x) <= 256 for x in stops)
+    ):
         raise GatewayRequestError(
-            None, "stop_sequences are not served: the template's stop tokens end a turn", param="stop_sequences"
+            None, "stop_sequences must be up to 8 strings of 1-256 characters", param="stop_sequences"
         )
     choice = body.get("tool_choice")
     if choice is not None and not (isinstance(choice, Mapping) and choice.get("type") == "auto"):
@@ -161,6 +166,7 @@ def parse(body: Any) -> MessagesRequest:
             max_tokens=max_tokens,
             temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
             top_p=float(top_p) if isinstance(top_p, (int, float)) else None,
+            stop=tuple(stops),
         ),
         bool(body.get("stream")),
         body.get("model") if isinstance(body.get("model"), str) else None,

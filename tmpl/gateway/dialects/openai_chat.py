@@ -1,9 +1,11 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``): requests in, responses and SSE chunks out.
 
-Read: ``messages``, ``tools`` (function tools), ``tool_choice`` (``auto`` only: the gateway does not
-constrain decoding), ``n``, ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``logprobs`` (the sampled token's), ``stream`` and ``stream_options.include_usage``. Refused
-with a 400 naming the field: ``stop`` strings, ``top_logprobs`` above 0, a non-text ``response_format``.
+Read: ``messages``, ``tools`` (function tools), ``tool_choice`` (``auto``; ``required`` is taken as
+``auto``: the gateway samples the policy as it is and never constrains decoding), ``n``, ``max_tokens``
+/ ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``logprobs`` (the sampled token's),
+``stream``, ``stream_options.include_usage``, and ``stop`` strings (a reply ends with the token that
+completes one; the string is left out of its content). Refused with a 400 naming the field:
+``top_logprobs`` above 0, a non-text ``response_format``, image parts.
 Each response carries a ``tmpl`` object (session, call ids, sequence index, how the prompt was made).
 
 >>> body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
@@ -67,16 +69,17 @@ def parse(body: Any) -> ChatRequest:
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise GatewayRequestError(None, "messages must be a non-empty list", param="messages")
     choice = body.get("tool_choice")
-    if choice not in (None, "auto"):
+    if choice not in (None, "auto", "required"):
         raise GatewayRequestError(
             None,
-            f"tool_choice {choice!r} is not served: the gateway does not constrain decoding (use 'auto')",
+            f"tool_choice {choice!r} is not served: the gateway does not constrain decoding (use 'auto'; "
+            "'required' is taken as 'auto')",
             param="tool_choice",
         )
-    if body.get("stop"):
-        raise GatewayRequestError(
-            None, "stop strings are not served: the template's stop tokens end a turn", param="stop"
-        )
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > 4 or not all(isinstance(x, str) and 0 < len(x) <= 256 for x in stops):
+        raise GatewayRequestError(None, "stop must be a string or up to 4 strings of 1-256 characters", param="stop")
     if _int(body, "top_logprobs"):
         raise GatewayRequestError(
             None, "top_logprobs is not served (the sampled token's logprob is)", param="top_logprobs"
@@ -96,6 +99,7 @@ def parse(body: Any) -> ChatRequest:
             top_p=_float(body, "top_p"),
             n=1 if n is None else n,
             seed=_int(body, "seed"),
+            stop=stops,
         ),
         bool(body.get("stream")),
         bool(isinstance(options, Mapping) and options.get("include_usage")),
