@@ -1,6 +1,8 @@
 """The gateway in front of a real vLLM CPU server (issue 37, item 4): the ``openai`` SDK (chat completions,
-streamed and not) and the ``anthropic`` SDK (messages, streamed and not), unmodified, run multi-turn tool
-episodes of the Qwen2.5 tool-calling fixture model, running its tools for real.
+streamed and not; responses), the ``openai-agents`` SDK's ``Runner`` (its chat completions and responses
+models), ``smolagents``' ``ToolCallingAgent`` and the ``anthropic`` SDK (messages, streamed and not),
+unmodified, run multi-turn tool episodes of the Qwen2.5 tool-calling fixture model, running its tools
+for real.
 
 For every call of every episode: the prompt IDs tmpl recorded are the server's own ``prompt_token_ids``
 and the sampled IDs its ``token_ids`` (``return_token_ids``); each later prompt starts with the previous
@@ -48,7 +50,7 @@ def gateway(scale_out_server):
 
     tpl = tmpl.ChatTemplate(AutoTokenizer.from_pretrained(str(QWEN)))
     backend = Capped(scale_out_server.url, api="generate", timeout=120)
-    gw = Gateway(tpl, backend, max_tokens=96, temperature=0.0)
+    gw = Gateway(tpl, backend, max_tokens=96, max_context=1024, temperature=0.0)  # the server's max_model_len
     yield gw
     gw.close()
 
@@ -125,7 +127,9 @@ def anthropic_loop(client, *, stream: bool) -> int:
     return 6
 
 
-def check_against_server(gateway: Gateway, key: str, sequences: int = 1) -> None:
+def check_against_server(gateway: Gateway, key: str, sequences: int | None = 1) -> None:
+    """Every call is the server's own IDs; each sequence keeps its calls' sampled IDs; ``sequences``
+    (None: any number, each branch naming the message it left) and every sampled token in one mask."""
     seen = gateway.backend.seen
     episode = gateway.episode(key)
     calls = episode.calls
@@ -134,7 +138,10 @@ def check_against_server(gateway: Gateway, key: str, sequences: int = 1) -> None
         prompt, sampled = seen[call.id]
         assert call.prompt_ids.tolist() == prompt, f"call {k}: not the server's prompt_token_ids"
         assert call.completion_ids.tolist() == sampled, f"call {k}: not the server's token_ids"
-    assert episode.num_sequences == sequences, [str(s.branch) for s in episode.sequences]
+    if sequences is not None:
+        assert episode.num_sequences == sequences, [str(s.branch) for s in episode.sequences]
+    for seq in episode.sequences[1:]:
+        assert seq.branch.message is not None, str(seq.branch)
     total = 0
     for seq in episode.sequences:
         members = [episode.call(c) for c in seq.calls]
@@ -171,3 +178,47 @@ def test_a_compacting_client_branches_once_on_the_real_server(gateway):
     check_against_server(gateway, "compact", sequences=2)
     branch = gateway.episode("compact").sequences[1].branch
     assert (branch.kind, branch.message, branch.field) == ("diverged", 1, "role"), str(branch)
+
+
+def test_openai_responses_api_through_the_gateway_is_the_servers_ids(gateway):
+    tools = [{"type": "function", **t["function"]} for t in _tools()]
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/resp/v1", api_key="unused", max_retries=0, timeout=120)
+        items: list = [dict(m) for m in QUESTIONS[1]]
+        for _ in range(6):
+            reply = client.responses.create(model="m", input=items, tools=tools)
+            items += [o.model_dump(exclude_none=True) for o in reply.output]
+            calls = [o for o in reply.output if o.type == "function_call"]
+            if not calls:
+                break
+            items += [
+                {"type": "function_call_output", "call_id": c.call_id, "output": _run_tool(c.name, json.loads(c.arguments))}
+                for c in calls
+            ]
+    check_against_server(gateway, "resp")
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_runner_through_the_gateway_is_the_servers_ids(gateway, api):
+    agents = pytest.importorskip("agents", reason="openai-agents is not installed (pip install -e '.[test]')")
+    agents.set_tracing_disabled(True)
+    tools = [agents.function_tool(f) for f in FUNCTIONS.values()]
+    with served(create_app(gateway)) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/agent-{api}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = (agents.OpenAIChatCompletionsModel if api == "chat" else agents.OpenAIResponsesModel)("m", client)
+        agent = agents.Agent(name="assistant", instructions="", tools=tools, model=model)
+        agents.Runner.run_sync(agent, QUESTIONS[1][0]["content"], max_turns=6)
+    check_against_server(gateway, f"agent-{api}")
+
+
+def test_smolagents_through_the_gateway_is_the_servers_ids(gateway):
+    smolagents = pytest.importorskip("smolagents", reason="smolagents is not installed (pip install -e '.[test]')")
+    tools = [smolagents.tool(f) for f in FUNCTIONS.values()]
+    with served(create_app(gateway)) as url:
+        model = smolagents.OpenAIServerModel(model_id="m", api_base=f"{url}/s/smol/v1", api_key="unused")
+        agent = smolagents.ToolCallingAgent(tools=tools, model=model, max_steps=3, verbosity_level=0)
+        # its stock system prompt is 1,200 tokens, past the fixture server's 1,024: a short one (configuration)
+        agent.prompt_templates["system_prompt"] = "You are a helpful assistant. Call the tools to answer."
+        agent.run(QUESTIONS[1][0]["content"])
+    # smolagents sends its calls back as text and their results as user turns: a branch per rewrite
+    check_against_server(gateway, "smol", sequences=None)

@@ -159,12 +159,16 @@ def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str:
     return json.dumps(tools or [], sort_keys=True, separators=(",", ":"))
 
 
-def _calls_key(calls: Any) -> list[tuple[str, str]]:
-    out = []
-    for call in calls or ():
-        fn = call.get("function", {})
-        out.append((fn.get("name"), json.dumps(fn.get("arguments"), sort_keys=True)))
-    return out
+def _same_calls(theirs: Any, ours: Any) -> bool:
+    """The same calls in order: names equal, arguments equal as JSON values (ids not compared)."""
+    theirs, ours = theirs or (), ours or ()
+    if len(theirs) != len(ours):
+        return False
+    for a, b in zip(theirs, ours):
+        fa, fb = a.get("function", {}), b.get("function", {})
+        if fa.get("name") != fb.get("name") or fa.get("arguments") != fb.get("arguments"):
+            return False
+    return True
 
 
 def reply_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str | None:
@@ -178,19 +182,23 @@ def reply_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str 
     ...                   "reasoning_content": "r"})
     'reasoning_content'
     """
+    if theirs == ours:  # the common case: the client sent the reply back as it came (one comparison)
+        return None
     if theirs.get("role") != "assistant" or ours.get("role") != "assistant":
         return "role"
     if (theirs.get("content") or "").strip() != (ours.get("content") or "").strip():
         return "content"
     if (theirs.get("reasoning_content") or "").strip() != (ours.get("reasoning_content") or "").strip():
         return "reasoning_content"
-    if _calls_key(theirs.get("tool_calls")) != _calls_key(ours.get("tool_calls")):
+    if not _same_calls(theirs.get("tool_calls"), ours.get("tool_calls")):
         return "tool_calls"
     return None
 
 
 def message_difference(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> str | None:
     """:func:`reply_difference` for assistant turns; the first differing field for any other message."""
+    if theirs == ours:
+        return None
     if ours.get("role") == "assistant":
         return reply_difference(theirs, ours)
     for key in ("role", "content", "tool_call_id"):

@@ -24,7 +24,6 @@ message and field that differ (``edit`` says what the gateway saw the client cha
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -71,6 +70,8 @@ class Plan:
     edit: str | None = None
     #: tokens tokenized for this prompt (the rest are IDs the engine already saw or sampled)
     encoded: int = 0
+    #: :func:`~tmpl.gateway.canonical.tools_key` of ``tools``
+    tools_key: str = ""
 
 
 @dataclass
@@ -110,7 +111,6 @@ class Session:
         #: malformed tool calls the model wrote: (call id, what was wrong)
         self.problems: list[tuple[str, str]] = []
         self.gaps: dict[str, list[int]] = {}
-        self.lock = asyncio.Lock()
         self.created = self.touched = time.monotonic()
         self.calls = 0
         #: tokens of all prompts that were tokenized, and that came as IDs (sampled or seen)
@@ -138,15 +138,19 @@ class Session:
                     suffix = self.tpl.suffix_ids(
                         new, completion_ids=list(head.sampled), tools=tools, history=list(head.messages[:-1])
                     )
-                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix))
+                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix), key)
                 continued = True
                 continue
             if closest is None or diff[0] > closest[0]:
                 closest = diff
-        return self._render(request, tools, None if continued else closest)
+        return self._render(request, tools, key, None if continued else closest)
 
     def _render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, closest: tuple[int, str | None] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        key: str,
+        closest: tuple[int, str | None] | None,
     ) -> Plan:
         """The template's render of ``messages`` with every returned reply it keeps spliced back as IDs."""
         turns: list[SampledTurn] = []
@@ -187,7 +191,7 @@ class Session:
             edit = f"client changed messages[{index}]" + (f" ({what})" if what else "")
         if spliced.edit:
             edit = f"{edit}; {spliced.edit}" if edit else spliced.edit
-        return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded)
+        return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded, key)
 
     def _check_call_ids(self, messages: list[dict[str, Any]]) -> None:
         """Every tool result answers a call id an assistant turn of the request holds, or one the gateway issued."""
@@ -230,7 +234,7 @@ class Session:
             Head(
                 reply.call,
                 (*plan.messages, reply.message),
-                tools_key(plan.tools),
+                plan.tools_key,
                 (*plan.prompt_ids, *sampled),
                 sampled,
             )
