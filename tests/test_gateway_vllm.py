@@ -192,7 +192,11 @@ def test_openai_responses_api_through_the_gateway_is_the_servers_ids(gateway):
             if not calls:
                 break
             items += [
-                {"type": "function_call_output", "call_id": c.call_id, "output": _run_tool(c.name, json.loads(c.arguments))}
+                {
+                    "type": "function_call_output",
+                    "call_id": c.call_id,
+                    "output": _run_tool(c.name, json.loads(c.arguments)),
+                }
                 for c in calls
             ]
     check_against_server(gateway, "resp")

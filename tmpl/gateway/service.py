@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,7 @@ class Gateway:
             create=create_sessions,
         )
         self._reader = CompletionReader(tpl)
+        self._tool_lists: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self._has_parser: bool | None = None
         self._ids = itertools.count()
         self._prefix = f"gw{os.getpid():x}"
@@ -130,6 +132,7 @@ class Gateway:
         BackendUnavailableError (503); nothing is recorded for a call that raises.
         """
         session = self.sessions.get(session_key)
+        tools = self._intern(tools)
         if not 1 <= params.n <= self.max_n:
             raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
         try:
@@ -169,6 +172,22 @@ class Gateway:
         self.calls += 1
         self.appended += plan.mode == "append"
         return Completion(session_key, plan, replies)
+
+    def _intern(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """The one list object of tools equal to ``tools``: the suffix engine keeps a tool list's digest by
+        identity, and a request's tools are a new list each time (``repr`` is the key: a client sends its
+        tools in the same order call after call; at most 64 kept)."""
+        if tools is None:
+            return None
+        key = repr(tools)
+        found = self._tool_lists.get(key)
+        if found is None:
+            found = self._tool_lists[key] = tools
+            while len(self._tool_lists) > 64:
+                self._tool_lists.popitem(last=False)
+        else:
+            self._tool_lists.move_to_end(key)
+        return found
 
     async def _generate(
         self, session: Session, plan: Plan, max_tokens: int, sampling: Sampling, version: int, k: int

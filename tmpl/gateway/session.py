@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..episode import Call, Episode
 from ..errors import GatewayRequestError, HistoryConflictError
 from ..rollout.history import SampledTurn, splice
-from .canonical import message_difference, reply_difference, tool_call, tools_key
+from .canonical import message_difference, reply_difference, tool_call
 
 if TYPE_CHECKING:
     from ..backends.base import GenerationResult
@@ -52,7 +52,8 @@ class Head:
     call: str
     #: the conversation it ended, the reply included (canonical messages)
     messages: tuple[dict[str, Any], ...]
-    tools_key: str
+    #: the tools it was rendered with (canonical)
+    tools: list[dict[str, Any]] | None
     #: the IDs of the sequence so far: the call's prompt, then what it sampled
     ids: tuple[int, ...]
     sampled: tuple[int, ...]
@@ -70,8 +71,6 @@ class Plan:
     edit: str | None = None
     #: tokens tokenized for this prompt (the rest are IDs the engine already saw or sampled)
     encoded: int = 0
-    #: :func:`~tmpl.gateway.canonical.tools_key` of ``tools``
-    tools_key: str = ""
 
 
 @dataclass
@@ -124,13 +123,16 @@ class Session:
             raise GatewayRequestError(self.key, "messages must hold at least one message", param="messages")
         request = [dict(m) for m in messages]
         self._check_call_ids(request)
-        key = tools_key(tools)
+        for head in reversed(self.heads):  # the same tools as before: the very list, whose digest the
+            if head.tools == tools:  # suffix engine keeps by identity (a new list is hashed again)
+                tools = head.tools
+                break
         continued = False  # the request continues a head (a new user turn, say): no edit to name
         closest: tuple[int, str | None] | None = None  # else where it leaves the head it follows longest
         for head in reversed(self.heads):
             n = len(head.messages)
             diff = _prefix_difference(request, head.messages)
-            if head.tools_key != key:
+            if head.tools is not tools and head.tools != tools:
                 diff = (0, "tools")
             elif diff is None:
                 new = request[n:]
@@ -138,18 +140,17 @@ class Session:
                     suffix = self.tpl.suffix_ids(
                         new, completion_ids=list(head.sampled), tools=tools, history=list(head.messages[:-1])
                     )
-                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix), key)
+                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix))
                 continued = True
                 continue
             if closest is None or diff[0] > closest[0]:
                 closest = diff
-        return self._render(request, tools, key, None if continued else closest)
+        return self._render(request, tools, None if continued else closest)
 
     def _render(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        key: str,
         closest: tuple[int, str | None] | None,
     ) -> Plan:
         """The template's render of ``messages`` with every returned reply it keeps spliced back as IDs."""
@@ -191,7 +192,7 @@ class Session:
             edit = f"client changed messages[{index}]" + (f" ({what})" if what else "")
         if spliced.edit:
             edit = f"{edit}; {spliced.edit}" if edit else spliced.edit
-        return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded, key)
+        return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded)
 
     def _check_call_ids(self, messages: list[dict[str, Any]]) -> None:
         """Every tool result answers a call id an assistant turn of the request holds, or one the gateway issued."""
@@ -234,7 +235,7 @@ class Session:
             Head(
                 reply.call,
                 (*plan.messages, reply.message),
-                plan.tools_key,
+                plan.tools,
                 (*plan.prompt_ids, *sampled),
                 sampled,
             )
