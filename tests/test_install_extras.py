@@ -41,6 +41,8 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.integrations.verl": ("verl",),
     "tmpl.integrations.renderers": ("renderers",),
     "tmpl.integrations.slime": ("sglang",),
+    "tmpl.gateway.app": ("gateway",),
+    "tmpl.gateway.serve": ("gateway",),
 }
 
 #: Import names of distributions that may not be installed here (the installed ones are read from
