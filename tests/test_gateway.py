@@ -541,3 +541,59 @@ def test_tmpl_serve_answers_an_sdk_on_the_fixture_model_and_stops_cleanly(tmp_pa
         log.close()
     assert code == 0, (tmp_path / "serve.log").read_text()
     assert "tmpl serve:" in (tmp_path / "serve.log").read_text()
+
+
+def test_weight_updates_version_the_tokens_and_hold_new_calls():
+    """``drain``: the update is applied once the engine request in flight ended (its tokens keep version
+    0), and a call that comes meanwhile reaches the engine only after it (its tokens have version 3)."""
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=1)
+    events: list[str] = []
+    real_generate, real_update = backend.generate_batch, backend.update_weights
+
+    def generate(requests):
+        events.append(f"engine starts {requests[0].sample}")
+        if requests[0].sample == "v":
+            time.sleep(0.5)
+        out = real_generate(requests)
+        events.append(f"engine ends {requests[0].sample}")
+        return out
+
+    async def update(*args, **kwargs):
+        events.append("weights applied")
+        await real_update(*args, **kwargs)
+
+    backend.generate_batch, backend.update_weights = generate, update
+
+    async def run():
+        from tmpl.gateway import CallParams, canonical_message, canonical_tools
+
+        tools = canonical_tools(TOOLS)
+        question = [canonical_message({"role": "user", "content": "Weather in Paris?"}, 0)]
+        flight = asyncio.ensure_future(gateway.complete("v", question, tools, CallParams()))
+        await asyncio.sleep(0.1)
+        upd = asyncio.ensure_future(gateway.update_weights_async(3, mode="drain"))
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(gateway.complete("w", question, tools, CallParams()))
+        await asyncio.gather(flight, upd, late)
+
+    asyncio.run(run())
+    assert events == ["engine starts v", "engine ends v", "weights applied", "engine starts w", "engine ends w"]
+    assert gateway.backend.weight_version == 3 and gateway.updates[0]["mode"] == "drain"
+    for key, version in (("v", 0), ("w", 3)):
+        seq = gateway.episode(key).sequences[0]
+        assert {int(v) for v in seq.versions[seq.mask.astype(bool)]} == {version}
+
+
+def test_the_admin_weights_route_needs_its_token():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway, admin_token="s3cret")) as url:
+        assert httpx.post(f"{url}/admin/weights", json={"version": 2}).status_code == 401
+        wrong = httpx.post(f"{url}/admin/weights", json={"version": 2}, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = httpx.post(f"{url}/admin/weights", json={"version": 2}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and gateway.backend.weight_version == 2
+        assert _call(url, "a", "openai", GOOD["openai"]).status_code == 200
+    seq = gateway.episode("a").sequences[0]
+    assert {int(v) for v in seq.versions[seq.mask.astype(bool)]} == {2}
+    with served(create_app(gateway)) as url:  # no token: not served
+        assert httpx.post(f"{url}/admin/weights", json={"version": 4}).status_code in (404, 405)

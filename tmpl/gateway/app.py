@@ -89,9 +89,12 @@ def create_app(
     *,
     max_body: int = 8 * 2**20,
     poll: float = 0.25,
+    admin_token: str | None = None,
 ) -> Any:
     """The FastAPI app. ``max_body``: request bytes at most (413 past it); ``poll``: seconds between
-    checks that a waiting client is still connected."""
+    checks that a waiting client is still connected; ``admin_token``: enables ``POST /admin/weights``
+    (``{"version": 3, "path": "/ckpt/step-3", "mode": "keep"}`` with ``Authorization: Bearer <token>``),
+    a trainer's weight update (:meth:`Gateway.update_weights_async`); without a token it is not served."""
     app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
 
     async def read_json(request: Any) -> Any:
@@ -296,6 +299,29 @@ def create_app(
     async def drain(limit: int | None = None) -> Any:
         out = gateway.drain(limit)
         return {"episodes": [{"session": f.key, "reason": f.reason, "record": to_record(f.episode)} for f in out]}
+
+    if admin_token:
+        import hmac
+
+        @app.post("/admin/weights")
+        async def weights(request: Request) -> Any:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {admin_token}".encode()):
+                return plain_error(GatewayError(None, 401, "a weight update needs the admin token (Bearer)"))
+            try:
+                body = await read_json(request)
+                if not isinstance(body, dict) or not isinstance(body.get("version"), int):
+                    raise GatewayRequestError(None, 'the body must be {"version": <int>, "path": <folder or null>, '
+                                              '"mode": "keep" | "abort" | "drain"}', param="version")  # fmt: skip
+                mode = body.get("mode", "keep")
+                if mode not in ("keep", "abort", "drain"):
+                    raise GatewayRequestError(None, f"mode must be keep, abort or drain, got {mode!r}", param="mode")
+                await gateway.update_weights_async(body["version"], body.get("path"), mode=mode)
+            except GatewayError as exc:
+                return plain_error(exc)
+            except TmplError as exc:  # the engine refused or failed the update
+                return plain_error(GatewayError(None, 502, f"{type(exc).__name__}: {exc}"))
+            return {"version": body["version"], "mode": mode, "updates": len(gateway.updates)}
 
     app.state.gateway = gateway
     return app

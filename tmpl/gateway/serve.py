@@ -10,6 +10,7 @@ Then any client with a configurable base URL talks to ``http://HOST:PORT/s/<sess
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -40,6 +41,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=10_000, help="open sessions at most (default 10000)")
     serve.add_argument("--strict", action="store_true", help="refuse (409) a history the gateway never produced")
     serve.add_argument("--model-name", help="the name /v1/models lists (default: the template's)")
+    serve.add_argument(
+        "--admin-token",
+        default=os.environ.get("TMPL_ADMIN_TOKEN"),
+        help="serve POST /admin/weights (a trainer's weight update) to holders of this bearer token "
+        "(default: $TMPL_ADMIN_TOKEN; unset: not served)",
+    )
     return serve
 
 
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
 
     gateway = build_gateway(args)
-    app = create_app(gateway)
+    app = create_app(gateway, admin_token=args.admin_token)
     where = f"http://{args.host}:{args.port}"
     print(
         f"tmpl serve: {gateway.model} at {where}/s/<session>/v1 (OpenAI chat completions) and "

@@ -19,12 +19,13 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import GenerationRequest, GenerationResult, Sampling
+from ..backends.base import GenerationRequest, GenerationResult, Sampling, UpdateMode, WeightSource
 from ..errors import BackendUnavailableError, GatewayError, GatewayRequestError, NoToolParserError, TmplError
 from ..toolcalls.api import CompletionReader
 from .session import Plan, Reply, Session
@@ -117,6 +118,11 @@ class Gateway:
         #: calls answered, and calls whose prompt continued a head by a suffix (the rest were rendered)
         self.calls = 0
         self.appended = 0
+        #: one entry per weight update: version, mode, seconds
+        self.updates: list[dict[str, Any]] = []
+        self._gate: asyncio.Event | None = None  # set while a weight update holds new calls back
+        self._inflight = 0  # engine requests under way
+        self._idle: asyncio.Event | None = None  # set when the last of them ends (a drain waits for it)
 
     # -- calls -----------------------------------------------------------------------
     async def complete(
@@ -159,6 +165,8 @@ class Gateway:
             )
         except ValueError as exc:
             raise GatewayRequestError(session_key, str(exc)) from exc
+        while self._gate is not None:  # a weight update under way: calls wait for the new weights
+            await self._gate.wait()
         version = self.backend.weight_version
         results = await asyncio.gather(
             *(self._generate(session, plan, max_tokens, sampling, version, k) for k in range(params.n))
@@ -202,6 +210,7 @@ class Gateway:
             version=version,
             sample=session.key,
         )
+        self._inflight += 1
         try:
             result = await self.backend.agenerate(request)
         except asyncio.CancelledError:
@@ -210,6 +219,10 @@ class Gateway:
             raise
         except Exception as exc:  # noqa: BLE001 - any backend failure is the client's 503
             raise BackendUnavailableError(session.key, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._idle is not None:
+                self._idle.set()
         if result.finish_reason == "error" or not result.token_ids:
             raise BackendUnavailableError(
                 session.key, result.error or f"the backend returned no tokens ({result.finish_reason})"
@@ -248,6 +261,43 @@ class Gateway:
         if ids and ids[-1] in self.tpl.stop_token_ids:
             ids.pop()
         return self.tpl.codec.decode(ids)
+
+    # -- weights ---------------------------------------------------------------------
+    async def update_weights_async(
+        self,
+        version: int,
+        apply: WeightSource = None,
+        *,
+        mode: UpdateMode = "keep",
+        reset_prefix_cache: bool = True,
+    ) -> None:
+        """Move the backend to policy ``version``, as :meth:`tmpl.Rollout.update_weights_async` does: new
+        calls wait until it is done; ``mode`` says what happens to engine requests in flight (``"keep"``:
+        they go on under the new weights, their tokens' versions as the engine reports them; ``"abort"``:
+        the engine stops them; ``"drain"``: the update waits for them). ``apply``: None (the label only), a
+        folder of weights, or a callable doing the transfer.
+
+        >>> await gateway.update_weights_async(3, apply="/ckpt/step-3", mode="drain")  # doctest: +SKIP
+        """
+        if mode not in ("keep", "abort", "drain"):
+            raise ValueError(f"mode must be 'keep', 'abort' or 'drain', got {mode!r}")
+        started = time.perf_counter()
+        gate = asyncio.Event()
+        previous, self._gate = self._gate, gate
+        try:
+            if previous is not None:  # another update under way: this one goes after it
+                await previous.wait()
+                self._gate = gate
+            if mode == "drain" and self._inflight:
+                self._idle = asyncio.Event()
+                await self._idle.wait()
+                self._idle = None
+            await self.backend.update_weights(int(version), apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
+            self.updates.append({"version": int(version), "mode": mode, "seconds": time.perf_counter() - started})
+        finally:
+            if self._gate is gate:
+                self._gate = None
+            gate.set()
 
     # -- results ---------------------------------------------------------------------
     def session(self, key: str) -> Session:
