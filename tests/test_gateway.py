@@ -597,3 +597,152 @@ def test_the_admin_weights_route_needs_its_token():
     assert {int(v) for v in seq.versions[seq.mask.astype(bool)]} == {2}
     with served(create_app(gateway)) as url:  # no token: not served
         assert httpx.post(f"{url}/admin/weights", json={"version": 4}).status_code in (404, 405)
+
+
+# -- review fixes: each a scenario that failed before ------------------------------------------
+
+
+def _complete(gateway, key, messages, **params):
+    from tmpl.gateway import CallParams, canonical_message, canonical_tools
+
+    canonical = [canonical_message(m, i) for i, m in enumerate(messages)]
+    return asyncio.run(gateway.complete(key, canonical, canonical_tools(TOOLS), CallParams(**params)))
+
+
+def test_a_reply_sent_back_without_its_reasoning_keeps_its_sampled_ids():
+    """Qwen3: the client drops ``reasoning_content`` (most chat clients do). The next prompt is the render
+    of what it sent, and the reply's call tokens, which that render still holds, are the sampled IDs."""
+    gateway, backend, policy = gateway_of("qwen3")
+    first = _complete(gateway, "r", [{"role": "user", "content": "Weather in Paris?"}])
+    reply = first.replies[0]
+    assert reply.message.get("reasoning_content")
+    sent = {k: v for k, v in reply.message.items() if k != "reasoning_content"}
+    call_id = sent["tool_calls"][0]["id"]
+    history = [{"role": "user", "content": "Weather in Paris?"}, sent,
+               {"role": "tool", "tool_call_id": call_id, "content": "sunny, Paris"}]  # fmt: skip
+    second = _complete(gateway, "r", history)
+    assert second.plan.mode == "render"
+    tok = gateway.tpl.tokenizer
+    text = tok.apply_chat_template(as_rendered(history), tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert tok.decode(second.plan.prompt_ids) == text  # the render of what the client sent
+    sampled = reply.result.token_ids
+    tail = sampled[sampled.index(tok.convert_tokens_to_ids("</think>")) + 1 :]
+    tail = tail[next(i for i, t in enumerate(tail) if tok.decode([t]).strip()) :]  # from the call's first token
+    prompt = second.plan.prompt_ids
+    assert any(prompt[i : i + len(tail)] == tail for i in range(len(prompt))), "the call's tokens were re-tokenized"
+    assert second.plan.encoded < len(prompt) - len(tail)
+
+
+def test_of_two_choices_that_read_alike_the_one_the_client_sent_is_continued():
+    tok = load_tokenizer("qwen2.5-instruct")
+    spaced = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    tight = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call><|im_end|>'
+    outs = iter([spaced, tight, "It is sunny.<|im_end|>"])
+    backend = Scripted(lambda req: tok.encode(next(outs), add_special_tokens=False))
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    first = _complete(gateway, "n", [{"role": "user", "content": "Weather in Paris?"}], n=2)
+    a, b = first.replies
+    assert a.result.token_ids != b.result.token_ids and a.message["tool_calls"][0]["function"] == b.message[
+        "tool_calls"][0]["function"]  # fmt: skip
+    history = [{"role": "user", "content": "Weather in Paris?"}, a.message,
+               {"role": "tool", "tool_call_id": a.message["tool_calls"][0]["id"], "content": "sunny, Paris"}]  # fmt: skip
+    third = _complete(gateway, "n", history)
+    episode = gateway.episode("n")
+    assert episode.sequence_of(third.replies[0].call) == episode.sequence_of(a.call) != episode.sequence_of(b.call)
+
+
+def test_a_reply_that_an_earlier_message_quotes_is_kept_where_it_is():
+    """The user asks the model to say OK; its reply is ``OK``: on the next render (a new user turn) the
+    reply's IDs go at the reply, not inside the user message that holds the same text."""
+    tok = load_tokenizer("qwen2.5-instruct")
+    backend = Scripted(lambda req: tok.encode("OK<|im_end|>", add_special_tokens=False))
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    ask = [{"role": "user", "content": "Please say OK"}]
+    first = _complete(gateway, "ok", ask)
+    second = _complete(gateway, "ok", [*ask, first.replies[0].message, {"role": "user", "content": "Again"}])
+    kept = first.plan.prompt_ids + first.replies[0].result.token_ids
+    assert second.plan.prompt_ids[: len(kept)] == kept
+    assert gateway.episode("ok").num_sequences == 1
+
+
+def test_a_session_never_ends_while_a_call_of_it_runs():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1, ttl=0.2)
+    real = backend.generate_batch
+    started, release = threading.Event(), threading.Event()
+
+    def held(requests):  # the engine answers only when the test lets it
+        started.set()
+        release.wait(30)
+        return real(requests)
+
+    backend.generate_batch = held
+    with served(create_app(gateway)) as url:
+        pending: dict = {}
+        worker = threading.Thread(target=lambda: pending.setdefault("r", _call(url, "long", "openai", GOOD["openai"])))
+        worker.start()
+        assert started.wait(30)
+        time.sleep(0.4)  # past the TTL, mid-call
+        assert httpx.get(f"{url}/episodes/drain").json()["episodes"] == []  # not expired
+        busy = httpx.post(f"{url}/s/long/finish")
+        assert busy.status_code == 409 and "in flight" in busy.json()["error"]["message"]
+        release.set()
+        worker.join(30)
+        assert pending["r"].status_code == 200
+        time.sleep(0.4)  # now idle past the TTL: it ends, with its call
+        drained = httpx.get(f"{url}/episodes/drain").json()["episodes"]
+        assert [d["session"] for d in drained] == ["long"] and len(drained[0]["record"]["calls"]) == 1
+
+
+def test_a_call_that_names_no_session_is_an_episode_of_one_call():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway)) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json=GOOD["openai"], timeout=30)
+        assert r.status_code == 200
+        key = r.headers["x-tmpl-session"]
+        assert key.startswith("anon-") and len(gateway.sessions) == 0
+        drained = httpx.get(f"{url}/episodes/drain").json()["episodes"]
+        assert [d["session"] for d in drained] == [key] and len(drained[0]["record"]["calls"]) == 1
+        named = httpx.post(f"{url}/v1/chat/completions", json=GOOD["openai"], headers={"X-Tmpl-Session": "mine"})
+        assert named.status_code == 200 and len(gateway.episode("mine").calls) == 1
+
+
+def test_with_an_admin_token_the_trainers_routes_need_it():
+    gateway, backend, _ = gateway_of("qwen2.5-instruct", calls=1)
+    auth = {"Authorization": "Bearer t0ken"}
+    with served(create_app(gateway, admin_token="t0ken")) as url:
+        assert _call(url, "s", "openai", GOOD["openai"]).status_code == 200  # the agent's calls need none
+        for method, path, body in (("get", "/s/s/episode", None), ("post", "/s/s/reward", {"reward": 1}),
+                                   ("get", "/episodes/drain", None), ("post", "/s/s/finish", None)):  # fmt: skip
+            kwargs = {"json": body} if body is not None else {}
+            assert getattr(httpx, method)(url + path, **kwargs).status_code == 401, path
+            assert getattr(httpx, method)(url + path, headers=auth, **kwargs).status_code == 200, path
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"stop": 5}, "stop must be"),
+        ({"stop": {"a": 1}}, "stop must be"),
+    ],
+)
+def test_more_bad_fields_are_400s(body, needle):
+    gateway, _, _ = gateway_of("qwen2.5-instruct", calls=1)
+    with served(create_app(gateway)) as url:
+        assert needle in _shape("openai", _call(url, "b", "openai", dict(GOOD["openai"], **body)), 400)
+        deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        with_limit = httpx.post(f"{url}/s/b/v1/chat/completions", content=deep, timeout=30)
+        assert with_limit.status_code == 400 and "nested too deep" in with_limit.json()["error"]["message"]
+        bad_call = httpx.post(f"{url}/s/b/reward", json={"reward": 1, "call": ["x"]})
+        assert bad_call.status_code == 400
+
+
+def test_anthropic_reports_the_stop_sequence_that_ended_a_reply():
+    tok = load_tokenizer("qwen2.5-instruct")
+    backend = Scripted(lambda req: tok.encode("Sunny. END more words.<|im_end|>", add_special_tokens=False))
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    with served(create_app(gateway)) as url:
+        client = anthropic.Anthropic(base_url=f"{url}/s/a", api_key="unused", max_retries=0)
+        reply = client.messages.create(
+            model="m", max_tokens=64, messages=[{"role": "user", "content": "Weather?"}], stop_sequences=["END"]
+        )
+    assert (reply.stop_reason, reply.stop_sequence, reply.content[0].text) == ("stop_sequence", "END", "Sunny.")

@@ -24,6 +24,8 @@ disconnects while its call runs has the engine request cancelled (the session no
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import json
 import logging
 import re
@@ -111,14 +113,29 @@ def create_app(
             return json.loads(b"".join(parts))
         except ValueError as exc:
             raise GatewayRequestError(None, f"the body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise GatewayRequestError(None, "the body is not valid JSON: nested too deep") from None
+
+    anonymous: set[str] = set()  # keys made for calls that named no session: ended after their one call
 
     def session_of(request: Any, session: str | None) -> str:
-        key = session or request.headers.get(SESSION_HEADER) or f"anon-{uuid.uuid4().hex}"
+        key = session or request.headers.get(SESSION_HEADER)
+        if key is None:
+            key = f"anon-{uuid.uuid4().hex}"
+            anonymous.add(key)
         if not _KEY.fullmatch(key):
             raise GatewayRequestError(
                 None, "a session key is 1-200 characters of A-Z a-z 0-9 . _ : @ -", param="session"
             )
         return key
+
+    def done_with(key: str | None) -> None:
+        """A call that named no session is an episode of one call: ended at once (to the drain queue), so
+        such calls never crowd named sessions out."""
+        if key in anonymous:
+            anonymous.discard(key)
+            with contextlib.suppress(GatewayError):
+                gateway.finish(key)
 
     async def run(request: Any, call: Callable[[], Awaitable[Completion]]) -> Completion:
         """Await the call, cancelling it (and its engine requests) when the client goes away."""
@@ -147,7 +164,10 @@ def create_app(
         try:
             key = session_of(request, session)
             req = openai_chat.parse(await read_json(request))
-            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            try:
+                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            finally:
+                done_with(key)
         except _ClientGone:
             return fastapi.Response(status_code=499)
         except GatewayError as exc:
@@ -182,7 +202,10 @@ def create_app(
         try:
             key = session_of(request, session)
             req = anthropic.parse(await read_json(request))
-            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            try:
+                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            finally:
+                done_with(key)
         except _ClientGone:
             return fastapi.Response(status_code=499)
         except GatewayError as exc:
@@ -206,7 +229,10 @@ def create_app(
         try:
             key = session_of(request, session)
             req = responses.parse(await read_json(request))
-            done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            try:
+                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+            finally:
+                done_with(key)
         except _ClientGone:
             return fastapi.Response(status_code=499)
         except GatewayError as exc:
@@ -262,8 +288,21 @@ def create_app(
     def plain_error(exc: GatewayError) -> Any:
         return JSONResponse(openai_chat.error_body(exc), status_code=exc.status)
 
+    def trainer_only(request: Any) -> Any:
+        """With an admin token, the trainer's routes (episode, reward, finish, drain, weights) need it: the
+        agent under training talks to the same server and must not read other sessions, reward itself or
+        drain the queue. None when the request may go on, else the 401 answer."""
+        if not admin_token:
+            return None
+        given = request.headers.get("authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {admin_token}".encode()):
+            return None
+        return plain_error(GatewayError(None, 401, "this route needs the admin token (Authorization: Bearer)"))
+
     @app.get("/s/{session}/episode")
-    async def episode(session: str) -> Any:
+    async def episode(session: str, request: Request) -> Any:
+        if (refused := trainer_only(request)) is not None:
+            return refused
         try:
             return JSONResponse(episode_json(gateway, session))
         except GatewayError as exc:
@@ -271,9 +310,15 @@ def create_app(
 
     @app.post("/s/{session}/reward")
     async def reward(session: str, request: Request) -> Any:
+        if (refused := trainer_only(request)) is not None:
+            return refused
         try:
             body = await read_json(request)
-            if not isinstance(body, dict) or "reward" not in body:
+            if (
+                not isinstance(body, dict)
+                or "reward" not in body
+                or not isinstance(body.get("call"), (str, type(None)))
+            ):
                 raise GatewayRequestError(
                     session, 'the body must be {"reward": <number>, "call": <id or null>}', param="reward"
                 )
@@ -288,7 +333,9 @@ def create_app(
             return plain_error(exc)
 
     @app.post("/s/{session}/finish")
-    async def finish(session: str) -> Any:
+    async def finish(session: str, request: Request) -> Any:
+        if (refused := trainer_only(request)) is not None:
+            return refused
         try:
             done = gateway.finish(session)
         except GatewayError as exc:
@@ -296,18 +343,18 @@ def create_app(
         return {"session": session, "reason": done.reason, "record": to_record(done.episode)}
 
     @app.get("/episodes/drain")
-    async def drain(limit: int | None = None) -> Any:
+    async def drain(request: Request, limit: int | None = None) -> Any:
+        if (refused := trainer_only(request)) is not None:
+            return refused
         out = gateway.drain(limit)
         return {"episodes": [{"session": f.key, "reason": f.reason, "record": to_record(f.episode)} for f in out]}
 
     if admin_token:
-        import hmac
 
         @app.post("/admin/weights")
         async def weights(request: Request) -> Any:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {admin_token}".encode()):
-                return plain_error(GatewayError(None, 401, "a weight update needs the admin token (Bearer)"))
+            if (refused := trainer_only(request)) is not None:
+                return refused
             try:
                 body = await read_json(request)
                 if not isinstance(body, dict) or not isinstance(body.get("version"), int):

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import GenerationRequest, GenerationResult, Sampling, UpdateMode, WeightSource
-from ..errors import BackendUnavailableError, GatewayError, GatewayRequestError, NoToolParserError, TmplError
+from ..errors import (
+    BackendUnavailableError,
+    GatewayError,
+    GatewayRequestError,
+    HistorySpliceError,
+    NoToolParserError,
+    TmplError,
+)
 from ..toolcalls.api import CompletionReader
 from .session import Plan, Reply, Session
 from .store import Finished, SessionStore
@@ -121,6 +128,7 @@ class Gateway:
         #: one entry per weight update: version, mode, seconds
         self.updates: list[dict[str, Any]] = []
         self._gate: asyncio.Event | None = None  # set while a weight update holds new calls back
+        self._updating: asyncio.Lock | None = None  # one weight update at a time (made on the loop)
         self._inflight = 0  # engine requests under way
         self._idle: asyncio.Event | None = None  # set when the last of them ends (a drain waits for it)
 
@@ -145,6 +153,8 @@ class Gateway:
             plan = session.plan(messages, tools)
         except GatewayError:
             raise
+        except HistorySpliceError as exc:  # the gateway's own failure, not the client's
+            raise GatewayError(session_key, 500, f"{type(exc).__name__}: {exc}") from exc
         except TmplError as exc:  # the template cannot render the history (a role it refuses...)
             raise GatewayRequestError(session_key, f"{type(exc).__name__}: {exc}", param="messages") from exc
         room = self.max_context - len(plan.prompt_ids)
@@ -168,14 +178,25 @@ class Gateway:
         while self._gate is not None:  # a weight update under way: calls wait for the new weights
             await self._gate.wait()
         version = self.backend.weight_version
-        results = await asyncio.gather(
-            *(self._generate(session, plan, max_tokens, sampling, version, k) for k in range(params.n))
-        )
+        self._inflight += params.n  # counted before any await: an update that drains sees them
+        session.inflight += 1
+        try:
+            results = await asyncio.gather(
+                *(self._generate(session, plan, max_tokens, sampling, version, k) for k in range(params.n))
+            )
+        finally:  # also when the call is cancelled (its tasks may not have started)
+            session.inflight -= 1
+            self._inflight -= params.n
+            if self._inflight == 0 and self._idle is not None:
+                self._idle.set()
         replies = []
         for call_id, result in results:
             result, cut = _cut_at_stop(self.tpl, result, params.stop)
             reply = self._reply(call_id, plan, result, tools, cut)
-            session.record(plan, reply, version=version)
+            try:
+                session.record(plan, reply, version=version)
+            except TmplError as exc:  # e.g. a logprob the engine gave that is not finite: not trainable
+                raise GatewayError(session_key, 502, f"the engine's output cannot be recorded: {exc}") from exc
             replies.append(reply)
         self.calls += 1
         self.appended += plan.mode == "append"
@@ -210,7 +231,6 @@ class Gateway:
             version=version,
             sample=session.key,
         )
-        self._inflight += 1
         try:
             result = await self.backend.agenerate(request)
         except asyncio.CancelledError:
@@ -219,10 +239,6 @@ class Gateway:
             raise
         except Exception as exc:  # noqa: BLE001 - any backend failure is the client's 503
             raise BackendUnavailableError(session.key, f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0 and self._idle is not None:
-                self._idle.set()
         if result.finish_reason == "error" or not result.token_ids:
             raise BackendUnavailableError(
                 session.key, result.error or f"the backend returned no tokens ({result.finish_reason})"
@@ -253,7 +269,7 @@ class Gateway:
             content = message.get("content") or ""
             at = content.find(stop)
             message["content"] = (content[:at] if at >= 0 else content).rstrip()
-        return Reply(call_id, plan.prompt_ids, result, message, parsed, problems)
+        return Reply(call_id, plan.prompt_ids, result, message, parsed, problems, stop=stop)
 
     def _text(self, ids: Sequence[int]) -> str:
         """What the model wrote, stop token left out."""
@@ -281,23 +297,21 @@ class Gateway:
         """
         if mode not in ("keep", "abort", "drain"):
             raise ValueError(f"mode must be 'keep', 'abort' or 'drain', got {mode!r}")
-        started = time.perf_counter()
-        gate = asyncio.Event()
-        previous, self._gate = self._gate, gate
-        try:
-            if previous is not None:  # another update under way: this one goes after it
-                await previous.wait()
-                self._gate = gate
-            if mode == "drain" and self._inflight:
-                self._idle = asyncio.Event()
-                await self._idle.wait()
-                self._idle = None
-            await self.backend.update_weights(int(version), apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
-            self.updates.append({"version": int(version), "mode": mode, "seconds": time.perf_counter() - started})
-        finally:
-            if self._gate is gate:
+        if self._updating is None:
+            self._updating = asyncio.Lock()
+        async with self._updating:  # one update at a time, in the order they came
+            started = time.perf_counter()
+            gate = self._gate = asyncio.Event()
+            try:
+                if mode == "drain" and self._inflight:
+                    self._idle = asyncio.Event()
+                    await self._idle.wait()
+                    self._idle = None
+                await self.backend.update_weights(int(version), apply, mode=mode, reset_prefix_cache=reset_prefix_cache)
+                self.updates.append({"version": int(version), "mode": mode, "seconds": time.perf_counter() - started})
+            finally:
                 self._gate = None
-            gate.set()
+                gate.set()
 
     # -- results ---------------------------------------------------------------------
     def session(self, key: str) -> Session:

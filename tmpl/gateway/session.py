@@ -24,6 +24,7 @@ message and field that differ (``edit`` says what the gateway saw the client cha
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["Head", "Plan", "Reply", "Session"]
 
 PlanMode = Literal["append", "render"]
+#: texts between kept replies a session keeps encoded at most (a client whose history changes every call
+#: adds one per call); past it they are dropped and encoded again when met
+MAX_GAPS = 64
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Reply:
     #: calls the model wrote that could not be read: the reply carries its text instead
     problems: list[str] = field(default_factory=list)
     sequence: int = -1
+    #: the stop string that ended it (None: the template's stop token or the length limit)
+    stop: str | None = None
 
 
 class Session:
@@ -109,7 +115,10 @@ class Session:
         self.ended: dict[str, str] = {}
         #: malformed tool calls the model wrote: (call id, what was wrong)
         self.problems: list[tuple[str, str]] = []
+        #: texts between kept replies already encoded (bounded: see :data:`MAX_GAPS`)
         self.gaps: dict[str, list[int]] = {}
+        #: engine requests of this session under way (an ended session never has any)
+        self.inflight = 0
         self.created = self.touched = time.monotonic()
         self.calls = 0
         #: tokens of all prompts that were tokenized, and that came as IDs (sampled or seen)
@@ -129,7 +138,7 @@ class Session:
                 break
         continued = False  # the request continues a head (a new user turn, say): no edit to name
         closest: tuple[int, str | None] | None = None  # else where it leaves the head it follows longest
-        for head in reversed(self.heads):
+        for head in sorted(reversed(self.heads), key=lambda h: not _same_ids(request, h)):
             n = len(head.messages)
             diff = _prefix_difference(request, head.messages)
             if head.tools is not tools and head.tools != tools:
@@ -161,11 +170,7 @@ class Session:
             if m["role"] != "assistant":
                 rendered.append(m)
                 continue
-            found = None
-            for k in range(used, len(self.replies)):
-                if reply_difference(m, self.replies[k][0]) is None:
-                    found = k
-                    break
+            found = self._reply_for(m, used)
             if found is None:
                 if self.strict:
                     raise HistoryConflictError(
@@ -173,17 +178,26 @@ class Session:
                     )
                 rendered.append(m)
                 continue
-            ours, call_id, sampled = self.replies[found]
-            used = found + 1
-            # the reply as the gateway returned it, with the client's call ids (tool results cite them)
+            k, dropped = found
+            ours, call_id, sampled = self.replies[k]
+            used = k + 1
+            # the reply as the gateway returned it (without its reasoning where the client dropped it: the
+            # render then shows what the client sent, and the splice keeps the sampled IDs it still holds),
+            # with the client's call ids (tool results cite them)
             mine = dict(ours)
+            if dropped:
+                mine.pop("reasoning_content", None)
             if m.get("tool_calls") and ours.get("tool_calls"):
                 mine["tool_calls"] = [
                     tool_call(c["id"] or o["id"], o["function"]["name"], o["function"]["arguments"])
                     for c, o in zip(m["tool_calls"], ours["tool_calls"])
                 ]
             rendered.append(mine)
-            turns.append(SampledTurn.of(self.tpl.codec, call_id, i, sampled))
+            turn = SampledTurn.of(self.tpl.codec, call_id, i, sampled)
+            before = next((x["content"].strip() for x in reversed(messages[:i]) if x["content"].strip()), "")
+            turns.append(dataclasses.replace(turn, after=before.encode("utf-8")) if before else turn)
+        if len(self.gaps) > MAX_GAPS:
+            self.gaps.clear()
         text = self.tpl.render(rendered, tools, add_generation_prompt=True)
         spliced = splice(self.tpl, text, turns, self.gaps, sample=self.key, turn=self.calls, messages=rendered)
         edit = None
@@ -193,6 +207,24 @@ class Session:
         if spliced.edit:
             edit = f"{edit}; {spliced.edit}" if edit else spliced.edit
         return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded)
+
+    def _reply_for(self, message: Mapping[str, Any], start: int) -> tuple[int, bool] | None:
+        """The reply (index into :attr:`replies`, from ``start``) a client's assistant message is, and
+        whether the client dropped its reasoning; a reply whose call ids are the message's comes first
+        (two choices may read alike once normalized)."""
+        ids = [c["id"] for c in message.get("tool_calls", ()) if c["id"]]
+        loose = None
+        for k in range(start, len(self.replies)):
+            ours = self.replies[k][0]
+            what = reply_difference(message, ours)
+            dropped = what == "reasoning_content" and not message.get("reasoning_content")
+            if what is not None and not dropped:
+                continue
+            if not ids or ids == [c["id"] for c in ours.get("tool_calls", ())]:
+                return k, dropped
+            if loose is None:
+                loose = (k, dropped)
+        return loose
 
     def _check_call_ids(self, messages: list[dict[str, Any]]) -> None:
         """Every tool result answers a call id an assistant turn of the request holds, or one the gateway issued."""
@@ -229,6 +261,7 @@ class Session:
             self.ended[reply.call] = result.finish_reason + (f": {result.error}" if result.error else "")
         for c in reply.message.get("tool_calls", ()):
             self.issued[c["id"]] = c["function"]["name"]
+        self.problems += [(reply.call, problem) for problem in reply.problems]
         sampled = tuple(result.token_ids)
         self.replies.append((reply.message, reply.call, sampled))
         self.heads.append(
@@ -254,3 +287,13 @@ def _prefix_difference(
         if what is not None:
             return i, what
     return None
+
+
+def _same_ids(request: Sequence[Mapping[str, Any]], head: Head) -> bool:
+    """Whether the request holds the head's reply with the very call ids it was returned with."""
+    n = len(head.messages)
+    if len(request) < n:
+        return False
+    theirs = request[n - 1].get("tool_calls") or ()
+    ours = head.messages[-1].get("tool_calls") or ()
+    return bool(ours) and [c.get("id") for c in theirs] == [c.get("id") for c in ours]

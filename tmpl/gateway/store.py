@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..episode import Episode
-from ..errors import SessionNotFoundError
+from ..errors import BackendUnavailableError, GatewayError, SessionNotFoundError
 from ..trajectory.types import Status
 from .session import Session
 
@@ -75,12 +75,16 @@ class SessionStore:
         session = self._open.get(key)
         if session is not None:
             self._open.move_to_end(key)
+            session.touched = time.monotonic()
             return session
         if key in self._ended:
             raise SessionNotFoundError(key, f"the session ended ({self._ended[key]}); start a new one")
-        while len(self._open) >= self.max_sessions:
-            oldest = next(iter(self._open))
-            self._end(oldest, f"closed to make room: more than {self.max_sessions} open sessions")
+        if len(self._open) >= self.max_sessions:
+            idle = [k for k, s in self._open.items() if not s.inflight]  # never end a session mid-call
+            if not idle:
+                raise BackendUnavailableError(key, f"all {self.max_sessions} open sessions have calls in flight")
+            for oldest in idle[: len(self._open) - self.max_sessions + 1]:
+                self._end(oldest, f"closed to make room: more than {self.max_sessions} open sessions")
         session = self._open[key] = self.factory(key)
         return session
 
@@ -90,6 +94,7 @@ class SessionStore:
         session = self._open.get(key)
         if session is not None:
             self._open.move_to_end(key)
+            session.touched = time.monotonic()
             return session
         if key in self._ended:
             raise SessionNotFoundError(key, f"the session ended ({self._ended[key]})")
@@ -98,7 +103,11 @@ class SessionStore:
         return self.open(key)
 
     def finish(self, key: str, reason: str = "finished by the client") -> Finished:
-        """End the session of ``key`` now: its episode goes to the queue :meth:`drain` reads."""
+        """End the session of ``key`` now: its episode goes to the queue :meth:`drain` reads (refused, 409,
+        while a call of it is in flight: its tokens would have no episode to go to)."""
+        busy = self._open.get(key)
+        if busy is not None and busy.inflight:
+            raise GatewayError(key, 409, f"{busy.inflight} call(s) of the session are in flight; finish it after them")
         if key not in self._open:
             raise SessionNotFoundError(
                 key, f"the session ended ({self._ended[key]})" if key in self._ended else "no such session"
@@ -108,10 +117,13 @@ class SessionStore:
     def expire(self) -> None:
         """End every session idle for longer than the TTL."""
         now = time.monotonic()
-        while self._open:
-            key, session = next(iter(self._open.items()))
+        ending = []
+        for key, session in self._open.items():  # least recently used first: stop at the first fresh one
             if now - session.touched <= self.ttl:
                 break
+            if not session.inflight:  # a call in flight is not idle, however long it takes
+                ending.append(key)
+        for key in ending:
             self._end(key, f"expired after {self.ttl:g} s idle")
 
     def drain(self, limit: int | None = None) -> list[Finished]:

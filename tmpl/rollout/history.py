@@ -48,6 +48,10 @@ class SampledTurn:
     tokenizer's bytes per token are not known (not byte-level BPE): only the whole turn can be kept.
     ``atoms``: which tokens are added tokens that split text on both sides (a span kept must hold one
     that is not, so a bare ``<|im_end|>`` never counts as the turn's text kept).
+    ``after``: text the render holds before the turn (the message before it), searched for first, so
+    that the turn's own text is not taken from inside an earlier message that happens to hold it
+    (a user asking "say OK" before a reply ``OK``); empty, or not found: the search starts where the
+    previous turn ended.
     """
 
     call: str
@@ -56,6 +60,7 @@ class SampledTurn:
     data: bytes
     offsets: tuple[int, ...] | None
     atoms: tuple[bool, ...]
+    after: bytes = b""
 
     @classmethod
     def of(cls, codec: Codec, call: str, message: int, ids: Sequence[int]) -> SampledTurn:
@@ -240,7 +245,12 @@ def splice(
         if t.message < 0:  # an edit of the history removed or changed its message
             kept.append(KeptSpan(t.call, t.message, 0, 0, len(t.ids), len(ids)))
             continue
-        found = _find(t, data, cursor)
+        start = cursor
+        if t.after:
+            at = data.find(t.after, cursor)
+            if at >= 0:
+                start = at + len(t.after)
+        found = _find(t, data, start)
         if found is None:
             kept.append(KeptSpan(t.call, t.message, 0, 0, len(t.ids), len(ids)))
             rewritten.append(t.message)

@@ -585,7 +585,11 @@ class Rollout(WeightUpdates):
             id=f"turn-{turn}",
             turn=turn,
         )
-        run.sampled.append(SampledTurn.of(self.tpl.codec, f"turn-{turn}", len(run.history), ids))
+        turn_record = SampledTurn.of(self.tpl.codec, f"turn-{turn}", len(run.history), ids)
+        before = run.history[-1].get("content") if run.history else None
+        if isinstance(before, str) and before.strip():  # searched first: the turn comes after it
+            turn_record = dataclasses.replace(turn_record, after=before.strip().encode("utf-8"))
+        run.sampled.append(turn_record)
         return call
 
     def _add_call(self, run: SampleRun, call: Call, assistant: dict[str, Any] | None) -> None:

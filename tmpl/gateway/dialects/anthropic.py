@@ -190,6 +190,8 @@ def _content(reply: Reply) -> list[dict[str, Any]]:
 def _stop(reply: Reply) -> str:
     if reply.message.get("tool_calls"):
         return "tool_use"
+    if reply.stop is not None:
+        return "stop_sequence"
     return STOP.get(reply.result.finish_reason, "end_turn")
 
 
@@ -202,7 +204,7 @@ def response(session: str, plan: Plan, reply: Reply, *, model: str) -> dict[str,
         "model": model,
         "content": _content(reply),
         "stop_reason": _stop(reply),
-        "stop_sequence": None,
+        "stop_sequence": reply.stop,
         "usage": {"input_tokens": len(plan.prompt_ids), "output_tokens": len(reply.result.token_ids)},
         "tmpl": {"session": session, "call": reply.call, "sequence": reply.sequence, "prompt": plan.mode},
     }
@@ -250,7 +252,7 @@ def events(session: str, plan: Plan, reply: Reply, *, model: str) -> Iterator[tu
         "message_delta",
         {
             "type": "message_delta",
-            "delta": {"stop_reason": head["stop_reason"], "stop_sequence": None},
+            "delta": {"stop_reason": head["stop_reason"], "stop_sequence": head["stop_sequence"]},
             "usage": {"output_tokens": head["usage"]["output_tokens"]},
         },
     )

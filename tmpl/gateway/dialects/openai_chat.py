@@ -77,6 +77,8 @@ def parse(body: Any) -> ChatRequest:
             param="tool_choice",
         )
     stop = body.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise GatewayRequestError(None, "stop must be a string or a list of strings", param="stop")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > 4 or not all(isinstance(x, str) and 0 < len(x) <= 256 for x in stops):
         raise GatewayRequestError(None, "stop must be a string or up to 4 strings of 1-256 characters", param="stop")
