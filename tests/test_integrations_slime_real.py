@@ -83,13 +83,14 @@ def checked_rounds(tok, s, max_response: int) -> int:
         for j, m in enumerate(messages)
     ]
     cuts = [j for j, last in enumerate(last_tool) if last]  # the last tool message of each round
-    if s.status is Sample.Status.TRUNCATED and len(cuts) == len(appended) + 1:
-        # the last round's results came when the response was full: its suffix was cut to nothing (seen in
-        # a full run: a tool output "cut: 0 of 24 characters shown"); the response ends with sampled tokens
-        assert s.response_length == max_response and s.loss_mask[-1] == 1, s.metadata["tmpl_reason"]
-        cuts = cuts[:-1]
-    assert len(cuts) == len(appended)
     cut = s.status is Sample.Status.TRUNCATED and "cut to" in s.metadata["tmpl_reason"]
+    if s.status is Sample.Status.TRUNCATED and len(cuts) == len(appended) + 1:
+        # the last round's results came when the response was nearly full: its suffix was cut to nothing
+        # (seen in full runs: "suffix of 31 tokens cut to 0"); the response ends with sampled tokens, and
+        # every earlier round's suffix is whole
+        assert "cut to 0" in s.metadata["tmpl_reason"] and s.loss_mask[-1] == 1, s.metadata["tmpl_reason"]
+        cuts, cut = cuts[:-1], False
+    assert len(cuts) == len(appended)
     for k, (j, run) in enumerate(zip(cuts, appended)):
         full = tok.apply_chat_template(messages[: j + 1], tools=TOOLS, add_generation_prompt=True)
         full = list(full["input_ids"] if hasattr(full, "keys") else full)
