@@ -30,7 +30,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 try:
@@ -159,11 +159,48 @@ def create_app(
         wrapped.kind = "api_error"
         return error(dialect, wrapped, key)
 
-    async def chat(request: Any, session: str | None) -> Any:
+    def chat_body(key: str, done: Completion, req: Any, model: str) -> dict[str, Any]:
+        return openai_chat.response(key, done.plan, done.replies, model=model, logprobs=req.logprobs, tpl=gateway.tpl)
+
+    def chat_sse(key: str, done: Completion, req: Any, model: str) -> Iterator[str]:
+        chunks = openai_chat.chunks(
+            key, done.plan, done.replies, model=model, include_usage=req.include_usage, logprobs=req.logprobs,
+            tpl=gateway.tpl,
+        )  # fmt: skip
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def named_events(events: Iterator[tuple[str, dict[str, Any]]]) -> Iterator[str]:
+        for event, data in events:
+            yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+    #: each dialect: its module (parse, error_body), its response body and its stream, from a finished call
+    dialects: dict[str, tuple[Any, Callable[..., dict[str, Any]], Callable[..., Iterator[str]]]] = {
+        "chat": (openai_chat, chat_body, chat_sse),
+        "messages": (
+            anthropic,
+            lambda key, done, _req, model: anthropic.response(key, done.plan, done.replies[0], model=model),
+            lambda key, done, _req, model: named_events(anthropic.events(key, done.plan, done.replies[0], model=model)),
+        ),
+        "responses": (
+            responses,
+            lambda key, done, req, model: responses.response(
+                key, done.plan, done.replies[0], model=model, echo=req.echo
+            ),
+            lambda key, done, req, model: named_events(
+                responses.events(key, done.plan, done.replies[0], model=model, echo=req.echo)
+            ),
+        ),
+    }
+
+    async def handle(request: Any, session: str | None, name: str) -> Any:
+        """One call in dialect ``name``: parse, complete (cancelled if the client goes), answer or stream."""
+        dialect, body_of, stream_of = dialects[name]
         key = None
         try:
             key = session_of(request, session)
-            req = openai_chat.parse(await read_json(request))
+            req = dialect.parse(await read_json(request))
             try:
                 done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
             finally:
@@ -171,109 +208,35 @@ def create_app(
         except _ClientGone:
             return fastapi.Response(status_code=499)
         except GatewayError as exc:
-            return error(openai_chat, exc, key)
-        except (TmplError, Exception) as exc:  # noqa: BLE001 - answered in the API's shape, logged
-            return unexpected(openai_chat, exc, key)
-        model = req.model or gateway.model
-        headers = {SESSION_HEADER: key}
-        if not req.stream:
-            body = openai_chat.response(
-                key, done.plan, done.replies, model=model, logprobs=req.logprobs, tpl=gateway.tpl
-            )
-            return JSONResponse(body, headers=headers)
-
-        async def sse() -> AsyncIterator[str]:
-            for chunk in openai_chat.chunks(
-                key,
-                done.plan,
-                done.replies,
-                model=model,
-                include_usage=req.include_usage,
-                logprobs=req.logprobs,
-                tpl=gateway.tpl,
-            ):
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
-
-    async def messages(request: Any, session: str | None) -> Any:
-        key = None
-        try:
-            key = session_of(request, session)
-            req = anthropic.parse(await read_json(request))
-            try:
-                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
-            finally:
-                done_with(key)
-        except _ClientGone:
-            return fastapi.Response(status_code=499)
-        except GatewayError as exc:
-            return error(anthropic, exc, key)
+            return error(dialect, exc, key)
         except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
-            return unexpected(anthropic, exc, key)
+            return unexpected(dialect, exc, key)
         model = req.model or gateway.model
         headers = {SESSION_HEADER: key}
-        reply = done.replies[0]
         if not req.stream:
-            return JSONResponse(anthropic.response(key, done.plan, reply, model=model), headers=headers)
+            return JSONResponse(body_of(key, done, req, model), headers=headers)
 
         async def sse() -> AsyncIterator[str]:
-            for event, data in anthropic.events(key, done.plan, reply, model=model):
-                yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+            for piece in stream_of(key, done, req, model):
+                yield piece
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
 
-    async def respond(request: Any, session: str | None) -> Any:
-        key = None
-        try:
-            key = session_of(request, session)
-            req = responses.parse(await read_json(request))
-            try:
-                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
-            finally:
-                done_with(key)
-        except _ClientGone:
-            return fastapi.Response(status_code=499)
-        except GatewayError as exc:
-            return error(responses, exc, key)
-        except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
-            return unexpected(responses, exc, key)
-        model = req.model or gateway.model
-        headers = {SESSION_HEADER: key}
-        reply = done.replies[0]
-        if not req.stream:
-            return JSONResponse(responses.response(key, done.plan, reply, model=model, echo=req.echo), headers=headers)
+    def routes(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The two routes of a dialect (a closure each: a default argument would be a query parameter)."""
 
-        async def sse() -> AsyncIterator[str]:
-            for event, data in responses.events(key, done.plan, reply, model=model, echo=req.echo):
-                yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+        async def anywhere(request: Request) -> Any:
+            return await handle(request, None, name)
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+        async def in_session(session: str, request: Request) -> Any:
+            return await handle(request, session, name)
 
-    @app.post("/v1/responses")
-    async def responses_any(request: Request) -> Any:
-        return await respond(request, None)
+        return anywhere, in_session
 
-    @app.post("/s/{session}/v1/responses")
-    async def responses_in(session: str, request: Request) -> Any:
-        return await respond(request, session)
-
-    @app.post("/v1/chat/completions")
-    async def chat_any(request: Request) -> Any:
-        return await chat(request, None)
-
-    @app.post("/s/{session}/v1/chat/completions")
-    async def chat_in(session: str, request: Request) -> Any:
-        return await chat(request, session)
-
-    @app.post("/v1/messages")
-    async def messages_any(request: Request) -> Any:
-        return await messages(request, None)
-
-    @app.post("/s/{session}/v1/messages")
-    async def messages_in(session: str, request: Request) -> Any:
-        return await messages(request, session)
+    for name, path in (("chat", "chat/completions"), ("messages", "messages"), ("responses", "responses")):
+        anywhere, in_session = routes(name)
+        app.post(f"/v1/{path}")(anywhere)
+        app.post(f"/s/{{session}}/v1/{path}")(in_session)
 
     def models() -> Any:
         return {"object": "list", "data": [{"id": gateway.model, "object": "model", "created": 0, "owned_by": "tmpl"}]}
