@@ -71,6 +71,11 @@ class SessionStore:
 
     def open(self, key: str) -> Session:
         """The session of ``key``, opened when new (SessionNotFoundError for an ended one)."""
+        return self.get(key, create=True)
+
+    def get(self, key: str, *, create: bool | None = None) -> Session:
+        """The open session of ``key`` (its idle time restarts): opened when new if ``create`` (default: the
+        store's setting); SessionNotFoundError for an ended one."""
         self.expire()
         session = self._open.get(key)
         if session is not None:
@@ -79,28 +84,20 @@ class SessionStore:
             return session
         if key in self._ended:
             raise SessionNotFoundError(key, f"the session ended ({self._ended[key]}); start a new one")
+        if not (self.create if create is None else create):
+            raise SessionNotFoundError(key, "no such session")
         if len(self._open) >= self.max_sessions:
-            idle = [k for k, s in self._open.items() if not s.inflight]  # never end a session mid-call
-            if not idle:
-                raise BackendUnavailableError(key, f"all {self.max_sessions} open sessions have calls in flight")
-            for oldest in idle[: len(self._open) - self.max_sessions + 1]:
-                self._end(oldest, f"closed to make room: more than {self.max_sessions} open sessions")
+            self._make_room(key)
         session = self._open[key] = self.factory(key)
         return session
 
-    def get(self, key: str, *, create: bool | None = None) -> Session:
-        """The open session of ``key``: opened when new if ``create`` (default: the store's setting)."""
-        self.expire()
-        session = self._open.get(key)
-        if session is not None:
-            self._open.move_to_end(key)
-            session.touched = time.monotonic()
-            return session
-        if key in self._ended:
-            raise SessionNotFoundError(key, f"the session ended ({self._ended[key]})")
-        if not (self.create if create is None else create):
-            raise SessionNotFoundError(key, "no such session")
-        return self.open(key)
+    def _make_room(self, key: str) -> None:
+        """End the least recently used session that has no call in flight (never one mid-call)."""
+        for oldest, session in self._open.items():
+            if not session.inflight:
+                self._end(oldest, f"closed to make room: more than {self.max_sessions} open sessions")
+                return
+        raise BackendUnavailableError(key, f"all {self.max_sessions} open sessions have calls in flight")
 
     def finish(self, key: str, reason: str = "finished by the client") -> Finished:
         """End the session of ``key`` now: its episode goes to the queue :meth:`drain` reads (refused, 409,
