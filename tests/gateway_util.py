@@ -35,6 +35,28 @@ def served(app: Any, limit: float = 20.0) -> Iterator[str]:
         thread.join(limit)
 
 
+def streamed_message(chunks: Any) -> dict[str, Any]:
+    """The assistant message a client assembles from a streamed chat completion's chunks (choice 0):
+    content, ``reasoning_content`` and tool calls whose argument pieces are joined by index."""
+    content, reasoning, calls = "", "", {}
+    for chunk in chunks:
+        for choice in chunk.choices[:1]:
+            delta = choice.delta
+            content += delta.content or ""
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for tc in delta.tool_calls or []:
+                entry = calls.setdefault(
+                    tc.index, {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": ""}}
+                )
+                entry["function"]["arguments"] += tc.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = list(calls.values())
+    return message
+
+
 def as_rendered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI-shaped messages as templates take them: call arguments as dicts, no ``None`` content."""
     out = []

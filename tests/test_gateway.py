@@ -29,7 +29,7 @@ from tmpl.backends.base import Backend, GenerationResult
 from tmpl.gateway import Gateway, create_app
 
 from .conftest import load_tokenizer
-from .gateway_util import as_rendered, full_render_ids, served
+from .gateway_util import as_rendered, full_render_ids, served, streamed_message
 
 openai = pytest.importorskip("openai", reason="the openai SDK is not installed (pip install -e '.[test]')")
 anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (pip install -e '.[test]')")
@@ -128,22 +128,8 @@ def openai_episode(client, *, stream: bool, question: str = "Weather in Paris an
     for _ in range(8):
         sent.append(json.loads(json.dumps(messages)))
         if stream:
-            content, reasoning, calls = "", "", {}
-            for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True):
-                if not chunk.choices:
-                    continue
-                delta = chunk.choices[0].delta
-                content += delta.content or ""
-                reasoning += getattr(delta, "reasoning_content", None) or ""
-                for tc in delta.tool_calls or []:
-                    entry = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
-                                                        "function": {"name": tc.function.name, "arguments": ""}})  # fmt: skip
-                    entry["function"]["arguments"] += tc.function.arguments or ""
-            message = {"role": "assistant", "content": content or None}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if calls:
-                message["tool_calls"] = list(calls.values())
+            chunks = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)
+            message = streamed_message(chunks)
         else:
             reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
             message = reply.choices[0].message.model_dump(exclude_none=True)

