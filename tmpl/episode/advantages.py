@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import RewardError
 from .builder import Episode
 
-__all__ = ["ESTIMATORS", "episode_return", "returns_to_go", "token_advantages"]
+__all__ = ["ESTIMATORS", "episode_return", "returns_to_go", "sample_advantages", "token_advantages"]
 
 #: The group baselines :func:`token_advantages` knows.
 ESTIMATORS: tuple[str, ...] = ("grpo", "rloo")
@@ -69,6 +69,46 @@ def returns_to_go(episode: Episode) -> dict[str, float]:
     return out
 
 
+def _baselines(totals: np.ndarray, estimator: str, scale: bool, eps: float) -> tuple[np.ndarray, float]:
+    """Per sample: the group baseline, and the divisor of ``G - baseline``."""
+    n = len(totals)
+    if estimator == "rloo":
+        return (totals.sum() - totals) / (n - 1), 1.0
+    divisor = (float(totals.std(ddof=1)) if n > 1 else 0.0) + eps if scale else 1.0
+    return np.full(n, totals.mean()), divisor
+
+
+def sample_advantages(
+    returns: Sequence[float] | np.ndarray,
+    *,
+    estimator: Literal["grpo", "rloo"] = "grpo",
+    scale: bool = True,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """One advantage per sample of a group from the samples' returns (the baseline of :func:`token_advantages`).
+
+    For a trainer that scores whole samples (TRL's reward functions): every training sequence of sample
+    ``i`` gets ``out[i]`` on its loss mask. RewardError for an empty group, a non-finite return, an
+    unknown estimator or an RLOO group of one sample.
+
+    >>> sample_advantages([1.0, 0.0, 0.5], estimator="rloo").tolist()
+    [0.75, -0.75, 0.0]
+    """
+    totals = np.asarray(returns, dtype=np.float64).reshape(-1)
+    if not len(totals):
+        raise RewardError(None, None, "no returns to compute advantages for")
+    if estimator not in ESTIMATORS:
+        raise RewardError(None, None, f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+    bad = np.flatnonzero(~np.isfinite(totals))
+    if len(bad):
+        raise RewardError(int(bad[0]), None, f"return {totals[bad[0]]} of sample {int(bad[0])} is not finite")
+    if estimator == "rloo" and len(totals) < 2:
+        raise RewardError(None, None, "RLOO needs at least 2 samples of the prompt")
+    baselines, divisor = _baselines(totals, estimator, scale, eps)
+    out: np.ndarray = (totals - baselines) / divisor
+    return out
+
+
 def token_advantages(
     group: Sequence[Episode],
     *,
@@ -90,15 +130,9 @@ def token_advantages(
     if estimator not in ESTIMATORS:
         raise RewardError(None, None, f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     totals = np.array([episode_return(ep) for ep in episodes], dtype=np.float64)
-    n = len(totals)
-    if estimator == "rloo":
-        if n < 2:
-            raise RewardError(episodes[0].sample_id, None, "RLOO needs at least 2 samples of the prompt")
-        baselines = (totals.sum() - totals) / (n - 1)
-        divisor = 1.0
-    else:
-        baselines = np.full(n, totals.mean())
-        divisor = (float(totals.std(ddof=1)) if n > 1 else 0.0) + eps if scale else 1.0
+    if estimator == "rloo" and len(totals) < 2:
+        raise RewardError(episodes[0].sample_id, None, "RLOO needs at least 2 samples of the prompt")
+    baselines, divisor = _baselines(totals, estimator, scale, eps)
     out: list[list[np.ndarray]] = []
     for ep, total, baseline in zip(episodes, totals, baselines):
         to_go = returns_to_go(ep) if reward_to_go else {}
