@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from ..episode import Call, Episode
 from ..errors import GatewayRequestError, HistoryConflictError
 from ..rollout.history import SampledTurn, splice
@@ -58,9 +60,13 @@ class Head:
     messages: tuple[dict[str, Any], ...]
     #: the tools it was rendered with (canonical)
     tools: list[dict[str, Any]] | None
-    #: the IDs of the sequence so far: the call's prompt, then what it sampled
-    ids: tuple[int, ...]
-    sampled: tuple[int, ...]
+    #: the IDs of the sequence so far are ``prompt + sampled``: the call's prompt, then what it sampled
+    #: (lists never changed; joined only when a request continues the head: one copy per call)
+    prompt: list[int]
+    sampled: list[int]
+    #: ``ids`` as an int32 array: the next call's prompt array is this plus the suffix (no list of the
+    #: whole history is converted again on each call)
+    array: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,12 @@ class Plan:
     edit: str | None = None
     #: tokens tokenized for this prompt (the rest are IDs the engine already saw or sampled)
     encoded: int = 0
+    #: ``prompt_ids`` as an int32 array (made from the head's array on the append path)
+    array: np.ndarray | None = None
+
+    def prompt_array(self) -> np.ndarray:
+        """``prompt_ids`` as an int32 array."""
+        return self.array if self.array is not None else np.asarray(self.prompt_ids, dtype=np.int32)
 
 
 @dataclass
@@ -147,9 +159,12 @@ class Session:
                 new = request[n:]
                 if new and all(m["role"] == "tool" for m in new):
                     suffix = self.tpl.suffix_ids(
-                        new, completion_ids=list(head.sampled), tools=tools, history=list(head.messages[:-1])
+                        new, completion_ids=head.sampled, tools=tools, history=list(head.messages[:-1])
                     )
-                    return Plan(list(head.ids) + suffix, "append", request, tools, None, len(suffix))
+                    array = np.concatenate([head.array, np.asarray(suffix, dtype=np.int32)])
+                    ids = head.prompt + head.sampled
+                    ids += suffix
+                    return Plan(ids, "append", request, tools, None, len(suffix), array)
                 continued = True
                 continue
             if closest is None or diff[0] > closest[0]:
@@ -244,9 +259,11 @@ class Session:
     def record(self, plan: Plan, reply: Reply, *, version: int | None) -> None:
         """Keep a generated reply: a call of the episode, a head the next request may continue."""
         result = reply.result
+        prompt = plan.prompt_array()
+        sampled = list(result.token_ids)
         call = Call(
-            plan.prompt_ids,
-            result.token_ids,
+            prompt,
+            sampled,
             result.logprobs,
             versions=result.versions if result.versions is not None else version,
             id=reply.call,
@@ -262,15 +279,15 @@ class Session:
         for c in reply.message.get("tool_calls", ()):
             self.issued[c["id"]] = c["function"]["name"]
         self.problems += [(reply.call, problem) for problem in reply.problems]
-        sampled = tuple(result.token_ids)
-        self.replies.append((reply.message, reply.call, sampled))
+        self.replies.append((reply.message, reply.call, tuple(sampled)))
         self.heads.append(
             Head(
                 reply.call,
                 (*plan.messages, reply.message),
                 plan.tools,
-                (*plan.prompt_ids, *sampled),
+                plan.prompt_ids,
                 sampled,
+                np.concatenate([call.prompt_ids, call.completion_ids]),
             )
         )
         self.touched = time.monotonic()
