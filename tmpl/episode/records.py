@@ -1,7 +1,8 @@
 """An episode to a plain record and back: its calls, in order, with the edits that started branches.
 
 The record holds what the merge rule needs to rebuild the same sequences: every call (prompt and sampled
-IDs, logprobs, versions, ``trained``, id, parent, agent, turn, reward), the edit label of each call that
+IDs, logprobs, versions, ``trained``, id, parent, agent, turn, and its reward as the episode holds it
+now, after ``set_call_reward``), the edit label of each call that
 started a branch, the episode's budget, reward and how it ended. Rebuilt, the sequences are the same
 (IDs, masks, logprobs, versions, lineages, statuses, branch kinds and edits); a branch's first differing
 message and field, which come from the messages a call was rendered from, are not kept.
@@ -53,7 +54,7 @@ def to_record(episode: Episode) -> dict[str, Any]:
                 "parent": c.parent,
                 "agent": c.agent,
                 "turn": c.turn,
-                "reward": c.reward,
+                "reward": episode.call_reward(c.id) if c.id is not None else c.reward,
             }
             for c in episode.calls
         ],
