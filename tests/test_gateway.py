@@ -732,3 +732,121 @@ def test_anthropic_reports_the_stop_sequence_that_ended_a_reply():
             model="m", max_tokens=64, messages=[{"role": "user", "content": "Weather?"}], stop_sequences=["END"]
         )
     assert (reply.stop_reason, reply.stop_sequence, reply.content[0].text) == ("stop_sequence", "END", "Sunny.")
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_an_engine_past_the_call_timeout_is_cancelled_and_a_504(dialect):
+    tok = load_tokenizer("qwen2.5-instruct")
+    backend = Slow()
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend, call_timeout=0.3)
+    with served(create_app(gateway)) as url:
+        started = time.monotonic()
+        message = _shape(dialect, _call(url, "late", dialect, GOOD[dialect]), 504)
+        assert time.monotonic() - started < 20  # not the engine's 30 s
+    assert "call_timeout=0.3" in message
+    assert len(backend.cancelled) == 1
+    session = gateway.session("late")
+    assert list(session.ended) == backend.cancelled and "no reply within 0.3 s" in session.ended[backend.cancelled[0]]
+    assert session.episode.calls == () and session.inflight == 0
+
+
+def test_a_504_has_each_apis_error_type():
+    tok = load_tokenizer("qwen2.5-instruct")
+    gateway = Gateway(tmpl.ChatTemplate(tok), Slow(), call_timeout=0.2)
+    with served(create_app(gateway)) as url:
+        openai_body = _call(url, "t1", "openai", GOOD["openai"]).json()
+        anthropic_body = _call(url, "t2", "anthropic", GOOD["anthropic"]).json()
+    assert openai_body["error"]["code"] == 504 and openai_body["error"]["type"] == "timeout_error"
+    assert anthropic_body["error"]["type"] == "timeout_error"
+
+
+def test_a_session_is_bounded_in_tokens_and_a_refused_call_records_nothing():
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=3, max_session_tokens=700)
+    client_messages = [{"role": "user", "content": "Weather in Paris, Lima and Oslo?"}]
+    with served(create_app(gateway)) as url:
+        refused = None
+        for _ in range(6):
+            response = _call(url, "big", "openai", dict(GOOD["openai"], messages=client_messages))
+            if response.status_code != 200:
+                refused = response
+                break
+            message = response.json()["choices"][0]["message"]
+            client_messages.append({k: v for k, v in message.items() if v is not None})
+            for call in message.get("tool_calls") or []:
+                city = json.loads(call["function"]["arguments"])["city"]
+                client_messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"sunny, {city}"})
+        assert refused is not None, "the session was never refused"
+        assert "over the limit of 700" in _shape("openai", refused, 400)
+        other = _call(url, "small", "openai", GOOD["openai"])  # another session is unaffected
+        assert other.status_code == 200
+    session = gateway.session("big")
+    episode = session.episode
+    held = sum(len(c.prompt_ids) + len(c.completion_ids) for c in episode.calls)
+    assert held == session.tokens_held <= 700
+    assert len(backend.requests) == len(gateway.episode("big").calls) + 1  # the refused call never reached it
+    assert len(episode.calls) >= 1 and int(episode.sequences[0].mask.sum()) == sum(
+        len(c.completion_ids) for c in episode.calls
+    )
+
+
+def _same_sequences(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.ids.tolist() == y.ids.tolist() and x.mask.tolist() == y.mask.tolist()
+        assert x.logprobs.tolist() == y.logprobs.tolist() and x.versions.tolist() == y.versions.tolist()
+        assert x.branch.kind == y.branch.kind and x.branch.edit == y.branch.edit
+
+
+def test_finished_episodes_stream_as_json_lines_and_read_back_the_same(tmp_path):
+    gateway, backend, policy = gateway_of("qwen2.5-instruct", calls=1, ttl=1.0)
+    got: list[dict] = []
+
+    def read_stream(url: str) -> None:
+        with httpx.stream("GET", f"{url}/episodes/stream", params={"limit": 3, "idle": 20}, timeout=30) as r:
+            assert r.headers["content-type"].startswith("application/x-ndjson")
+            for line in r.iter_lines():
+                if line:
+                    got.append(json.loads(line))
+
+    with served(create_app(gateway)) as url:
+        reader = threading.Thread(target=read_stream, args=(url,))
+        reader.start()
+        time.sleep(0.3)  # the stream is waiting before any session ends
+        for key in ("a", "b", "old"):
+            assert _call(url, key, "openai", GOOD["openai"]).status_code == 200
+        episodes = {key: gateway.episode(key) for key in ("a", "b", "old")}
+        call = episodes["a"].calls[0].id
+        assert httpx.post(f"{url}/s/a/reward", json={"reward": 0.25, "call": call}).status_code == 200
+        assert httpx.post(f"{url}/s/a/reward", json={"reward": 1.0}).status_code == 200
+        httpx.post(f"{url}/s/a/finish")
+        httpx.post(f"{url}/s/b/finish")
+        # "old" is never finished: its TTL ends it while the stream waits
+        reader.join(25)
+        assert not reader.is_alive()
+        assert httpx.get(f"{url}/episodes/drain").json()["episodes"] == []  # each given once
+    assert [g["session"] for g in got] == ["a", "b", "old"]
+    assert "expired" in got[2]["reason"]
+    back = {g["session"]: tmpl.export.episode_from_entry(g) for g in got}
+    for key, episode in episodes.items():
+        _same_sequences(episode.sequences, back[key].sequences)
+    assert back["a"].reward == 1.0 and back["a"].call_reward(call) == 0.25  # a call's reward set later is kept
+    # the same lines to a file and back, then into one collated batch (one row per sequence)
+    path = tmpl.export.episodes_to_jsonl(list(back.values()), tmp_path / "episodes.jsonl.gz")
+    again = tmpl.export.episodes_from_jsonl(path)
+    assert [e.sample_id for e in again] == ["a", "b", "old"]
+    for x, y in zip(again, back.values()):
+        _same_sequences(x.sequences, y.sequences)
+    rows = [row for ep in again for row in ep.rows()]
+    batch = tmpl.collate(rows, pad_id=0)
+    sampled = sum(len(c.completion_ids) for ep in episodes.values() for c in ep.calls)
+    assert int((np.asarray(batch["tool_mask"]) * np.asarray(batch["completion_mask"])).sum()) == sampled
+    assert sum(int(seq.mask.sum()) for ep in again for seq in ep.sequences) == sampled
+
+
+def test_a_bad_episode_line_is_an_export_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"session": "x", "record": {"calls": [{"prompt_ids": [1]}]}}\n')
+    with pytest.raises(tmpl.errors.ExportError, match=r"bad.jsonl:1.*completion_ids"):
+        tmpl.export.episodes_from_jsonl(path)
+    with pytest.raises(tmpl.errors.ExportError, match="an episode line is"):
+        tmpl.export.episode_from_entry({"session": "x"})

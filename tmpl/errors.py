@@ -834,3 +834,16 @@ class BackendUnavailableError(GatewayError):
 
     def __init__(self, session: str | None, reason: str) -> None:
         super().__init__(session, 503, reason)
+
+
+class GatewayTimeoutError(GatewayError):
+    """The engine gave no reply within the gateway's ``call_timeout``; the engine request was cancelled (504).
+
+    >>> GatewayTimeoutError("s1", "no reply within call_timeout=600 s").status
+    504
+    """
+
+    kind = "timeout_error"
+
+    def __init__(self, session: str | None, reason: str) -> None:
+        super().__init__(session, 504, reason)

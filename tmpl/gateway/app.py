@@ -10,7 +10,11 @@ new one whose key the response header names):
 - ``GET /s/{session}/episode``: the session's training sequences (IDs, mask, logprobs, versions,
   branches) and its episode record (:func:`tmpl.episode.records.to_record`);
 - ``POST /s/{session}/reward`` ``{"reward": 1.0, "call": null}``; ``POST /s/{session}/finish``;
-- ``GET /episodes/drain?limit=N``: finished episodes, each given once.
+- ``GET /episodes/drain?limit=N``: finished episodes, each given once;
+- ``GET /episodes/stream?limit=N&idle=S``: the same as JSON Lines, sent as sessions end (expired ones
+  too), until ``limit`` episodes or ``S`` seconds (default 30) with none; each line is what
+  :func:`tmpl.export.episode_from_entry` reads. An episode is given once: a line a client never
+  read (it went away mid-stream) is not sent again.
 
 Errors come in each API's own shape with the status of the :class:`~tmpl.errors.GatewayError`: 400 for
 malformed JSON or a wrong schema, 413 for a body over ``max_body`` bytes, 404 for an ended session, 409
@@ -311,6 +315,20 @@ def create_app(
             return refused
         out = gateway.drain(limit)
         return {"episodes": [{"session": f.key, "reason": f.reason, "record": to_record(f.episode)} for f in out]}
+
+    @app.get("/episodes/stream")
+    async def stream(request: Request, limit: int | None = None, idle: float = 30.0) -> Any:
+        if (refused := trainer_only(request)) is not None:
+            return refused
+        if (limit is not None and limit < 1) or not 0 < idle <= 3600:
+            return plain_error(GatewayRequestError(None, "limit must be at least 1 and idle in (0, 3600] seconds"))
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for done in gateway.stream(limit=limit, idle=idle):
+                entry = {"session": done.key, "reason": done.reason, "record": to_record(done.episode)}
+                yield json.dumps(entry).encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     if admin_token:
 

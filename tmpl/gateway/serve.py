@@ -39,6 +39,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     serve.add_argument("--temperature", type=float, default=1.0, help="default where a request names none")
     serve.add_argument("--ttl", type=float, default=3600.0, help="seconds a session may stay idle (default 3600)")
     serve.add_argument("--max-sessions", type=int, default=10_000, help="open sessions at most (default 10000)")
+    serve.add_argument(
+        "--call-timeout",
+        type=float,
+        default=600.0,
+        help="seconds an engine request may take (504 past it; default 600)",
+    )
+    serve.add_argument(
+        "--max-session-tokens",
+        type=int,
+        default=4_000_000,
+        help="tokens (prompts and samples of every call) one session's episode may hold (default 4000000)",
+    )
     serve.add_argument("--strict", action="store_true", help="refuse (409) a history the gateway never produced")
     serve.add_argument("--model-name", help="the name /v1/models lists (default: the template's)")
     serve.add_argument(
@@ -78,6 +90,8 @@ def build_gateway(args: argparse.Namespace) -> Any:
         ttl=args.ttl,
         max_sessions=args.max_sessions,
         strict=args.strict,
+        call_timeout=args.call_timeout,
+        max_session_tokens=args.max_session_tokens,
     )
 
 

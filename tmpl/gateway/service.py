@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from ..errors import (
     BackendUnavailableError,
     GatewayError,
     GatewayRequestError,
+    GatewayTimeoutError,
     HistorySpliceError,
     NoToolParserError,
     TmplError,
@@ -81,6 +82,11 @@ class Gateway:
     - ``strict``: a history holding an assistant turn the gateway never returned is refused (409)
       instead of starting a branch.
     - ``model``: the name ``/v1/models`` lists (default: the template's name).
+    - ``call_timeout``: seconds an engine request may take (None: no limit); past it the engine request
+      is cancelled, the call noted aborted in its session, and the client answered 504.
+    - ``max_session_tokens``: tokens (prompt plus sampled, every call) a session's episode may hold; a
+      call that would go past it is refused (400) before it reaches the engine: one agent cannot grow
+      the gateway's memory without end (finish the session and start another).
     """
 
     def __init__(
@@ -100,7 +106,15 @@ class Gateway:
         create_sessions: bool = True,
         strict: bool = False,
         max_heads: int = 16,
+        call_timeout: float | None = 600.0,
+        max_session_tokens: int = 4_000_000,
     ) -> None:
+        if call_timeout is not None and not call_timeout > 0:
+            raise ValueError(f"call_timeout must be positive seconds or None, not {call_timeout!r}")
+        if max_session_tokens < 1:
+            raise ValueError(f"max_session_tokens must be positive, not {max_session_tokens!r}")
+        self.call_timeout = call_timeout
+        self.max_session_tokens = max_session_tokens
         self.tpl = tpl
         self.backend = backend
         self.model = model or tpl.name
@@ -167,6 +181,13 @@ class Gateway:
         max_tokens = min(params.max_tokens or self.max_tokens, self.max_tokens, room)
         if max_tokens < 1:
             raise GatewayRequestError(session_key, "max_tokens must be at least 1", param="max_tokens")
+        held = session.tokens_held + params.n * len(plan.prompt_ids)
+        if held > self.max_session_tokens:
+            raise GatewayRequestError(
+                session_key,
+                f"the session's episode would hold {held} tokens (its calls' prompts and samples), over the "
+                f"limit of {self.max_session_tokens}: finish it and start another",
+            )
         try:
             sampling = Sampling(
                 temperature=self.temperature if params.temperature is None else params.temperature,
@@ -232,11 +253,19 @@ class Gateway:
             sample=session.key,
         )
         try:
-            result = await self.backend.agenerate(request)
+            result = await asyncio.wait_for(self.backend.agenerate(request), self.call_timeout)
         except asyncio.CancelledError:
             session.ended[call_id] = "aborted: the client went away before the reply (the engine request was cancelled)"
             await asyncio.shield(self.backend.cancel(call_id))
             raise
+        except TimeoutError:
+            session.ended[call_id] = (
+                f"aborted: no reply within {self.call_timeout:g} s (the engine request was cancelled)"
+            )
+            await asyncio.shield(self.backend.cancel(call_id))
+            raise GatewayTimeoutError(
+                session.key, f"the engine gave no reply within call_timeout={self.call_timeout:g} s"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - any backend failure is the client's 503
             raise BackendUnavailableError(session.key, f"{type(exc).__name__}: {exc}") from exc
         if result.finish_reason == "error" or not result.token_ids:
@@ -338,6 +367,29 @@ class Gateway:
         """Finished episodes (ended, expired or closed for room), oldest first, each given once."""
         self.sessions.expire()
         return self.sessions.drain(limit)
+
+    async def stream(self, *, limit: int | None = None, idle: float = 30.0) -> AsyncIterator[Finished]:
+        """Finished episodes as they end (expired ones too), each given once, oldest first; stops after
+        ``limit`` of them or ``idle`` seconds with none. Another reader (:meth:`drain`, a second stream)
+        gets the ones this one has not taken.
+
+        >>> async for done in gateway.stream(limit=8):                  # doctest: +SKIP
+        ...     trainer.add(done.episode.rows())
+        """
+        given = 0
+        last = time.monotonic()
+        while limit is None or given < limit:
+            batch = self.drain(None if limit is None else limit - given)
+            for done in batch:
+                yield done
+            given += len(batch)
+            if batch:
+                last = time.monotonic()
+                continue
+            left = idle - (time.monotonic() - last)
+            if left <= 0:
+                return
+            await self.sessions.wait_finished(min(left, 1.0))  # at least each second: TTLs end sessions
 
     def close(self) -> None:
         """End every session (their episodes stay to be drained) and close the backend."""

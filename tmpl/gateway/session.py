@@ -136,6 +136,8 @@ class Session:
         #: tokens of all prompts that were tokenized, and that came as IDs (sampled or seen)
         self.encoded_tokens = 0
         self.reused_tokens = 0
+        #: tokens the episode's calls hold (prompts and samples): what ``max_session_tokens`` bounds
+        self.tokens_held = 0
 
     # -- the prompt ------------------------------------------------------------------
     def plan(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
@@ -274,6 +276,7 @@ class Session:
         self.calls += 1
         self.encoded_tokens += plan.encoded
         self.reused_tokens += len(plan.prompt_ids) - plan.encoded
+        self.tokens_held += len(prompt) + len(sampled)
         if result.finish_reason not in ("stop", "length"):
             self.ended[reply.call] = result.finish_reason + (f": {result.error}" if result.error else "")
         for c in reply.message.get("tool_calls", ()):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
@@ -65,6 +66,7 @@ class SessionStore:
         self.max_finished = max_finished
         #: finished episodes dropped unread because the queue was full
         self.dropped = 0
+        self._arrived: asyncio.Event | None = None  # set when an episode is queued (made on the loop)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -150,4 +152,19 @@ class SessionStore:
                 self.dropped += 1
                 log.warning("finished-episode queue full (%d): dropped session %r unread", self.max_finished, lost.key)
             self._finished.append(done)
+            if self._arrived is not None:
+                self._arrived.set()
         return done
+
+    async def wait_finished(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a finished episode to be queued; whether one is."""
+        if self._finished:
+            return True
+        if self._arrived is None:
+            self._arrived = asyncio.Event()
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+        except TimeoutError:
+            pass
+        return bool(self._finished)

@@ -265,6 +265,7 @@ ERROR_TYPES = {
     409: "invalid_request_error",
     413: "request_too_large",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 
 
