@@ -24,15 +24,19 @@ the hooks here:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ImageInputError, TmplError
-from ..trajectory.images import ImageInputs, ImageTrajectory
+from ..errors import HistorySpliceError, ImageInputError, TmplError
+from ..messages import validate_messages
+from ..trajectory.images import ImageInputs, ImageTrajectory, placeholder_runs
 from ..vision import VisionTemplate
 from ..vision.parts import is_image_part, is_pil_image, split_images
+from ..vision.template import VisionIds
 from .drift import DriftDetail, explain_drift
 from .suffixes import suffixes_of
 
@@ -204,6 +208,106 @@ def suffixes(
     return out
 
 
+# -- history modes (history="template", edit_history) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedHistory:
+    """A history rendered through the processor: ``text``, the render with every image placeholder
+    expanded (what the sampled IDs are spliced into), ``full``, the processor's own IDs of it and their
+    image inputs, and ``sources``, the images themselves (PIL, in placeholder order)."""
+
+    text: str
+    full: VisionIds
+    sources: list[Any]
+
+
+def render_history(vision: VisionTemplate, messages: Sequence[Mapping[str, Any]], tools: Any) -> RenderedHistory:
+    """The next prompt's render of ``messages`` (template mode): the template's text, expanded by the
+    processor for the messages' images (raises the processor's :class:`~tmpl.errors.TmplError` when the
+    template does not render one placeholder per image)."""
+    render, images, parts = split_images(messages, where="history")
+    validate_messages(render, where="history")
+    text = vision.chat.render(render, tools=tools, add_generation_prompt=True)
+    full = vision.expand(text, images, parts)
+    return RenderedHistory(vision.chat.codec.decode(full.ids), full, images)
+
+
+def placed(rendered: RenderedHistory, ids: list[int], *, template: str, sample: object, turn: int) -> ImageIds:
+    """Spliced prompt ``ids`` (of ``rendered.text``) with the render's images, spans where ``ids`` hold
+    their placeholders. Raises :class:`~tmpl.errors.HistorySpliceError` unless ``ids`` hold one run per
+    image, each as long as the processor made it."""
+    theirs = rendered.full.images
+    runs = placeholder_runs(ids, theirs.image_token_id)
+    if [b - a for a, b in runs] != [b - a for a, b in theirs.spans]:
+        raise HistorySpliceError(
+            template,
+            sample,
+            turn,
+            f"the spliced IDs hold placeholder runs of {[b - a for a, b in runs][:6]} tokens, the processor's "
+            f"render {[b - a for a, b in theirs.spans][:6]} ({len(runs)} vs {theirs.count} images)",
+        )
+    return ImageIds(ids, dataclasses.replace(theirs, spans=tuple(runs)))
+
+
+def same_images(a: ImageInputs, b: ImageInputs, upto: int) -> str | None:
+    """None when ``a`` and ``b`` hold the same images (spans, arrays) among those whose placeholders end
+    by position ``upto``; else what differs (the first image named)."""
+    ka = sum(1 for _, end in a.spans if end <= upto)
+    kb = sum(1 for _, end in b.spans if end <= upto)
+    if ka != kb:
+        return f"{ka} image(s) against {kb} in the first {upto} tokens"
+    if not ka:
+        return None
+    ha, hb = a.split(ka)[0], b.split(kb)[0]
+    if ha.spans != hb.spans or set(ha.arrays) != set(hb.arrays):
+        return f"image placeholders at {list(ha.spans)[:4]} against {list(hb.spans)[:4]}"
+    if all(np.array_equal(ha.arrays[key], hb.arrays[key]) for key in ha.arrays):
+        return None
+    for k in range(ka):  # which image differs
+        one_a, one_b = ha.split(k + 1)[0].split(k)[1], hb.split(k + 1)[0].split(k)[1]
+        if any(not np.array_equal(one_a.arrays[key], one_b.arrays[key]) for key in one_a.arrays):
+            return f"image {k} ({hb.parts[k]}) has other pixels than the earlier image {k} ({ha.parts[k]})"
+    return "the images' arrays differ"
+
+
+def image_clash(run: SampleRun, prompt: list[int]) -> str | None:
+    """Why ``prompt`` cannot continue a sequence of the sample whose IDs it extends: that sequence holds
+    other images at the same placeholders (an edit swapped an image for one of the same size). A
+    sequence has one set of model inputs, so its calls must all have been sent the same images; None:
+    no such clash."""
+    images: ImageInputs | None = getattr(prompt, "images", None)
+    assert images is not None and run.episode is not None
+    n = len(run.sequence)
+    checks: list[tuple[str, int, ImageInputs]] = []
+    if run.images is not None and len(prompt) >= n and prompt[:n] == run.sequence:
+        checks.append(("the running sequence", n, run.images))
+    for index, theirs in run.seq_images.items():
+        ids = run.episode.sequence(index).ids
+        if len(ids) <= len(prompt) and prompt[: len(ids)] == ids.tolist():
+            checks.append((f"sequence {index}", len(ids), theirs))
+    for name, upto, theirs in checks:
+        why = same_images(theirs, images, upto)
+        if why is not None:
+            return f"the prompt's IDs extend {name}, but {why}: a sequence holds one set of images"
+    return None
+
+
+def add_prompt_delta(run: SampleRun, prompt: list[int]) -> int:
+    """Append what ``prompt`` adds to the sample's sequence (mask 0) with the images of its placeholders;
+    tokens appended (an image that does not fit whole is not appended: the trajectory says why)."""
+    n = len(run.sequence)
+    delta = prompt[n:]
+    images: ImageInputs | None = getattr(prompt, "images", None)
+    tail = None
+    if images is not None and images.count:
+        tail = images.split(sum(1 for _, end in images.spans if end <= n))[1].shifted(-n)
+    traj: Any = run.traj
+    appended = int(traj.add_suffix(delta, images=tail)) if delta else 0
+    run.images = traj.images
+    return appended
+
+
 # -- checks -------------------------------------------------------------------------------------
 
 
@@ -247,12 +351,18 @@ def drift(
 
 __all__ = [
     "ImageIds",
+    "RenderedHistory",
+    "add_prompt_delta",
     "add_suffix",
     "drift",
     "has_image_parts",
     "image_content",
+    "image_clash",
     "images_of",
+    "placed",
     "prompt_ids",
+    "render_history",
+    "same_images",
     "suffixes",
     "tool_messages",
     "trajectory",

@@ -151,8 +151,6 @@ class Rollout(WeightUpdates):
         self.edit_history = edit_history
         #: prompts rendered from the messages each turn (history="template" or a hook), not appended
         self._rendered = history == "template" or edit_history is not None
-        if self._rendered and self.vision is not None:
-            raise ValueError("history='template' and edit_history do not take a VisionTemplate yet")
         self.backend = backend
         self.toolbox = as_toolbox(tools)
         self._subagents = subagents_of(self.toolbox)  # tools that run episodes of their own (subagent.py)
@@ -596,7 +594,9 @@ class Rollout(WeightUpdates):
         """Add ``call`` to the sample's episode: it merges or branches (labelled with what changed)."""
         assert run.episode is not None and run.view is not None
         messages = run.view + ([assistant] if assistant is not None else [])
-        run.episode.add_call(call, edit=run.edit, messages=messages)
+        index = run.episode.add_call(call, edit=run.edit, messages=messages)
+        if self.vision is not None:  # the images its prompt was sent: the sequence's (a merge sends the same)
+            run.seq_images[index] = run.images
         run.edit = None
         if assistant is not None:
             run.view = messages
@@ -644,24 +644,29 @@ class Rollout(WeightUpdates):
     def _next_prompt(self, run: SampleRun, turn: int) -> bool:
         """Render the history, splice the sampled IDs back in, and continue the sample's sequence or
         start a new one (a branch). False once the sample ended."""
+        sample = f"{run.index}/{run.sample}"
+        rendered = None
         with run.clock("suffix"):
             try:
-                text = self.tpl.renderer.text(run.history, tools=self.tool_schemas, add_generation_prompt=True)
-                spliced = splice(
-                    self.tpl,
-                    text,
-                    run.sampled,
-                    run.gaps,
-                    sample=f"{run.index}/{run.sample}",
-                    turn=turn,
-                    messages=run.history,
-                )
+                if self.vision is None:
+                    text = self.tpl.renderer.text(run.history, tools=self.tool_schemas, add_generation_prompt=True)
+                else:  # through the processor: the sampled IDs go into the render with its images expanded
+                    rendered = _images.render_history(self.vision, run.history, self.tool_schemas)
+                    text = rendered.text
+                spliced = splice(self.tpl, text, run.sampled, run.gaps, sample=sample, turn=turn, messages=run.history)
+                prompt = spliced.ids
+                if rendered is not None:
+                    prompt = _images.placed(rendered, prompt, template=self.tpl.name, sample=sample, turn=turn)
             except HistorySpliceError as exc:
                 return run.end(EndCode.RENDER_FAILED, str(exc))
             except TmplError as exc:
                 code = EndCode.EDIT_REJECTED if run.edit is not None else EndCode.RENDER_FAILED
                 return run.end(code, f"turn {turn}: the template cannot render the history: {exc}")
-        prompt = spliced.ids
+            if rendered is not None:
+                clash = _images.image_clash(run, prompt)
+                if clash is not None:
+                    code = EndCode.EDIT_REJECTED if run.edit is not None else EndCode.RENDER_FAILED
+                    return run.end(code, f"turn {turn}: {clash}")
         run.kept.append(spliced.kept)
         run.view = view(run.history, spliced.dropped)
         run.edit = "; ".join(e for e in (run.edit, spliced.edit) if e) or None
@@ -669,7 +674,11 @@ class Rollout(WeightUpdates):
             n = len(run.sequence)
             if len(prompt) >= n and prompt[:n] == run.sequence:  # nothing rewritten: the sequence goes on
                 delta = prompt[n:]
-                appended = run.traj.add_suffix(delta) if delta else 0
+                if rendered is None:
+                    appended = run.traj.add_suffix(delta) if delta else 0
+                else:  # with the images of its placeholders
+                    appended = _images.add_prompt_delta(run, prompt)
+                    run.image_sources = rendered.sources[: run.images.count]
                 run.sequence += delta if appended == len(delta) else delta[:appended]
                 run.versions += APPENDED * appended
                 return run.traj.running or run.end(EndCode.BUDGET_CUT)
@@ -682,6 +691,9 @@ class Rollout(WeightUpdates):
             run.traj = self._trajectory(run.index, run.sample, prompt)
             run.sequence = list(prompt)
             run.versions = array("i")
+            if rendered is not None:  # a branch holds the images of its own prompt
+                run.images = _images.images_of(run.traj)
+                run.image_sources = rendered.sources[: run.images.count]
         return True
 
     def _trajectory(self, i: int, s: int, prompt: list[int]) -> Trajectory:

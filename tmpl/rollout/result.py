@@ -15,8 +15,8 @@ import numpy as np
 
 from ..episode import Episode, SequenceRow
 from ..episode.builder import sequence_row
-from ..trajectory.images import has_images
-from ..trajectory.types import Span, Status
+from ..trajectory.images import has_images, restore_image_trajectory
+from ..trajectory.types import Span, Status, state_of
 from .codes import EndCode
 from .drift import DriftDetail
 from .metrics import SampleTimes
@@ -86,6 +86,9 @@ class RolloutResult:
     _subagents: list[Any] = field(default_factory=list, repr=False)
     #: the episode was built from the trajectory on first use (append mode), not kept from the calls
     _built: bool = field(default=False, repr=False)
+    #: vision template mode (history="template" / edit_history): per episode sequence, the images of its
+    #: last call's prompt (None: append mode or a text template)
+    _sequence_images: dict[int, Any] | None = field(default=None, repr=False)
 
     @property
     def episode(self) -> Episode:
@@ -131,15 +134,41 @@ class RolloutResult:
             return out
         return sequences
 
+    @property
+    def sequence_images(self) -> list[Any]:
+        """The image inputs (:class:`tmpl.vision.ImageInputs`) of each of :attr:`sequences`, spans in that
+        sequence's positions, so a trainer can rebuild its model inputs; None for a sequence without
+        recorded images (a text template, a sub-agent's sequence).
+
+        Append mode: the trajectory's (:attr:`images`) for its one sequence. Template mode or an
+        ``edit_history`` hook with a :class:`tmpl.vision.VisionTemplate`: each sequence's own, the images
+        its calls were sent (a sequence merges calls only when they were sent the same images).
+
+        >>> [(s.index, im.count) for s, im in zip(r.sequences, r.sequence_images)]   # doctest: +SKIP
+        [(0, 2), (1, 1)]
+        >>> r.sequence_images[1].model_inputs(r.sequences[1].ids)  # pixel_values, image_grid_thw...  # doctest: +SKIP
+        """
+        if self._sequence_images is None and self.images is None:
+            return [None] * len(self.episode.sequences)
+        lengths = [len(seq.ids) for seq in self.episode.sequences]
+        return sequence_images(self.images, self._sequence_images, lengths)
+
     def rows(self) -> list[SequenceRow]:
         """One row per training sequence for :func:`tmpl.collate` (their loss masks: :attr:`sequences`').
 
         Append mode: one row, the sample's trajectory; template mode, an edit hook or sub-agents: one per
-        sequence, each its prompt (up to its first sampled token) and completion.
+        sequence, each its prompt (up to its first sampled token) and completion. A sequence with images
+        (:attr:`sequence_images`) is a row whose trajectory carries them, so the batch has its image arrays.
 
         >>> batch = tmpl.collate([row for r in results for row in r.rows()], pad_id=0)   # doctest: +SKIP
         """
-        return [sequence_row(seq, (self.index, self.sample), self.trajectory.max_length) for seq in self.sequences]
+        rows = [sequence_row(seq, (self.index, self.sample), self.trajectory.max_length) for seq in self.sequences]
+        if self._sequence_images is None and self.images is None:
+            return rows
+        return [
+            row if images is None else dataclasses.replace(row, trajectory=with_images(row.trajectory, images))
+            for row, images in zip(rows, self.sequence_images)
+        ]
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -263,3 +292,25 @@ def _with_mask(seq: TrainingSequence, mask: np.ndarray) -> TrainingSequence:
     """``seq`` with another (read-only) mask: a snapshot of its own, the episode's left as it is."""
     mask.setflags(write=False)
     return dataclasses.replace(seq, mask=mask)
+
+
+def with_images(trajectory: Trajectory, images: Any) -> Trajectory:
+    """A row's trajectory (prompt and completion of one sequence) as an ImageTrajectory holding ``images``
+    (spans in sequence positions; checked against its placeholders)."""
+    out: Trajectory = restore_image_trajectory(state_of(trajectory), images)
+    return out
+
+
+def sequence_images(result_images: Any, recorded: Mapping[int, Any] | None, lengths: Sequence[int]) -> list[Any]:
+    """The image inputs of each training sequence of a result (``lengths``: their lengths): the images
+    recorded for it (template mode: its last call's prompt's, cut to the sequence), or, without records
+    (append mode), the trajectory's for sequence 0; None where none were recorded."""
+    if recorded is None:
+        return [result_images if k == 0 else None for k in range(len(lengths))]
+    out: list[Any] = []
+    for k, n in enumerate(lengths):
+        images = recorded.get(k)
+        if images is not None:
+            images = images.split(sum(1 for _, end in images.spans if end <= n))[0]
+        out.append(images)
+    return out

@@ -61,6 +61,8 @@ class SampleRun:
     view: list[dict[str, Any]] | None = None  # the messages as the current prompt shows them
     edit: str | None = None  # what changed the history before the next call (a branch's label)
     kept: list[tuple[KeptSpan, ...]] = field(default_factory=list)  # per prompt rendered: turns kept
+    #: vision template mode: per episode sequence of the sample's calls, the images of its last call's prompt
+    seq_images: dict[int, Any] = field(default_factory=dict)
     # sub-agents (rollout/subagent.py) its tool calls ran, with the turn of the parent call, in append mode
     # (in template mode their calls go to ``episode`` as they finish)
     subagents: list[tuple[int, SubAgentRun]] = field(default_factory=list)
@@ -120,6 +122,7 @@ class SampleRun:
             _episode=self.episode,
             kept=self.kept,
             _subagents=self.subagents,
+            _sequence_images=self.seq_images if self.episode is not None and self.images is not None else None,
         )
         if dropped:
             result._mark_dropped()

@@ -171,6 +171,16 @@ class VisionTemplate:
             )
         return self._expand(text, images, parts)
 
+    def expand(self, text: str, images: Sequence[Any], parts: tuple[str, ...]) -> VisionIds:
+        """The processor's IDs of rendered ``text`` (its image placeholders expanded for ``images``, in
+        order) and their image inputs; ``parts`` names each image. What :meth:`render_ids` does after
+        rendering, for callers that render (and read the images of) the messages themselves.
+
+        >>> render, images, parts = split_images(messages)                                   # doctest: +SKIP
+        >>> vt.expand(vt.chat.render(render, add_generation_prompt=True), images, parts).ids  # doctest: +SKIP
+        """
+        return self._expand(text, list(images), parts)
+
     def _expand(self, text: str, images: list[Any], parts: tuple[str, ...]) -> VisionIds:
         try:
             out = self.processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="np")
