@@ -33,7 +33,7 @@ from tmpl.integrations.slime import make_generate, post_process_rewards
 from tmpl.rollout import SubAgent
 
 from .conftest import family_source, load_tokenizer
-from .test_history_modes import USER, Recorder, _qwen3_script, _render, more_users
+from .test_history_modes import USER, Recorder, _calls_script, _qwen3_script, _render, more_users
 from .test_rollout import FUNCS
 from .test_subagents import TASK, Engine
 from .test_subagents import get_weather as weather_tool
@@ -260,6 +260,62 @@ def test_a_truncated_episode_marks_its_last_sequence(twin):
     assert sum(sum(s.loss_mask) for s in out) == sum(len(x) for x in rec.sampled[:4]) + len(kept)
     for a, b in zip(out[:2], full[:2]):  # the earlier sequences are whole: those of the run with room
         assert (a.tokens, a.loss_mask, a.rollout_log_probs) == (b.tokens, b.loss_mask, b.rollout_log_probs)
+
+
+def test_a_summarizers_untrained_call_gets_no_sample_and_is_named(twin):
+    """An edit hook that compacts the history with a summarizer's call (recorded untrained): its sequence
+    trains nothing and gets no Sample (named in ``tmpl_left_out``); the policy's two sequences do."""
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    rec = Recorder(_calls_script(tpl, 1))
+    summary = tpl.codec.encode("Paris is sunny.<|im_end|>")
+
+    def compact(messages, ctx):
+        if ctx.answered:
+            return None
+        ctx.label = "compaction"
+        ctx.record_call(tpl.codec.encode("Summarize: ..."), summary)
+        return [messages[0], {"role": "assistant", "content": "Paris is sunny."}, {"role": "user", "content": "Go on."}]
+
+    generate = make_generate(tools=FUNCS, template=tpl, backend=Scripted(rec), max_turns=4, edit_history=compact)
+    out = asyncio.run(generate(_args(), Sample(index=5, prompt=[{"role": "user", "content": USER}]), dict(PARAMS)))
+    assert [(s.metadata["tmpl_agent"], _turns_of(s)) for s in out] == [(None, [0]), (None, [1])]
+    left_out = out[0].metadata["tmpl_left_out"]
+    assert len(left_out) == 1 and left_out[0] not in [s.metadata["tmpl_sequence"] for s in out]
+    assert "edit_history: compaction" in out[1].metadata["tmpl_branch"]
+    _check_samples_against_the_engine(tpl, out, rec)  # the summary's tokens are in no loss mask
+    # the second prompt renders the compacted history, which holds the summary as text
+    assert out[1].tokens[: len(out[1].tokens) - out[1].response_length] == rec.prompts[1]
+    assert tpl.codec.decode(rec.prompts[1]) == _render(
+        tpl,
+        [
+            {"role": "user", "content": USER},
+            {"role": "assistant", "content": "Paris is sunny."},
+            {"role": "user", "content": "Go on."},
+        ],
+        tokenize=False,
+    )
+
+
+def test_an_aborted_episode_marks_every_sample_aborted(twin):
+    """A hook that raises after the third turn ends the sample EDIT_FAILED: both sequences sampled so far
+    come back, every Sample ABORTED (slime then scores none of them), their tokens exact."""
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    rec = Recorder(_qwen3_script(tpl))
+    asks = more_users(*QWEN3_QUESTIONS)
+
+    def hook(messages, ctx):
+        if ctx.turn == 2:
+            raise RuntimeError("the simulated user hung up")
+        return asks(messages, ctx)
+
+    generate = make_generate(
+        tools=FUNCS, template=tpl, backend=Scripted(rec), max_turns=8, history="template", edit_history=hook
+    )
+    out = asyncio.run(generate(_args(), Sample(index=0, prompt=[{"role": "user", "content": USER}]), dict(PARAMS)))
+    assert [_turns_of(s) for s in out] == [[0, 1], [2]]
+    assert all(s.status is Sample.Status.ABORTED for s in out)
+    assert "hung up" in out[0].metadata["tmpl_reason"]
+    _check_samples_against_the_engine(tpl, out, rec)
 
 
 def test_post_process_rewards_counts_each_episode_once():
