@@ -198,6 +198,9 @@ def test_a_compacting_hook_branches_and_each_sequence_carries_its_own_images(nam
     inputs = batch_model_inputs(batch, image_token_id=vt.image_token_id)
     for key in per[0].arrays:
         assert np.array_equal(inputs[key], np.concatenate([im.arrays[key] for im in per])), key
+    # export would keep the last branch's images only: refused, named, rather than lose the others
+    with pytest.raises(tmpl.errors.ExportError, match=r"results\[0\] \(sample 0/0\): its sequences hold images"):
+        tmpl.export.to_records([r])
 
 
 def test_template_mode_with_tool_images_is_one_sequence_equal_to_append_mode() -> None:

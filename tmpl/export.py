@@ -126,6 +126,12 @@ def to_records(
     for k, r in enumerate(results):
         if not isinstance(r, RolloutResult):
             raise ExportError(f"results[{k}]", f"expected a tmpl.RolloutResult, got {type(r).__name__}")
+        if r._sequence_images is not None and any(im is not None and im.count for im in r.sequence_images):
+            raise ExportError(  # the record holds the last branch's images only: the others' would be lost
+                f"results[{k}] (sample {r.index}/{r.sample})",
+                "its sequences hold images (a VisionTemplate in template mode or with edit_history), which are "
+                "not exported yet: keep the results (pickle) or export append-mode rollouts",
+            )
         state = state_of(r.trajectory)
         record: dict[str, Any] = {
             "format": FORMAT,

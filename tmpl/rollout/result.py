@@ -148,7 +148,8 @@ class RolloutResult:
         [(0, 2), (1, 1)]
         >>> r.sequence_images[1].model_inputs(r.sequences[1].ids)  # pixel_values, image_grid_thw...  # doctest: +SKIP
         """
-        if self._sequence_images is None and self.images is None:
+        appended = self._episode is None or self._built  # append mode: sequence 0 is the trajectory
+        if self._sequence_images is None and (self.images is None or not appended):
             return [None] * len(self.episode.sequences)
         lengths = [len(seq.ids) for seq in self.episode.sequences]
         return sequence_images(self.images, self._sequence_images, lengths)
