@@ -301,3 +301,46 @@ def test_template_mode_takes_a_vision_template() -> None:
     _, vt, _ = setup(tvr.QWEN)
     rollout = tmpl.Rollout(vt, Scripted(lambda req: []), history="template", progress=False)
     assert rollout.vision is vt and rollout._rendered
+
+
+class Echo:
+    """A user whose image message's text ends with what the model answers (``Reply OK.`` / ``OK.``)."""
+
+    def __init__(self, name: str, imgs: dict[str, Any]) -> None:
+        self.name = name
+        self.imgs = imgs
+        self.sent: list[list[dict[str, Any]]] = [[user(imgs["A"], "Reply OK.")]]
+        self.prompts: list[list[int]] = []
+        self.sampled: list[list[int]] = []
+
+    def hook(self, messages: list[dict[str, Any]], ctx: Any) -> Any:
+        if ctx.turn == 0:
+            self.sent.append(messages + [user(self.imgs["B"], "Again: reply OK.")])
+            return self.sent[-1]
+        return None
+
+    def __call__(self, request: Any) -> list[int]:
+        turn = int(request.request_id.split("-")[2])
+        ids = truth(self.name, self.sent[turn])["input_ids"][0].tolist()
+        self.prompts.append(list(request.prompt_ids))
+        _, vt, _ = setup(self.name)
+        alone = truth(self.name, self.sent[turn] + [{"role": "assistant", "content": "OK."}], gen=False)
+        full = alone["input_ids"][0].tolist()
+        end = next(t for t in range(len(ids), len(full)) if full[t] in vt.stop_token_ids)
+        self.sampled.append(full[len(ids) : end + 1])
+        return self.sampled[-1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_answer_the_user_message_also_ends_with_is_spliced_where_the_answer_is(name: str) -> None:
+    """The bytes of the sampled ``OK.`` + turn close also occur at the end of the user's text part (before
+    the answer): the splice must put the sampled IDs at the answer, not inside the user's message."""
+    _, vt, _ = setup(name)
+    echo = Echo(name, pictures())
+    rollout = tmpl.Rollout(vt, Scripted(echo), max_turns=3, progress=False, edit_history=echo.hook)
+    (r,) = rollout.run([echo.sent[0]])
+    assert r.code is EndCode.FINISHED and r.turns == 2, r.reason
+    for t, prompt in enumerate(echo.prompts):
+        assert prompt == truth(name, echo.sent[t])["input_ids"][0].tolist(), f"turn {t}"
+    kept = [k for k in r.kept[0] if k.size]
+    assert kept and echo.prompts[1][kept[0].at : kept[0].at + kept[0].size] == echo.sampled[0]

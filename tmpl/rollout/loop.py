@@ -584,7 +584,7 @@ class Rollout(WeightUpdates):
             turn=turn,
         )
         turn_record = SampledTurn.of(self.tpl.codec, f"turn-{turn}", len(run.history), ids)
-        before = run.history[-1].get("content") if run.history else None
+        before = _last_text(run.history[-1].get("content")) if run.history else None
         if isinstance(before, str) and before.strip():  # searched first: the turn comes after it
             turn_record = dataclasses.replace(turn_record, after=before.strip().encode("utf-8"))
         run.sampled.append(turn_record)
@@ -780,6 +780,19 @@ class Rollout(WeightUpdates):
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="rollout", unit="sample", file=sys.stderr)
+
+
+def _last_text(content: Any) -> Any:
+    """A message's content as the splice searches for it before the next turn: a string as it is; of
+    content parts (an image and its caption), the text of the last text part.
+
+    >>> _last_text([{"type": "image"}, {"type": "text", "text": "Reply OK."}])
+    'Reply OK.'
+    """
+    if isinstance(content, (list, tuple)):
+        texts = [p.get("text") for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+        return texts[-1] if texts else None
+    return content
 
 
 def _follow(turns: list[SampledTurn], before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[SampledTurn]:
