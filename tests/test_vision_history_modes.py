@@ -121,14 +121,16 @@ class Model:
         return self.sampled[-1]
 
 
-def rollout_of(name: str, *, swap: bool = False, **kwargs: Any) -> tuple[tmpl.RolloutResult, Model, Compact]:
+def rollout_of(
+    name: str, *, swap: bool = False, max_length: int = 20000, **kwargs: Any
+) -> tuple[tmpl.RolloutResult, Model, Compact]:
     _, vt, _ = setup(name)
     imgs = pictures()
     first = [user(imgs["A"], "What is in this picture?")]
     hook = Compact(imgs, first, swap=swap)
     model = Model(name, hook)
     rollout = tmpl.Rollout(
-        vt, Scripted(model), max_turns=4, max_length=20000, progress=False, edit_history=hook, **kwargs
+        vt, Scripted(model), max_turns=4, max_length=max_length, progress=False, edit_history=hook, **kwargs
     )
     (r,) = rollout.run([first])
     return r, model, hook
@@ -344,3 +346,26 @@ def test_an_answer_the_user_message_also_ends_with_is_spliced_where_the_answer_i
         assert prompt == truth(name, echo.sent[t])["input_ids"][0].tolist(), f"turn {t}"
     kept = [k for k in r.kept[0] if k.size]
     assert kept and echo.prompts[1][kept[0].at : kept[0].at + kept[0].size] == echo.sampled[0]
+
+
+def test_an_image_that_does_not_fit_the_budget_is_left_out_whole_and_named() -> None:
+    """Gemma 4 (turn 1 continues turn 0's sequence): a budget that ends inside image B's placeholders. The
+    sample is TRUNCATED before the image, named; what it holds rebuilds (its images whole)."""
+    name = "gemma-4/ollama-e2b"
+    _, vt, _ = setup(name)
+    _, model, hook = rollout_of(name)
+    want = truth(name, hook.sent[1])["input_ids"][0].tolist()
+    b_start, b_end = tmpl.vision.placeholder_runs(want, vt.image_token_id)[1]
+    assert b_start > len(model.prompts[0]) + len(model.sampled[0])
+    r, cut_model, _ = rollout_of(name, max_length=b_start + 3)
+    assert r.code is EndCode.BUDGET_CUT and r.status is tmpl.Status.TRUNCATED, r.reason
+    assert "image history[2].content[0]" in r.reason and "do not fit whole" in r.reason
+    seq = r.prompt_ids.tolist() + r.completion_ids.tolist()
+    assert seq == want[:b_start]  # up to the image, the processor's render; no placeholder of it
+    assert r.images.count == 1 and r.trajectory.model_inputs()["input_ids"][0].tolist() == seq
+    (s,) = r.sequences
+    assert s.turns == (0,) and s.ids.tolist() == cut_model.prompts[0] + cut_model.sampled[0]
+    assert [im.count for im in r.sequence_images] == [1]
+    check_sequence_images(
+        name, s.ids, r.sequence_images[0], hook.sent[0] + [{"role": "assistant", "content": "Picture 0."}]
+    )
