@@ -167,7 +167,7 @@ def check_sequence_images(name: str, ids: np.ndarray, images: Any, messages: lis
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_compacting_hook_branches_and_each_sequence_carries_its_own_images(name: str) -> None:
+def test_a_compacting_hook_branches_and_each_sequence_carries_its_own_images(name: str, tmp_path: Any) -> None:
     r, model, hook = rollout_of(name)
     assert not model.errors, model.errors
     assert r.code is EndCode.FINISHED and r.turns == 3, r.reason
@@ -200,9 +200,20 @@ def test_a_compacting_hook_branches_and_each_sequence_carries_its_own_images(nam
     inputs = batch_model_inputs(batch, image_token_id=vt.image_token_id)
     for key in per[0].arrays:
         assert np.array_equal(inputs[key], np.concatenate([im.arrays[key] for im in per])), key
-    # export would keep the last branch's images only: refused, named, rather than lose the others
-    with pytest.raises(tmpl.errors.ExportError, match=r"results\[0\] \(sample 0/0\): its sequences hold images"):
-        tmpl.export.to_records([r])
+    # export keeps every sequence's images: read back, the same sequences and model inputs
+    path = tmpl.export.to_jsonl([r], tmp_path / "r.jsonl", inline_bytes=4096)
+    (back,) = tmpl.export.from_jsonl(path)
+    assert len(back.sequences) == len(seqs) and len(list((tmp_path / "r.jsonl.images").iterdir())) > 2
+    for s, im, b, im_b in zip(seqs, per, back.sequences, back.sequence_images):
+        assert np.array_equal(s.ids, b.ids) and np.array_equal(s.mask, b.mask)
+        assert_same_inputs(im_b.model_inputs(b.ids.tolist()), im.model_inputs(s.ids.tolist()), "export")
+    (again,) = tmpl.export.from_records(tmpl.export.to_records([r]))  # inline arrays
+    assert [im.spans for im in again.sequence_images] == [im.spans for im in per]
+    (record,) = tmpl.export.to_records([r])
+    bad = record["images"]["sequences"][0]
+    bad["spans"] = [[a + 1, b + 1] for a, b in bad["spans"]]  # negative control: misaligned spans are named
+    with pytest.raises(tmpl.errors.ExportError, match="images of sequence 0"):
+        tmpl.export.from_records([record])
 
 
 def test_template_mode_with_tool_images_is_one_sequence_equal_to_append_mode() -> None:

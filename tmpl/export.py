@@ -33,7 +33,10 @@ One record per sample (``to_records``), in the order given:
   and ``arrays`` (per key ``dtype``, ``shape`` and either ``b64``, the bytes inline, or ``file``: a
   ``.npy`` file relative to the JSONL's folder, for arrays over ``inline_bytes``, 64 KiB by
   default, written by :func:`to_jsonl` to ``<name>.images/``). Read back, the trajectory holds
-  them again and ``result.trajectory.model_inputs()`` rebuilds the model inputs.
+  them again and ``result.trajectory.model_inputs()`` rebuilds the model inputs. A sample of template
+  mode (or an ``edit_history`` hook) with a ``VisionTemplate`` also has ``sequences``: per sequence of
+  its episode, its own images in the same form (None for a sequence without), read back as
+  ``result.sequence_images`` (each checked against its sequence's placeholders).
 
 In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
 call, which a columnar schema cannot hold); :func:`from_dataset` parses it back. ``datasets``
@@ -126,12 +129,6 @@ def to_records(
     for k, r in enumerate(results):
         if not isinstance(r, RolloutResult):
             raise ExportError(f"results[{k}]", f"expected a tmpl.RolloutResult, got {type(r).__name__}")
-        if r._sequence_images is not None and any(im is not None and im.count for im in r.sequence_images):
-            raise ExportError(  # the record holds the last branch's images only: the others' would be lost
-                f"results[{k}] (sample {r.index}/{r.sample})",
-                "its sequences hold images (a VisionTemplate in template mode or with edit_history), which are "
-                "not exported yet: keep the results (pickle) or export append-mode rollouts",
-            )
         state = state_of(r.trajectory)
         record: dict[str, Any] = {
             "format": FORMAT,
@@ -273,6 +270,7 @@ def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLik
         resumed=int(record.get("resumed", 0)),
         _loss_mask=loss_mask,
         _episode=episode,
+        _sequence_images=_sequence_images(images, episode, where, images_from),
     )
 
 
@@ -520,10 +518,10 @@ class _ArraySaver:
         self.folder = Path(folder)
         self.base = Path(base) if base is not None else self.folder.parent
 
-    def saver(self, k: int) -> Any:
+    def saver(self, k: int, tag: str = "") -> Any:
         def save(key: str, array: np.ndarray) -> str:
             self.folder.mkdir(parents=True, exist_ok=True)
-            target = self.folder / f"{k:06d}.{key}.npy"
+            target = self.folder / f"{k:06d}.{tag}{key}.npy"
             np.save(target, array, allow_pickle=False)
             return os.path.relpath(target, self.base)
 
@@ -534,7 +532,39 @@ def _images_field(r: RolloutResult, k: int, saver: _ArraySaver | None, inline_by
     if not has_images(r.trajectory):
         return None
     traj: Any = r.trajectory
-    return to_record(traj.images, saver.saver(k) if saver is not None else None, inline_bytes)
+    record = to_record(traj.images, saver.saver(k) if saver is not None else None, inline_bytes)
+    if r._sequence_images is not None:  # template mode: each sequence's own images (the trajectory is the last's)
+        record["sequences"] = [
+            None if im is None else to_record(im, saver.saver(k, f"s{i}.") if saver is not None else None, inline_bytes)
+            for i, im in enumerate(r.sequence_images)
+        ]
+    return record
+
+
+def _sequence_images(
+    record: Any, episode: Episode | None, where: str, images_from: str | os.PathLike[str] | None
+) -> dict[int, Any] | None:
+    """The per-sequence images of an images record (template mode), each checked against its sequence."""
+    if record is None:
+        return None
+    carried = json.loads(record) if isinstance(record, str) else record
+    sequences = carried.get("sequences")
+    if sequences is None:
+        return None
+    if episode is None or len(sequences) != episode.num_sequences:
+        held = "no episode" if episode is None else f"{episode.num_sequences} sequence(s)"
+        raise ExportError(where, f"images of {len(sequences)} sequence(s), but the record holds {held}")
+    out: dict[int, Any] = {}
+    for i, rec in enumerate(sequences):
+        if rec is None:
+            continue
+        try:
+            images = _read_images(rec, images_from)
+            images.check_aligned(episode.sequence(i).ids.tolist())
+        except Exception as exc:
+            raise ExportError(where, f"cannot rebuild the images of sequence {i}: {exc}") from exc
+        out[i] = images
+    return out
 
 
 def _read_images(record: Mapping[str, Any], images_from: str | os.PathLike[str] | None) -> Any:
