@@ -380,3 +380,20 @@ def test_an_image_that_does_not_fit_the_budget_is_left_out_whole_and_named() -> 
     check_sequence_images(
         name, s.ids, r.sequence_images[0], hook.sent[0] + [{"role": "assistant", "content": "Picture 0."}]
     )
+
+
+def test_streamed_template_mode_with_images_equals_run() -> None:
+    name = "gemma-4/ollama-e2b"
+    _, vt, _ = setup(name)
+    r, _, _ = rollout_of(name)
+    imgs = pictures()
+    first = [user(imgs["A"], "What is in this picture?")]
+    hook = Compact(imgs, first)
+    model = Model(name, hook)
+    rollout = tmpl.Rollout(vt, Scripted(model), max_turns=4, max_length=20000, progress=False, edit_history=hook)
+    ((b,),) = list(rollout.stream_sync([first]))
+    assert not model.errors and b.code is EndCode.FINISHED, b.reason
+    assert [s.turns for s in b.sequences] == [s.turns for s in r.sequences]
+    for s, im, t, im_t in zip(r.sequences, r.sequence_images, b.sequences, b.sequence_images):
+        assert np.array_equal(s.ids, t.ids) and np.array_equal(s.mask, t.mask)
+        assert_same_inputs(im_t.model_inputs(t.ids.tolist()), im.model_inputs(s.ids.tolist()), "stream")

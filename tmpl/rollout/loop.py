@@ -93,7 +93,9 @@ class Rollout(WeightUpdates):
     ``max_staleness`` versions ago). :meth:`stream` yields finished groups while generation goes on.
 
     Given a :class:`tmpl.vision.VisionTemplate`, prompts and tool results may carry images
-    (docs/vision.md, "Rollouts"): trajectories hold their image inputs, requests carry them.
+    (docs/vision.md, "Rollouts"): trajectories hold their image inputs, requests carry them; in template
+    mode (or with ``edit_history``) each prompt is the processor's render, and ``RolloutResult.sequence_images``
+    holds each sequence's own images.
 
     History (docs/rollouts.md, "History modes"): ``history="append"`` (default) keeps each sample one
     append-only sequence, prompt plus completions plus exact suffixes. ``history="template"`` renders
