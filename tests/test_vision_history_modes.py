@@ -293,21 +293,28 @@ def test_a_tool_image_dropped_by_a_hook_leaves_later_prompts() -> None:
             assert s.ids[span.start : span.end].tolist() == sampled[int(span.call.split("-")[1])]
 
 
-def test_an_edit_that_swaps_pixels_under_the_same_ids_is_refused_named() -> None:
+def test_an_edit_that_swaps_pixels_under_the_same_ids_branches_named() -> None:
     """Image A replaced by another of its size: the prompt's IDs extend the sequence, its pixels do not.
-    One sequence cannot hold both images: the sample ends EDIT_REJECTED, naming the image; the tokens
-    sampled before stay in the loss mask once. (Gemma 4: its render keeps turn 1's prompt, so turn 2's
-    IDs extend the sequence; Qwen3.5's drops the empty think block, and the IDs branch anyway.)"""
+    One sequence cannot hold both images, so the call starts a branch, labelled with the image; each
+    sequence keeps the images its calls were sent. (Gemma 4: its render keeps turn 1's prompt, so turn
+    2's IDs extend the sequence; Qwen3.5's drops the empty think block, and the IDs branch anyway.)"""
     name = "gemma-4/ollama-e2b"
     r, model, hook = rollout_of(name, swap=True)
-    assert r.code is EndCode.EDIT_REJECTED, r.reason
-    assert "image 0" in r.reason and "other pixels" in r.reason and "history[0].content[0]" in r.reason
-    assert r.turns == 2 and len(model.sampled) == 2
-    check_trained_once(r, model)
-    # control: the IDs of the swapped render are the unswapped one's (only the pixels differ)
+    assert not model.errors, model.errors  # the engine got the swapped image (checked against the render)
+    assert r.code is EndCode.FINISHED and r.turns == 3, r.reason
+    # control: the IDs of the swapped render extend turn 1's sequence (only the pixels differ)
     ids = truth(name, hook.sent[2])["input_ids"][0].tolist()
-    unswapped = [hook.sent[1][0]] + hook.sent[2][1:]
-    assert ids == truth(name, unswapped)["input_ids"][0].tolist()
+    assert ids[: len(model.prompts[1]) + len(model.sampled[1])] == model.prompts[1] + model.sampled[1]
+    seqs = r.sequences
+    assert [s.turns for s in seqs] == [(0, 1), (2,)]
+    branch = seqs[1].branch
+    assert branch.kind == BranchKind.DIVERGED and branch.against == 0 and branch.token == len(seqs[0].ids)
+    assert branch.edit == "edit_history; image 0 (history[0].content[0]) has other pixels than in sequence 0"
+    check_trained_once(r, model)
+    per = r.sequence_images
+    check_sequence_images(name, seqs[0].ids, per[0], hook.sent[1] + [{"role": "assistant", "content": "Picture 1."}])
+    check_sequence_images(name, seqs[1].ids, per[1], hook.sent[2] + [{"role": "assistant", "content": "Picture 2."}])
+    assert not np.array_equal(per[0].arrays["pixel_values"][:1], per[1].arrays["pixel_values"][:1])
 
 
 def test_template_mode_takes_a_vision_template() -> None:
@@ -397,3 +404,20 @@ def test_streamed_template_mode_with_images_equals_run() -> None:
     for s, im, t, im_t in zip(r.sequences, r.sequence_images, b.sequences, b.sequence_images):
         assert np.array_equal(s.ids, t.ids) and np.array_equal(s.mask, t.mask)
         assert_same_inputs(im_t.model_inputs(t.ids.tolist()), im.model_inputs(s.ids.tolist()), "stream")
+
+
+def test_episode_calls_kept_apart_from_a_sequence_they_extend() -> None:
+    """``Episode.add_call(apart=...)``: the call continues the longest other sequence it extends, or branches
+    against the one kept apart (its whole length in common)."""
+    from tmpl.episode import Call, Episode
+
+    ep = Episode()
+    assert ep.add_call(Call([1, 2], [3], [-0.1], id="a")) == 0
+    assert ep.add_call(Call([1, 2, 3, 4], [5], [-0.2], id="b"), apart={0}) == 1
+    s0, s1 = ep.sequences
+    assert s1.ids.tolist() == [1, 2, 3, 4, 5] and s1.mask.tolist() == [0, 0, 0, 0, 1]
+    assert (s1.branch.kind, s1.branch.against, s1.branch.token, s1.branch.got) == (BranchKind.DIVERGED, 0, 3, 4)
+    # kept apart from sequence 1 (the longest it extends), it continues sequence 0 (also a prefix)
+    assert ep.add_call(Call([1, 2, 3, 4, 5, 6], [7], [-0.3], id="c"), apart={1}) == 0
+    assert ep.sequences[0].ids.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert ep.add_call(Call([1, 2, 3, 4, 5, 6, 7, 8], [9], [-0.4], id="d")) == 0  # nothing apart: the longest

@@ -24,7 +24,7 @@ loss mask, and an append-only history is one sequence, equal to today's :class:`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -235,14 +235,25 @@ class Episode:
         return call
 
     def add_call(
-        self, call: Call, *, edit: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None
+        self,
+        call: Call,
+        *,
+        edit: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        apart: Collection[int] = (),
     ) -> int:
         """Add one model call; returns the index of the sequence that holds its sampled tokens.
 
         ``edit``: what changed the history before this call (recorded on the branch when the call starts a
         sequence; a call that continues one changed nothing the tokens show). ``messages``: the messages
         the call's prompt was rendered from: a branch then names the first message and field that differ
-        from the nearest sequence's last call's messages.
+        from the nearest sequence's last call's messages. ``apart``: sequences the call must not continue
+        even where its prompt extends their IDs, because its context differs in what the IDs do not show
+        (an image of the same size with other pixels): it continues another, or branches.
+
+        >>> ep = Episode()
+        >>> ep.add_call(Call([1, 2], [3], [-0.1])), ep.add_call(Call([1, 2, 3, 4], [5], [-0.2]), apart={0})
+        (0, 1)
         """
         call = self._checked(call)
         assert call.id is not None
@@ -252,6 +263,10 @@ class Episode:
         lineage = call.lineage
         members = self._lineages.setdefault(lineage, [])
         merge, nearest, common = _twin.episode.best_match([self._seqs[i].buf for i in members], prompt)
+        if merge >= 0 and members[merge] in apart:  # the longest of the others it extends, if any
+            others = [i for i in members if i not in apart]
+            found = _twin.episode.best_match([self._seqs[i].buf for i in others], prompt)[0]
+            merge = members.index(others[found]) if found >= 0 else -1
         if merge >= 0:
             index = members[merge]
             seq = self._seqs[index]

@@ -267,30 +267,25 @@ def same_images(a: ImageInputs, b: ImageInputs, upto: int) -> str | None:
     for k in range(ka):  # which image differs
         one_a, one_b = ha.split(k + 1)[0].split(k)[1], hb.split(k + 1)[0].split(k)[1]
         if any(not np.array_equal(one_a.arrays[key], one_b.arrays[key]) for key in one_a.arrays):
-            return f"image {k} ({hb.parts[k]}) has other pixels than the earlier image {k} ({ha.parts[k]})"
+            return f"image {k} ({hb.parts[k]}) has other pixels"
     return "the images' arrays differ"
 
 
-def image_clash(run: SampleRun, prompt: list[int]) -> str | None:
-    """Why ``prompt`` cannot continue a sequence of the sample whose IDs it extends: that sequence holds
-    other images at the same placeholders (an edit swapped an image for one of the same size). A
-    sequence has one set of model inputs, so its calls must all have been sent the same images; None:
-    no such clash."""
+def image_clashes(run: SampleRun, prompt: list[int]) -> dict[int, str]:
+    """The sequences of the sample whose IDs ``prompt`` extends but whose images differ from the prompt's
+    (an edit swapped an image for one of the same size: Qwen's and Gemma's placeholder IDs do not depend
+    on pixels), each with what differs. A sequence has one set of model inputs, so the call of this
+    prompt must not continue them (``Episode.add_call(apart=...)``): it branches."""
     images: ImageInputs | None = getattr(prompt, "images", None)
     assert images is not None and run.episode is not None
-    n = len(run.sequence)
-    checks: list[tuple[str, int, ImageInputs]] = []
-    if run.images is not None and len(prompt) >= n and prompt[:n] == run.sequence:
-        checks.append(("the running sequence", n, run.images))
+    out: dict[int, str] = {}
     for index, theirs in run.seq_images.items():
         ids = run.episode.sequence(index).ids
         if len(ids) <= len(prompt) and prompt[: len(ids)] == ids.tolist():
-            checks.append((f"sequence {index}", len(ids), theirs))
-    for name, upto, theirs in checks:
-        why = same_images(theirs, images, upto)
-        if why is not None:
-            return f"the prompt's IDs extend {name}, but {why}: a sequence holds one set of images"
-    return None
+            why = same_images(theirs, images, len(ids))
+            if why is not None:
+                out[index] = why
+    return out
 
 
 def add_prompt_delta(run: SampleRun, prompt: list[int]) -> int:
@@ -357,7 +352,7 @@ __all__ = [
     "drift",
     "has_image_parts",
     "image_content",
-    "image_clash",
+    "image_clashes",
     "images_of",
     "placed",
     "prompt_ids",

@@ -596,9 +596,10 @@ class Rollout(WeightUpdates):
         """Add ``call`` to the sample's episode: it merges or branches (labelled with what changed)."""
         assert run.episode is not None and run.view is not None
         messages = run.view + ([assistant] if assistant is not None else [])
-        index = run.episode.add_call(call, edit=run.edit, messages=messages)
+        index = run.episode.add_call(call, edit=run.edit, messages=messages, apart=run.apart)
         if self.vision is not None:  # the images its prompt was sent: the sequence's (a merge sends the same)
             run.seq_images[index] = run.images
+            run.current, run.apart = index, {}
         run.edit = None
         if assistant is not None:
             run.view = messages
@@ -664,17 +665,18 @@ class Rollout(WeightUpdates):
             except TmplError as exc:
                 code = EndCode.EDIT_REJECTED if run.edit is not None else EndCode.RENDER_FAILED
                 return run.end(code, f"turn {turn}: the template cannot render the history: {exc}")
-            if rendered is not None:
-                clash = _images.image_clash(run, prompt)
-                if clash is not None:
-                    code = EndCode.EDIT_REJECTED if run.edit is not None else EndCode.RENDER_FAILED
-                    return run.end(code, f"turn {turn}: {clash}")
+            if rendered is not None:  # sequences whose IDs it extends but whose images differ: a branch
+                run.apart = _images.image_clashes(run, prompt)
         run.kept.append(spliced.kept)
         run.view = view(run.history, spliced.dropped)
-        run.edit = "; ".join(e for e in (run.edit, spliced.edit) if e) or None
+        pixels = (
+            "; ".join(f"{why} than in sequence {k}" for k, why in run.apart.items()) if rendered is not None else ""
+        )
+        run.edit = "; ".join(e for e in (run.edit, spliced.edit, pixels) if e) or None
         with run.clock("bookkeeping"):
             n = len(run.sequence)
-            if len(prompt) >= n and prompt[:n] == run.sequence:  # nothing rewritten: the sequence goes on
+            goes_on = rendered is None or run.current not in run.apart
+            if goes_on and len(prompt) >= n and prompt[:n] == run.sequence:  # nothing rewritten: it goes on
                 delta = prompt[n:]
                 if rendered is None:
                     appended = run.traj.add_suffix(delta) if delta else 0

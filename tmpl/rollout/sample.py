@@ -63,6 +63,10 @@ class SampleRun:
     kept: list[tuple[KeptSpan, ...]] = field(default_factory=list)  # per prompt rendered: turns kept
     #: vision template mode: per episode sequence of the sample's calls, the images of its last call's prompt
     seq_images: dict[int, Any] = field(default_factory=dict)
+    #: vision template mode: the sequence of the last call, and those the next call must not continue
+    #: (their images differ from its prompt's under the same IDs), with why
+    current: int | None = None
+    apart: dict[int, str] = field(default_factory=dict)
     # sub-agents (rollout/subagent.py) its tool calls ran, with the turn of the parent call, in append mode
     # (in template mode their calls go to ``episode`` as they finish)
     subagents: list[tuple[int, SubAgentRun]] = field(default_factory=list)
