@@ -850,3 +850,72 @@ def test_a_bad_episode_line_is_an_export_error(tmp_path):
         tmpl.export.episodes_from_jsonl(path)
     with pytest.raises(tmpl.errors.ExportError, match="an episode line is"):
         tmpl.export.episode_from_entry({"session": "x"})
+
+
+class Stoppable(Backend):
+    """An engine that samples ``partial`` then waits (30 s) until stopped: stopped, it answers with what it
+    sampled (``finish_reason="abort"``), as vLLM's ``abort_requests`` does; after that, ``answer``."""
+
+    def __init__(self, partial: list[int], answer: list[int]) -> None:
+        self.partial, self.answer = partial, answer
+        self.stopped: list[str] = []
+        self.cancelled: list[str] = []
+        self.started = threading.Event()
+        self._stops: dict[str, asyncio.Event] = {}
+        self.requests: list = []
+
+    async def agenerate(self, request):
+        self.requests.append(request)
+        if len(self.requests) > 1:
+            return GenerationResult(request.request_id, self.answer, [-0.2] * len(self.answer), "stop")
+        stop = self._stops[request.request_id] = asyncio.Event()
+        self.started.set()
+        try:
+            await asyncio.wait_for(stop.wait(), 30)
+        except TimeoutError:
+            return GenerationResult(request.request_id, [*self.partial, *self.answer], [-0.1] * 99, "stop")
+        return GenerationResult(request.request_id, self.partial, [-0.3] * len(self.partial), "abort")
+
+    async def stop(self, request_id: str) -> bool:
+        event = self._stops.get(request_id)
+        if event is None:
+            return False
+        self.stopped.append(request_id)
+        event.set()
+        return True
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+def test_a_client_gone_mid_call_leaves_the_tokens_sampled_so_far_recorded_as_aborted():
+    tok = load_tokenizer("qwen2.5-instruct")
+    partial = tok.encode("Let me think about the weather in", add_special_tokens=False)
+    answer = tok.encode("It is sunny in Paris.<|im_end|>", add_special_tokens=False)
+    backend = Stoppable(partial, answer)
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    with served(create_app(gateway, poll=0.05)) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/s/gone/v1/chat/completions", json=GOOD["openai"], timeout=1.0)
+        deadline = time.monotonic() + 10
+        while not gateway.session("gone").ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the client tries again with the same history: the engine answers, the reply is a new sequence
+        again = _call(url, "gone", "openai", GOOD["openai"])
+        assert again.status_code == 200, again.text
+    assert backend.started.is_set() and backend.cancelled == []
+    session = gateway.session("gone")
+    [stopped] = backend.stopped
+    assert (
+        list(session.ended) == [stopped] and f"its {len(partial)} sampled tokens are recorded" in session.ended[stopped]
+    )
+    episode = session.episode
+    first, second = episode.calls
+    full = full_render_ids(tok, GOOD["openai"]["messages"], TOOLS)
+    assert first.id == stopped and first.completion_ids.tolist() == partial  # what the engine sampled, kept
+    assert first.prompt_ids.tolist() == full == second.prompt_ids.tolist()  # the retry never sees them
+    assert second.completion_ids.tolist() == answer
+    assert episode.num_sequences == 2 and episode.sequences[1].branch.kind == "rewound"
+    assert [int(s.mask.sum()) for s in episode.sequences] == [len(partial), len(answer)]  # each trained once
+    reply = again.json()["choices"][0]["message"]["content"]
+    assert reply == "It is sunny in Paris." and "think about" not in reply

@@ -215,3 +215,55 @@ def test_smolagents_through_the_gateway_is_the_servers_ids(gateway):
         agent.run(QUESTIONS[1][0]["content"])
     # smolagents sends its calls back as text and their results as user turns: a branch per rewrite
     check_against_server(gateway, "smol", sequences=None)
+
+
+def test_a_client_gone_mid_generation_has_the_servers_partial_tokens_recorded(scale_out_server):
+    """A client that goes away while vLLM generates: the gateway stops the request by id, and what the
+    server answers for it (``finish_reason="abort"``, the tokens sampled so far) is the recorded call.
+    A try where the engine finished, or had sampled nothing, before the client left is a miss: retried
+    with a later disconnect, never passed on."""
+    import time
+
+    import httpx
+    from transformers import AutoTokenizer
+
+    from .vllm_servers import RAMBLE
+
+    class Long(RecordingServer):
+        min_tokens = 700  # vLLM's own: the engine cannot finish before the client leaves
+
+    tpl = tmpl.ChatTemplate(AutoTokenizer.from_pretrained(str(QWEN)))
+    backend = Long(scale_out_server.url, api="generate", timeout=120)
+    gateway = Gateway(tpl, backend, max_tokens=800, max_context=1024, temperature=0.0)
+    misses = []
+    try:
+        with served(create_app(gateway, poll=0.05)) as url:
+            for attempt, leave_after in enumerate((2.0, 4.0, 8.0)):
+                key = f"gone-{attempt}"
+                try:
+                    httpx.post(f"{url}/s/{key}/v1/chat/completions", json={"model": "m", "messages": RAMBLE},
+                               timeout=leave_after)  # fmt: skip
+                    misses.append(f"{key}: answered within {leave_after} s")
+                    continue
+                except httpx.ReadTimeout:
+                    pass
+                deadline = time.monotonic() + 60
+                while not gateway.session(key).ended and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                session = gateway.session(key)
+                if not session.episode.calls:
+                    misses.append(f"{key}: {session.ended}")
+                    continue
+                [call] = session.episode.calls
+                prompt, sampled = backend.seen[call.id]
+                assert 0 < len(sampled) < 800
+                assert call.completion_ids.tolist() == sampled  # the server's own tokens, kept as sent
+                assert call.prompt_ids.tolist() == prompt == tpl.prompt_ids(RAMBLE)
+                assert "sampled tokens are recorded" in session.ended[call.id]
+                assert int(session.episode.sequences[0].mask.sum()) == len(sampled)
+                assert any(a.startswith(call.id) for a in backend.aborted)  # stopped by id, not by a hang-up
+                break
+            else:
+                pytest.fail(f"no try left the engine mid-generation: {misses}")
+    finally:
+        gateway.close()

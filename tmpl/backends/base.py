@@ -249,5 +249,15 @@ class Backend:
     async def cancel(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Cancel an in-flight request (servers); a no-op for local engines."""
 
+    async def stop(self, request_id: str) -> bool:  # noqa: ARG002 - a hook: engines that can stop override it
+        """Ask the engine to end in-flight request ``request_id`` now, keeping what it sampled: the
+        request's ``agenerate`` then returns those tokens with ``finish_reason="abort"``. False where
+        this backend cannot (nothing sampled would come back: cancel the request instead).
+
+        >>> await backend.stop("gw1-7")   # then: result = await the agenerate task  # doctest: +SKIP
+        True
+        """
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (connections, threads)."""

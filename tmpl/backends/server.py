@@ -486,6 +486,18 @@ class VLLMServer(Backend):
             entry.task.cancel()
         await self._abort(entry.server, entry.attempt_id)
 
+    async def stop(self, request_id: str) -> bool:
+        """End an in-flight request on its server keeping what it sampled (``api="generate"``): the
+        server is told by id (``POST /inference/v1/abort_requests``) and its answer to the request,
+        ``finish_reason="abort"`` with the tokens sampled so far and their logprobs (vLLM 0.32), is
+        what ``agenerate`` returns. False with ``api="completions"`` (no abort by id) or once the request
+        has finished."""
+        entry = self._inflight.get(request_id)
+        if entry is None or self.api != "generate":
+            return False
+        await self._abort(entry.server, entry.attempt_id)
+        return True
+
     def _abort_soon(self, server: ServerState, rid: str) -> None:
         """Send an abort notice without waiting for it (from a cancelled or failed try)."""
         if self.api != "generate":

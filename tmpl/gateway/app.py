@@ -19,7 +19,8 @@ new one whose key the response header names):
 Errors come in each API's own shape with the status of the :class:`~tmpl.errors.GatewayError`: 400 for
 malformed JSON or a wrong schema, 413 for a body over ``max_body`` bytes, 404 for an ended session, 409
 for a history the gateway never produced (strict mode), 503 when the backend fails. A client that
-disconnects while its call runs has the engine request cancelled (the session notes the call aborted).
+disconnects while its call runs has the engine request stopped (the tokens it sampled are recorded,
+where the backend can stop it keeping them; else cancelled), and the session notes the call aborted.
 
 >>> import uvicorn                                                   # doctest: +SKIP
 >>> uvicorn.run(create_app(Gateway(tpl, backend)), port=8100)        # doctest: +SKIP

@@ -72,6 +72,10 @@ class Completion:
     replies: list[Reply]
 
 
+#: seconds an engine request may take to answer once it was stopped (its partial tokens), before it is cancelled
+STOP_WAIT = 10.0
+
+
 class Gateway:
     """Sessions of agent episodes over ``backend``, rendered with ``tpl``.
 
@@ -252,17 +256,17 @@ class Gateway:
             version=version,
             sample=session.key,
         )
+        # the engine request runs as its own task: a client that goes away (or a timeout) stops it and
+        # keeps what it sampled (see _stop) instead of cancelling it with the call
+        generation = asyncio.ensure_future(self.backend.agenerate(request))
         try:
-            result = await asyncio.wait_for(self.backend.agenerate(request), self.call_timeout)
+            result = await asyncio.wait_for(asyncio.shield(generation), self.call_timeout)
         except asyncio.CancelledError:
-            session.ended[call_id] = "aborted: the client went away before the reply (the engine request was cancelled)"
-            await asyncio.shield(self.backend.cancel(call_id))
+            await asyncio.shield(self._stop(session, plan, call_id, generation, version, "the client went away"))
             raise
         except TimeoutError:
-            session.ended[call_id] = (
-                f"aborted: no reply within {self.call_timeout:g} s (the engine request was cancelled)"
-            )
-            await asyncio.shield(self.backend.cancel(call_id))
+            why = f"no reply within {self.call_timeout:g} s"
+            await asyncio.shield(self._stop(session, plan, call_id, generation, version, why))
             raise GatewayTimeoutError(
                 session.key, f"the engine gave no reply within call_timeout={self.call_timeout:g} s"
             ) from None
@@ -277,6 +281,41 @@ class Gateway:
                 session.key, "the backend returned no logprobs: the call could not be trained"
             )
         return call_id, result
+
+    async def _stop(
+        self,
+        session: Session,
+        plan: Plan,
+        call_id: str,
+        generation: asyncio.Future[GenerationResult],
+        version: int,
+        why: str,
+    ) -> None:
+        """End an engine request nobody waits for any more. Where the backend can stop it keeping what it
+        sampled (:meth:`Backend.stop`), those tokens are recorded as a call of the episode (trained: they
+        were sampled by the policy, with their logprobs) that no reply continues; else the request is
+        cancelled. Either way the session notes the call aborted, and why."""
+        result = None
+        if generation.done() or await self.backend.stop(call_id):
+            try:
+                result = await asyncio.wait_for(generation, STOP_WAIT)
+            except Exception:  # noqa: BLE001 - no answer after the stop: cancelled below, noted
+                result = None
+        if not generation.done():
+            generation.cancel()
+            await self.backend.cancel(call_id)
+        if result is not None and result.token_ids and result.logprobs is not None and result.finish_reason != "error":
+            try:
+                session.record_aborted(plan, call_id, result, version=version)
+            except TmplError as exc:  # e.g. a logprob that is not finite: nothing recorded, said why
+                session.ended[call_id] = f"aborted: {why}; its sampled tokens could not be recorded ({exc})"
+                return
+            session.ended[call_id] = (
+                f"aborted: {why}; the engine stopped and its {len(result.token_ids)} sampled tokens are recorded "
+                "(never returned to the client)"
+            )
+        else:
+            session.ended[call_id] = f"aborted: {why} (the engine request was cancelled; nothing sampled came back)"
 
     def _reply(self, call_id: str, plan: Plan, result: GenerationResult, tools: Any, stop: str | None = None) -> Reply:
         """The assistant message of a generation: content, reasoning and calls from the template's parser;

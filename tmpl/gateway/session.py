@@ -295,6 +295,24 @@ class Session:
         )
         self.touched = time.monotonic()
 
+    def record_aborted(self, plan: Plan, call_id: str, result: GenerationResult, *, version: int | None) -> None:
+        """Keep the tokens an engine sampled for a call whose client went away (or that timed out): a
+        call of the episode, with the prompt it was sent, that no request can continue (no head, no reply:
+        the client never saw them)."""
+        sampled = list(result.token_ids)
+        call = Call(
+            plan.prompt_array(),
+            sampled,
+            result.logprobs,
+            versions=result.versions if result.versions is not None else version,
+            id=call_id,
+            turn=self.calls,
+        )
+        self.episode.add_call(call, edit=plan.edit, messages=plan.messages)
+        self.calls += 1
+        self.tokens_held += len(plan.prompt_ids) + len(sampled)
+        self.touched = time.monotonic()
+
 
 def _prefix_difference(
     messages: Sequence[Mapping[str, Any]], head: Sequence[Mapping[str, Any]]
