@@ -315,6 +315,16 @@ def test_an_edit_that_swaps_pixels_under_the_same_ids_branches_named() -> None:
     check_sequence_images(name, seqs[0].ids, per[0], hook.sent[1] + [{"role": "assistant", "content": "Picture 1."}])
     check_sequence_images(name, seqs[1].ids, per[1], hook.sent[2] + [{"role": "assistant", "content": "Picture 2."}])
     assert not np.array_equal(per[0].arrays["pixel_values"][:1], per[1].arrays["pixel_values"][:1])
+    # exported and read back: the call is kept apart again (its IDs alone would merge it), same images
+    (record,) = tmpl.export.to_records([r])
+    (back,) = tmpl.export.from_records([record])
+    assert [s.turns for s in back.sequences] == [(0, 1), (2,)] and back.sequences[1].branch.edit == branch.edit
+    for s, im, b, im_b in zip(seqs, per, back.sequences, back.sequence_images):
+        assert np.array_equal(s.ids, b.ids) and np.array_equal(s.mask, b.mask)
+        assert_same_inputs(im_b.model_inputs(b.ids.tolist()), im.model_inputs(s.ids.tolist()), "export")
+    del record["episode"]["apart"]  # control: replayed by IDs alone, the calls merge into one sequence
+    with pytest.raises(tmpl.errors.ExportError, match=r"images of 2 sequence\(s\), but the record holds 1"):
+        tmpl.export.from_records([record])
 
 
 def test_template_mode_takes_a_vision_template() -> None:

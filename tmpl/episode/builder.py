@@ -117,6 +117,7 @@ class Episode:
         self._seqs: list[_Seq] = []
         self._lineages: dict[tuple[str | None, str | None], list[int]] = {}
         self._rewards: dict[str, float] = {}
+        self._apart: dict[str, tuple[int, ...]] = {}  # call id -> the sequences it was kept apart from
         self._reward: float | None = None if reward is None else check_reward(reward, sample_id, None)
         self._finished = False
 
@@ -140,6 +141,11 @@ class Episode:
         if k is None:
             raise CallError(self._sample_id, call_id, "id", "is no call of this episode")
         return self._calls[k]
+
+    def kept_apart(self, call_id: str) -> tuple[int, ...]:
+        """The sequences call ``call_id`` was kept from continuing (``add_call(apart=...)``; () if none)."""
+        self.call(call_id)
+        return self._apart.get(call_id, ())
 
     def sequence_of(self, call_id: str) -> int:
         """The index of the sequence that holds ``call_id``'s sampled tokens in its mask."""
@@ -280,6 +286,8 @@ class Episode:
             self._place(seq, call, prompt)
         if messages is not None:
             seq.messages = [dict(m) for m in messages]
+        if apart:
+            self._apart[call.id] = tuple(sorted(int(i) for i in apart))
         self._calls.append(call)
         self._index[call.id] = len(self._calls) - 1
         self._placed[call.id] = index

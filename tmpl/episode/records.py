@@ -3,7 +3,8 @@
 The record holds what the merge rule needs to rebuild the same sequences: every call (prompt and sampled
 IDs, logprobs, versions, ``trained``, id, parent, agent, turn, and its reward as the episode holds it
 now, after ``set_call_reward``), the edit label of each call that
-started a branch, the episode's budget, reward and how it ended. Rebuilt, the sequences are the same
+started a branch, the calls kept apart from sequences they extend (``Episode.add_call(apart=...)``), the
+episode's budget, reward and how it ended. Rebuilt, the sequences are the same
 (IDs, masks, logprobs, versions, lineages, statuses, branch kinds and edits); a branch's first differing
 message and field, which come from the messages a call was rendered from, are not kept.
 
@@ -43,6 +44,8 @@ def to_record(episode: Episode) -> dict[str, Any]:
         "status": last.status.name if last is not None else None,
         "reason": last.reason if last is not None else "",
         "edits": edits,
+        # calls kept from continuing some sequences (images that differ under the same IDs): kept so again
+        "apart": {c.id: list(episode.kept_apart(c.id)) for c in episode.calls if c.id and episode.kept_apart(c.id)},
         "calls": [
             {
                 "id": c.id,
@@ -70,6 +73,7 @@ def from_record(record: Mapping[str, Any], sample_id: Any = None) -> Episode:
         raise EpisodeError(sample_id, None, "an episode record needs a list of 'calls'")
     episode = Episode(max_length=record.get("max_length"), sample_id=sample_id, reward=record.get("reward"))
     edits = record.get("edits") or {}
+    apart = record.get("apart") or {}
     for k, c in enumerate(record["calls"]):
         if not isinstance(c, Mapping):
             raise EpisodeError(sample_id, None, f"calls[{k}] is not a mapping")
@@ -88,7 +92,11 @@ def from_record(record: Mapping[str, Any], sample_id: Any = None) -> Episode:
             )
         except KeyError as exc:
             raise EpisodeError(sample_id, c.get("id"), f"calls[{k}] has no {exc.args[0]!r}") from None
-        episode.add_call(call, edit=edits.get(call.id) if call.id is not None else None)
+        episode.add_call(
+            call,
+            edit=edits.get(call.id) if call.id is not None else None,
+            apart=apart.get(call.id, ()) if call.id is not None else (),
+        )
     if record.get("finished"):
         status = record.get("status") or "DONE"
         if status not in Status.__members__:
