@@ -352,6 +352,7 @@ def test_rloo_trains_two_steps_on_tmpl_sequences(rloo_run, tok):
     assert len(rloo_run.records) == 2
     for record, results in zip(rloo_run.records, rloo_run.rollouts):
         assert check_batch_is_tmpl(tok, record["batch"], results) > 10
+        assert "sample_index" not in record["batch"]  # append mode: one row per sample, RLOO's own scoring
 
 
 def test_rloo_old_logprobs_and_kl_count_model_tokens_only(rloo_run):
@@ -396,8 +397,8 @@ def test_rloo_rejects_a_malformed_rollout_output():
     from tmpl.integrations.trl.rloo import _check_output
 
     good = {"prompt_ids": [[1, 2]], "completion_ids": [[3, 4]], "logprobs": [[0.0, 0.0]], "env_mask": [[1, 0]]}
-    assert _check_output(good, 1)[2] == [[1, 0]]
-    assert _check_output({**good, "env_mask": None}, 1)[2] == [[1, 1]]
+    assert _check_output(good, 1).env_mask == [[1, 0]]
+    assert _check_output({**good, "env_mask": None}, 1).env_mask == [[1, 1]]
     with pytest.raises(RolloutContractError, match="'logprobs': missing"):
         _check_output({k: v for k, v in good.items() if k != "logprobs"}, 1)
     with pytest.raises(RolloutContractError, match="'completion_ids': 1 rows for 2 prompts"):
