@@ -61,6 +61,16 @@ every collection, young objects collected less often); ``--no-gc-freeze`` leaves
    hold its own marker and no other; calls per episode, sequences, and trained tokens (mask sum) are
    checked, and ``GET /s/{key}/episode`` is compared with the in-process episode for a sample of keys.
 
+5. Against vLLM's own preprocessing (``--parts 5``, with ``--vllm-url URL`` of a running vLLM server of
+   a Qwen2.5-template model, or ``--vllm-model FOLDER`` to start one here, e.g.
+   ``../shared/models/qwen2.5-instruct-tools``; needs vLLM): the histories of part 3, sent over HTTP by
+   one client, one call at a time, best of ``--reps`` per turn, wall milliseconds: ``gateway``, a
+   chat completion through the gateway (an instant backend: what a call costs before the engine, the
+   HTTP layer and the JSON body included); ``vllm``, vLLM's ``POST /tokenize`` of the same
+   ``messages`` and ``tools`` with ``add_generation_prompt``, the chat-template render and
+   tokenization its ``/v1/chat/completions`` runs on every call before the engine (also over HTTP, the
+   same JSON body). Both prompts are compared (``same IDs``).
+
 Default run: about a minute on 2 cores. ``--quick``: 32 and 128 sessions, 3 turns, 1.5 s saturation,
 2,000-token histories reached at turns 1, 5 and 10, 2 repetitions.
 """
@@ -715,6 +725,133 @@ async def part3(ctx, args) -> None:
     print("\n".join(summary))
 
 
+async def part5(ctx, args) -> None:
+    import httpx
+
+    from tmpl.gateway import Gateway, create_app
+
+    tok, tpl, Canned = ctx["tok"], ctx["tpl"], ctx["Canned"]
+    with contextlib.ExitStack() as stack:
+        url = args.vllm_url or stack.enter_context(vllm_server(args.vllm_model))
+        async with httpx.AsyncClient(timeout=120) as client:
+            model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+            print(
+                f"\n5. per call over HTTP, ms (one client, one call at a time, best of {args.reps}): the gateway "
+                f"(instant backend) vs vLLM's own render + tokenize (POST /tokenize of the same messages; {url})"
+            )
+            print(
+                f"{'reach':>5s} {'turn':>4s} {'prompt':>7s} | {'gateway':>8s} {'vllm':>8s} {'vllm/gw':>8s} | same IDs"
+            )
+            base = len(tok.apply_chat_template([{"role": "user", "content": question("p5-x")}], tools=TOOLS,
+                                               add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
+            per_turn = 45
+            summary = []
+            for reach in args.reach:
+                if reach == 1:
+                    turns, result_tokens, user_tokens = 5, 100, max(args.history - base, 16)
+                else:
+                    turns, user_tokens = reach, 0
+                    result_tokens = max((args.history - base - (reach - 1) * per_turn) // (reach - 1), 16)
+                backend = Canned(ctx["call_ids"], ctx["answer_ids"], turns, 0.0)
+                gateway = Gateway(tpl, backend, max_context=4 * args.history + 32_768, max_tokens=64)
+                best_gw, best_vl = [float("inf")] * turns, [float("inf")] * turns
+                sizes, same = [0] * turns, True
+                results = [text_of(tok, result_tokens, t) for t in range(turns)]
+                async with serving(create_app(gateway)) as gw_url:
+                    for rep in range(args.reps):
+                        key = f"p5-{reach}-{rep}"
+                        content = question(key) + ("\n" + text_of(tok, user_tokens, 999) if user_tokens else "")
+                        messages: list[dict] = [{"role": "user", "content": content}]
+                        for t in range(turns):
+                            body = {"model": "m", "messages": messages, "tools": TOOLS}
+                            t0 = time.perf_counter()
+                            r = await client.post(f"{gw_url}/s/{key}/v1/chat/completions", json=body)
+                            t1 = time.perf_counter()
+                            tokenized = await client.post(
+                                f"{url}/tokenize",
+                                json={
+                                    "model": model,
+                                    "messages": messages,
+                                    "tools": TOOLS,
+                                    "add_generation_prompt": True,
+                                },
+                            )
+                            t2 = time.perf_counter()
+                            r.raise_for_status()
+                            tokenized.raise_for_status()
+                            best_gw[t] = min(best_gw[t], t1 - t0)
+                            best_vl[t] = min(best_vl[t], t2 - t1)
+                            prompt = gateway.episode(key).calls[-1].prompt_ids.tolist()
+                            sizes[t] = len(prompt)
+                            same &= prompt == tokenized.json()["tokens"]
+                            reply = r.json()["choices"][0]["message"]
+                            if t + 1 < turns:
+                                call = reply["tool_calls"][0]
+                                messages = [
+                                    *messages,
+                                    {k: v for k, v in reply.items() if v is not None},
+                                    {"role": "tool", "tool_call_id": call["id"], "content": results[t]},
+                                ]
+                gateway.close()
+                for t in sorted({1, 2, 3, turns // 2, turns - 1, turns} & set(range(1, turns + 1))):
+                    g, v = best_gw[t - 1] * 1e3, best_vl[t - 1] * 1e3
+                    print(f"{reach:5d} {t:4d} {sizes[t - 1]:7d} | {g:8.2f} {v:8.2f} {v / g:7.1f}x |")
+                later_g, later_v = best_gw[1:], best_vl[1:]
+                summary.append(
+                    f"reach {reach:3d}: turns 2-{turns} gateway mean {sum(later_g) / len(later_g) * 1e3:.2f} ms vs vLLM "
+                    f"{sum(later_v) / len(later_v) * 1e3:.2f} ms ({sum(later_v) / sum(later_g):.1f}x); gateway turn "
+                    f"{turns} / turn 2 = {best_gw[-1] / best_gw[1]:.2f}x (vLLM {best_vl[-1] / best_vl[1]:.2f}x); "
+                    f"below vLLM at every turn >= 2: {all(a < b for a, b in zip(later_g, later_v))}; same IDs: {same}"
+                )
+                print(f"{'':5s} ----")
+            print("\n".join(summary))
+
+
+@contextlib.contextmanager
+def vllm_server(model: str | None):
+    """A vLLM server of ``model`` on a free port of 127.0.0.1 (one unbound CPU thread), stopped after."""
+    import socket
+    import subprocess
+    import tempfile
+
+    import httpx
+
+    if not model:
+        sys.exit("part 5 needs --vllm-url URL or --vllm-model FOLDER")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+           "--port", str(port), "--max-model-len", "65536", "--enforce-eager"]  # fmt: skip
+    log = tempfile.TemporaryFile()
+    print(f"(starting vLLM on {model}: a minute or two)", flush=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                sys.exit(f"vLLM exited: {log.read()[-2000:].decode(errors='replace')}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                sys.exit("vLLM did not start in 600 s")
+            time.sleep(1)
+        yield url
+    finally:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        log.close()
+
+
 # ---------------------------------------------------------------------------------------------
 async def main_async(args) -> None:
     from transformers import AutoTokenizer
@@ -779,6 +916,8 @@ async def main_async(args) -> None:
         await part2(ctx, args)
     if "3" in args.parts:
         await part3(ctx, args)
+    if "5" in args.parts:
+        await part5(ctx, args)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
 
 
@@ -796,7 +935,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=None, help="part 3's history tokens (default 8000)")
     parser.add_argument("--reach", type=int, nargs="+", default=None, help="part 3's turns (default 1 10 50)")
     parser.add_argument("--reps", type=int, default=None, help="part 3's episodes per history (default 5)")
-    parser.add_argument("--parts", default="123", help="which parts to run (4 runs with 1)")
+    parser.add_argument("--parts", default="123", help="which parts to run (4 runs with 1; 5 needs vLLM)")
     parser.add_argument("--loop", choices=["auto", "asyncio"], default="auto", help="auto: uvloop where installed")
     parser.add_argument(
         "--pool",
@@ -810,6 +949,8 @@ def main() -> None:
         action="store_false",
         help="leave the collector as it is (default: tmpl serve's fewer_collections(), the loaded heap frozen)",
     )
+    parser.add_argument("--vllm-url", help="part 5: a running vLLM server of a Qwen2.5-template model")
+    parser.add_argument("--vllm-model", help="part 5: a model folder to start a vLLM server of (no --vllm-url)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a load-generator run may take")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     args = parser.parse_args()
