@@ -15,6 +15,11 @@ the hooks here:
   images (:func:`add_suffix`); text-only results of the same round keep the batched text path;
 - checks: ``verify_every`` (:func:`verify`) and ``measure_drift`` (:func:`drift`) re-render the
   whole conversation, images included, through the processor and compare.
+- history modes (``history="template"``, ``edit_history``): :func:`render_history` renders the messages
+  so far through the processor (the text the sampled IDs are spliced into, placeholders expanded),
+  :func:`placed` gives the spliced prompt the render's images, :func:`add_prompt_delta` continues a
+  sequence with the images of what it adds, and :func:`image_clashes` names the sequences a prompt's IDs
+  extend whose images differ (its call branches from them).
 
 >>> from tmpl.rollout.images import ImageIds
 >>> ids = ImageIds([1, 2, 3], None)
