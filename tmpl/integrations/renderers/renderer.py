@@ -13,6 +13,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -32,11 +33,14 @@ from renderers.configs import BaseRendererConfig
 
 from ... import templates
 from ...chat_template import ChatTemplate
-from ...errors import HistoryRequiredError, NoToolParserError, TmplError, TrainerConfigError
+from ...episode import Branch, BranchKind, first_difference
+from ...errors import HistoryRequiredError, HistorySpliceError, NoToolParserError, TmplError, TrainerConfigError
 from ...messages import TOOL_ROLES
-from ...report import SAFE, SAFE_WITH, Budget, check, training_safe
+from ...report import SAFE, Budget, check, training_safe
 from ...report.report import TemplateReport
+from ...rollout.history import HISTORY_MODES, REASONING_FIELDS, SampledTurn, splice, view
 from ...toolcalls import CallProblem, parse_completion
+from .conversations import Known, State, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +65,21 @@ class TmplRendererConfig(BaseRendererConfig):  # type: ignore[misc]  # renderers
     - ``budget``: the budget of the check of a template tmpl does not ship (``"60s,4GB"``; see
       :class:`tmpl.report.Budget`), default tmpl's.
     - ``parser``: force a tool-call parser by name (default: the one detected for the template).
+    - ``history``: what ``bridge_to_next_turn`` builds, tmpl's two history modes (docs/rollouts.md,
+      "History modes"). ``"template"`` (the default): the template's own render of the conversation
+      so far, returned exactly where it extends the previous prompt and completion, None where a
+      branch starts (the template dropped reasoning...). ``"append"``: previous prompt + completion +
+      tmpl's exact suffix for every tool round tmpl can suffix, whatever the template's verdict (one
+      append-only sequence; where the verdict is not SAFE it is not what the deployed template renders).
+      The default is ``"template"`` because every bridge it returns is the template's full render, as
+      every bridge of earlier releases was, and it bridges all they bridged (a template whose
+      ``tool_loop`` verdict is SAFE appends the same suffix); append mode trains some templates on
+      contexts they never render, which only a caller who asks for it should get.
 
     >>> TmplRendererConfig(enable_thinking=False).model_extra                 # doctest: +SKIP
     {'enable_thinking': False}
+    >>> TmplRendererConfig(history="append").history                          # doctest: +SKIP
+    'append'
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -73,8 +89,11 @@ class TmplRendererConfig(BaseRendererConfig):  # type: ignore[misc]  # renderers
     training_safe: bool = False
     budget: str | None = None
     parser: str | None = None
+    history: Literal["append", "template"] = "template"
 
-    _internal_fields: ClassVar[frozenset[str]] = frozenset({"chat_template", "training_safe", "budget", "parser"})
+    _internal_fields: ClassVar[frozenset[str]] = frozenset(
+        {"chat_template", "training_safe", "budget", "parser", "history"}
+    )
     _template_fields: ClassVar[frozenset[str]] = frozenset()
     _allow_opaque_template_kwargs: ClassVar[bool] = True
 
@@ -82,12 +101,17 @@ class TmplRendererConfig(BaseRendererConfig):  # type: ignore[misc]  # renderers
 class TmplRenderer:
     """A ``renderers.base.Renderer`` backed by tmpl (see the module and ``docs/integrations.md``).
 
-    - ``bridge_to_next_turn``: ``previous prompt + completion + tmpl's suffix`` (a truncated
-      completion gets the template's turn close first), which equals the template's full render of
-      the conversation, for every template whose ``tool_loop`` verdict is SAFE. None where tmpl cannot
-      prove it: a verdict other than SAFE, new messages that are not tool results, a template whose
-      tool results depend on earlier messages. :attr:`last_bridge_reason` and the log say why.
-    - ``is_prefix_stable``: both of tmpl's verdicts (``tool_loop``, ``multi_user``) are SAFE.
+    - ``bridge_to_next_turn``, by ``config.history``: ``"template"``, the template's render of the
+      conversation so far (the sampled IDs spliced back where it keeps their text, as
+      ``tmpl.Rollout(history="template")`` builds its prompts), returned where it extends the
+      previous prompt and completion, None where it does not (a branch: :attr:`last_branch` names the
+      first differing message and field); ``"append"``, ``previous prompt + completion + tmpl's
+      suffix`` for the tool results (a truncated completion gets the template's turn close first),
+      None only where tmpl cannot build the suffix. :attr:`last_bridge_reason` and the log say why.
+      The conversation before a prompt is known when this renderer (or another of the same template
+      in this process) built that prompt: :mod:`tmpl.integrations.renderers.conversations`.
+    - ``is_prefix_stable``: both of tmpl's verdicts (``tool_loop``, ``multi_user``) are SAFE (what it
+      means in each mode: :attr:`is_prefix_stable`).
     - ``parse_response``: tmpl's parser for the template; unreadable calls get renderers' statuses.
     - ``get_stop_token_ids``: the template's turn closes (found by probing) and EOS.
     - ``render``: ``sampled_mask`` is tmpl's loss mask (1 on what the model generated: after each
@@ -135,9 +159,18 @@ class TmplRenderer:
         self._budget = Budget.parse(cfg.budget) if cfg.budget else None
         self.tpl = training_safe(tpl) if cfg.training_safe else tpl
         self._tokenizer = self.tpl.tokenizer
+        if cfg.history not in HISTORY_MODES:
+            raise TrainerConfigError(
+                "TmplRenderer", "history", f"must be one of {', '.join(map(repr, HISTORY_MODES))}, not {cfg.history!r}"
+            )
+        #: ``"template"`` or ``"append"`` (``config.history``)
+        self.history: str = cfg.history
         #: why the last ``bridge_to_next_turn`` returned None (None when it bridged)
         self.last_bridge_reason: str | None = None
+        #: template mode: the branch where the last ``bridge_to_next_turn`` returned None (else None)
+        self.last_branch: Branch | None = None
         self._logged: set[str] = set()
+        self._known = store_for(self.tpl.fingerprint)
 
     # -- tmpl's verdicts -------------------------------------------------------------------
     @property
@@ -147,7 +180,20 @@ class TmplRenderer:
 
     @property
     def is_prefix_stable(self) -> bool:
-        """Whether tmpl proved token-in/token-out appends equal full renders for tool rounds and new user turns."""
+        """Whether tmpl proved that the template's render of a conversation, grown by a tool round or a
+        new user turn, keeps the earlier render (prompt and sampled completion) as its prefix: both
+        verdicts, ``tool_loop`` and ``multi_user``, SAFE. renderers asks it of full renders, which are
+        the template's in both modes; what it means for the bridge:
+
+        - template mode: True, the bridge never returns None at a branch (every tool round and user
+          turn extends the sequence); False, it may (Qwen3 dropping earlier reasoning, gpt-oss its
+          analysis), and the caller trains one sequence per branch.
+        - append mode: True, every appended suffix is what the deployed template renders; False, the
+          bridge still extends the sequence, but it may be a context the template never renders.
+
+        >>> TmplRenderer.from_template(tpl).is_prefix_stable    # doctest: +SKIP
+        True
+        """
         verdicts = self.report.verdicts
         return all(verdicts[use].level == SAFE for use in ("tool_loop", "multi_user"))
 
@@ -170,6 +216,8 @@ class TmplRenderer:
         msgs = _normalized(messages)
         text = self.tpl.render(msgs, tools=tools, add_generation_prompt=add_generation_prompt)
         ids, offsets = self.tpl.codec.encode_with_offsets(text)
+        if add_generation_prompt:  # a prompt: a later bridge renders its conversation
+            self._known.put(ids, Known.root(msgs, text, ids))
         starts = [a for a, _ in offsets]
         n = len(ids)
         # message boundaries (characters): where each prefix render ends, when it is a prefix of this one
@@ -254,8 +302,12 @@ class TmplRenderer:
         add_generation_prompt: bool = False,
     ) -> list[int]:
         """The template's token IDs for ``messages`` (what ``apply_chat_template(tokenize=True)`` gives)."""
-        text = self.tpl.render(_normalized(messages), tools=tools, add_generation_prompt=add_generation_prompt)
-        return self.tpl.codec.encode(text)
+        msgs = _normalized(messages)
+        text = self.tpl.render(msgs, tools=tools, add_generation_prompt=add_generation_prompt)
+        ids = self.tpl.codec.encode(text)
+        if add_generation_prompt:  # a prompt: a later bridge renders its conversation
+            self._known.put(ids, Known.root(msgs, text, ids))
+        return ids
 
     # -- completions -----------------------------------------------------------------------
     def parse_response(
@@ -317,62 +369,193 @@ class TmplRenderer:
         *,
         tools: list[ToolSpec] | None = None,
     ) -> RenderedTokens | None:
-        """``previous_prompt_ids + previous_completion_ids`` (kept as they are) + tmpl's suffix for the
-        tool results in ``new_messages``, or None where tmpl cannot prove that equals the template's
-        full render (the reason is logged and kept in :attr:`last_bridge_reason`).
+        """``previous_prompt_ids + previous_completion_ids`` (kept as they are) + the IDs of the next
+        turn, by ``config.history``, or None (the reason is logged and kept in :attr:`last_bridge_reason`).
 
-        ``message_indices`` over the added tokens: the text before a tool result's content (its
+        - template mode: the template's render of the conversation so far with the generation prompt
+          (the sampled IDs where it keeps their text), when it extends the previous IDs; None where it
+          does not (a branch: :attr:`last_branch`), or where the conversation before the prompt is not
+          known (a prompt no TmplRenderer of this template built in this process) and tmpl has not
+          proven the template's tool rounds append (``tool_loop`` SAFE: then the suffix, as below).
+        - append mode: tmpl's exact suffix for the tool results in ``new_messages``; None only where it
+          cannot be built (other new messages, a suffix that needs a conversation not known here...).
+
+        ``message_indices`` over the added tokens: the text before a new message's content (its
         opener, the previous one's close) belongs to it, what follows the last content (its close and
         the generation prompt) is -1; ``is_content`` marks the contents; ``sampled_mask`` is all False.
+
+        >>> prompt = renderer.render_ids(messages, tools=tools, add_generation_prompt=True)     # doctest: +SKIP
+        >>> renderer.bridge_to_next_turn(prompt, completion, tool_messages, tools=tools).token_ids  # doctest: +SKIP
         """
-        reason = self._refusal(new_messages)
-        if reason is None:
-            try:
-                suffix = self.tpl.suffix_ids(
-                    _normalized(new_messages), completion_ids=previous_completion_ids, tools=tools
-                )
-            except HistoryRequiredError:
-                reason = (
-                    f"{self.tpl.name}: its tool results render differently after earlier messages, "
-                    "which a bridge is not given"
-                )
-            except TmplError as exc:
-                reason = f"{self.tpl.name}: {type(exc).__name__}: {exc}"
-        if reason is not None:
-            self.last_bridge_reason = reason
-            self._note(f"bridge_to_next_turn returns None (the caller re-renders): {reason}")
+        prior = [*previous_prompt_ids, *previous_completion_ids]
+        new = _normalized(new_messages)
+        known = self._known.get(previous_prompt_ids)
+        self.last_branch = None
+        if self.history == "append":
+            found = self._append(known, previous_completion_ids, new, tools)
+        else:
+            found = self._template(known, prior, previous_completion_ids, new, tools)
+        if isinstance(found, str):
+            self.last_bridge_reason = found
+            self._note(f"bridge_to_next_turn returns None (the caller re-renders): {found}")
             return None
+        added, node = found
         self.last_bridge_reason = None
-        prior = len(previous_prompt_ids) + len(previous_completion_ids)
-        indices, content = self._attribute(suffix, new_messages, truncated=_ends_open(self, previous_completion_ids))
+        ids = prior + added
+        if node is not None:
+            self._known.put(ids, node)
+        indices, content = self._attribute(added, new_messages, truncated=_ends_open(self, previous_completion_ids))
         return RenderedTokens(
-            token_ids=[*previous_prompt_ids, *previous_completion_ids, *suffix],
-            message_indices=[-1] * prior + indices,
-            sampled_mask=[False] * (prior + len(suffix)),
-            is_content=[False] * prior + content if content is not None else [],
+            token_ids=ids,
+            message_indices=[-1] * len(prior) + indices,
+            sampled_mask=[False] * len(ids),
+            is_content=[False] * len(prior) + content if content is not None else [],
             message_roles=[str(m.get("role") or "") for m in new_messages],
             message_tool_names=extract_message_tool_names(list(new_messages)),
         )
 
-    def _refusal(self, new_messages: Sequence[Mapping[str, Any]]) -> str | None:
-        """Why tmpl cannot bridge ``new_messages`` on this template (None: it can)."""
-        if not new_messages:
+    def _append(
+        self, known: Known | None, completion: Sequence[int], new: list[dict[str, Any]], tools: Any
+    ) -> tuple[list[int], Known | None] | str:
+        """Append mode: (the suffix, the new prompt's record), or why there is none."""
+        if not new:
             return "no new messages"
-        roles = sorted({str(m.get("role")) for m in new_messages if m.get("role") not in TOOL_ROLES})
+        roles = sorted({str(m.get("role")) for m in new if m.get("role") not in TOOL_ROLES})
         if roles:
             return (
-                f"tmpl bridges tool results only; new {', '.join(roles)} message(s) re-render "
-                "(an assistant message would re-tokenize sampled text)"
+                f"append mode bridges tool results only (tmpl's suffix); new {', '.join(roles)} message(s) "
+                "re-render (history='template' renders a user turn; an assistant message would re-tokenize sampled text)"
             )
-        verdict = self.report.verdicts["tool_loop"]
-        if verdict.level != SAFE:
-            hint = (
-                f" (TmplRendererConfig(training_safe=True) uses tmpl's template {verdict.template!r}, which is SAFE)"
-                if verdict.level == SAFE_WITH
-                else ""
+        return self._suffix(known, completion, new, tools)
+
+    def _suffix(
+        self, known: Known | None, completion: Sequence[int], new: list[dict[str, Any]], tools: Any
+    ) -> tuple[list[int], Known | None] | str:
+        """tmpl's suffix for the tool results ``new`` (with the conversation, where the template needs it)."""
+        name = self.tpl.name
+        try:
+            try:
+                suffix = self.tpl.suffix_ids(new, completion_ids=completion, tools=tools)
+            except HistoryRequiredError:
+                state = self._state_of(known) if known is not None else None
+                if state is None:
+                    return (
+                        f"{name}: its tool results render differently after earlier messages, and the "
+                        "conversation before this prompt is not known (no TmplRenderer of this template built "
+                        "it in this process)"
+                    )
+                suffix = self.tpl.suffix_ids(new, completion_ids=completion, tools=tools, history=state.messages)
+        except TmplError as exc:
+            return f"{name}: {type(exc).__name__}: {exc}"
+        node = (
+            None if known is None else Known(parent=known, completion=completion, added=new, tools=tools, tail=suffix)
+        )
+        return suffix, node
+
+    def _template(
+        self,
+        known: Known | None,
+        prior: list[int],
+        completion: Sequence[int],
+        new: list[dict[str, Any]],
+        tools: Any,
+    ) -> tuple[list[int], Known | None] | str:
+        """Template mode: (the IDs the template's render adds, the new prompt's record), or why there are none."""
+        name = self.tpl.name
+        if not new:
+            return "no new messages"
+        if any(m.get("role") == "assistant" for m in new):
+            return "an assistant message in new_messages would re-tokenize sampled text; the caller re-renders"
+        if all(m.get("role") in TOOL_ROLES for m in new) and self.report.verdicts["tool_loop"].level == SAFE:
+            found = self._suffix(known, completion, new, tools)  # proven: the suffix is the render's tail
+            if not isinstance(found, str) or known is None:
+                return found
+        if known is None:
+            return (
+                f"{name}: template mode renders the conversation so far, and the one before this prompt is not "
+                "known (no TmplRenderer of this template built the prompt in this process); the caller re-renders"
             )
-            return f"{self.tpl.name}: tmpl's tool_loop verdict is {verdict.label}, not SAFE{hint}"
-        return None
+        state = self._state_of(known)
+        assistant = self._assistant(completion, new, tools)
+        messages = [*state.messages, assistant, *new]
+        turns = (*state.turns, self._sampled_turn(state, completion))
+        gaps = dict(state.gaps)
+        n = len(prior)
+        try:
+            text = self.tpl.render(messages, tools=tools, add_generation_prompt=True)
+            spliced = splice(self.tpl, text, turns, gaps, sample="renderers", turn=len(turns), messages=messages)
+        except HistorySpliceError as exc:
+            # the tokenizer does not give the render's text back (e.g. it strips the spaces after an added
+            # token): no sampled IDs can be placed in it, but its own IDs of the render may extend the prompt
+            whole = self.tpl.codec.encode(text)
+            if whole[:n] == prior:
+                return whole[n:], Known(State(messages, messages, turns, gaps))
+            return f"template mode: {exc}"
+        except TmplError as exc:
+            return f"{name}: template mode cannot render the conversation: {type(exc).__name__}: {exc}"
+        ids = spliced.ids
+        # a turn the splice found nowhere (a tokenizer without byte offsets keeps only whole turns) whose
+        # reasoning is nowhere in the render either: its reasoning was dropped, as the splice says of a turn
+        # it found in part
+        dropped = [*spliced.dropped, *(k for k in spliced.rewritten if _reasoning_gone(messages[k], text))]
+        shown = view(messages, dropped)
+        if ids[:n] != prior:
+            edit = (
+                spliced.edit
+                if len(dropped) == len(spliced.dropped)
+                else _edit(dropped, len(spliced.rewritten) - (len(dropped) - len(spliced.dropped)))
+            )
+            self.last_branch = branch = _branch(prior, ids, [*state.view, assistant], shown, edit)
+            return f"{name}: template mode: a branch starts ({_describe(branch)})"
+        return ids[n:], Known(State(messages, shown, turns, gaps))
+
+    def _assistant(self, completion: Sequence[int], new: Sequence[Mapping[str, Any]], tools: Any) -> dict[str, Any]:
+        """The assistant message of ``completion`` as tmpl's loop records it (its parser's reading); call
+        IDs the parser made up become the ``tool_call_id``s of the tool results that answer them."""
+        try:
+            parsed = parse_completion(self.tpl, list(completion), tools=tools, parser=self.config.parser)
+        except NoToolParserError:
+            text = self.tpl.codec.decode([t for t in completion if t not in self.tpl.stop_token_ids])
+            return {"role": "assistant", "content": text}
+        message = parsed.to_message()
+        results = [m for m in new if m.get("role") in TOOL_ROLES]
+        calls = message.get("tool_calls") or []
+        if calls and len(calls) == len(results):
+            for entry, call, result in zip(calls, parsed.tool_calls, results):
+                answered = result.get("tool_call_id")
+                if call.id_generated and isinstance(answered, str) and answered:
+                    entry["id"] = answered
+        return message
+
+    def _sampled_turn(self, state: State, completion: Sequence[int]) -> SampledTurn:
+        """The splice's record of ``completion``, sampled after the prompt of ``state`` (as tmpl's loop makes it)."""
+        turn = SampledTurn.of(self.tpl.codec, f"turn-{len(state.turns)}", len(state.messages), completion)
+        before = state.messages[-1].get("content") if state.messages else None
+        if isinstance(before, str) and before.strip():  # searched first: the turn comes after it
+            turn = dataclasses.replace(turn, after=before.strip().encode("utf-8"))
+        return turn
+
+    def _state_of(self, node: Known) -> State:
+        """The conversation of a remembered prompt: a bridge's record built now from its parent's (its
+        assistant message parsed from the completion), once."""
+        chain = []
+        while node.state is None:
+            chain.append(node)
+            assert node.parent is not None
+            node = node.parent
+        state = node.state
+        for link in reversed(chain):
+            assistant = self._assistant(link.completion, link.added, link.tools)
+            gaps = dict(state.gaps)
+            gaps[self.tpl.codec.decode(link.tail)] = list(link.tail)
+            state = State(
+                [*state.messages, assistant, *link.added],
+                [*state.view, assistant, *link.added],
+                (*state.turns, self._sampled_turn(state, link.completion)),
+                gaps,
+            )
+            link.resolve(state)
+        return state
 
     def _attribute(
         self, suffix: list[int], new_messages: Sequence[Mapping[str, Any]], truncated: bool
@@ -436,6 +619,50 @@ class TmplRenderer:
 
     def __repr__(self) -> str:
         return f"TmplRenderer({self.tpl!r})"
+
+
+def _branch(
+    prior: list[int], ids: list[int], before: list[dict[str, Any]], after: list[dict[str, Any]], edit: str | None
+) -> Branch:
+    """The branch where the render ``ids`` leaves ``prior``, as tmpl's episode names it."""
+    common = next((k for k, (a, b) in enumerate(zip(prior, ids)) if a != b), min(len(prior), len(ids)))
+    kind = BranchKind.REWOUND if common == len(ids) else BranchKind.DIVERGED
+    found = first_difference(before, after)
+    message, field = found if found is not None else (None, None)
+    return Branch(
+        kind,
+        token=common,
+        expected=prior[common] if common < len(prior) else None,
+        got=ids[common] if common < len(ids) else None,
+        message=message,
+        field=field,
+        edit=edit,
+    )
+
+
+def _reasoning_gone(message: Mapping[str, Any], text: str) -> bool:
+    """Whether ``message`` has reasoning and the render ``text`` holds none of it."""
+    reasoning = next((v.strip() for k in REASONING_FIELDS if isinstance(v := message.get(k), str) and v.strip()), "")
+    return bool(reasoning) and reasoning not in text
+
+
+def _edit(dropped: Sequence[int], rewritten: int) -> str:
+    """The edit label of a splice (``Spliced.edit``'s words), ``dropped`` and ``rewritten`` counted anew."""
+    parts = ["template dropped reasoning"] if dropped else []
+    if rewritten:
+        parts.append("template rewrote sampled text")
+    return "; ".join(parts)
+
+
+def _describe(branch: Branch) -> str:
+    """``branch`` in words, against the previous prompt and completion (a renderer has no sequence index)."""
+    got = "render ends" if branch.got is None else f"render has {branch.got}"
+    text = f"{branch.kind} from the previous prompt + completion at token {branch.token} ({got}, previous has {branch.expected})"
+    if branch.message is not None:
+        text += f"; message {branch.message}" + ("" if branch.field is None else f", field {branch.field!r}")
+    if branch.edit is not None:
+        text += f"; edit: {branch.edit}"
+    return text
 
 
 def _ends_open(renderer: TmplRenderer, completion: Sequence[int]) -> bool:
