@@ -397,6 +397,20 @@ def test_tools_with_a_template_that_has_no_parser_fail_early(tokenizer_of):
         tmpl.Rollout(tpl, Scripted(lambda r: [1]), tools=FUNCS)
 
 
+def test_without_tools_a_template_that_has_no_parser_answers_as_text(tokenizer_of):
+    """Gemma 3's template has no tool-call format: a rollout with no tools needs no parser (every
+    sample of it ended 'unexpected error: NoToolParserError' before)."""
+    tok = tokenizer_of("gemma-3-it")
+    tpl = tmpl.ChatTemplate(tok, name="gemma-3-it")
+    answer = tok.encode("Hello there.<end_of_turn>", add_special_tokens=False)
+    messages = [{"role": "user", "content": "hi"}]
+    [result] = tmpl.Rollout(tpl, Scripted(lambda r: answer), max_turns=2, progress=False).run([messages])
+    assert result.status.name == "DONE", result.reason
+    assert result.messages[-1] == {"role": "assistant", "content": "Hello there."}
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert result.prompt_ids.tolist() == list(rendered) and result.completion_ids.tolist() == answer
+
+
 def test_first_turn_of_every_sample_goes_in_one_batch(tokenizer_of):
     """Samples start one after another; their first requests still reach the engine together."""
     tpl = _tpl(tokenizer_of)

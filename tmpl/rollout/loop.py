@@ -158,7 +158,8 @@ class Rollout(WeightUpdates):
         self._subagents = subagents_of(self.toolbox)  # tools that run episodes of their own (subagent.py)
         if self.toolbox is not None:
             parser_for(self.tpl)  # fail now (NoToolParserError, with why) rather than mid-rollout
-        self._read = CompletionReader(self.tpl)  # each turn's completion, parsed
+        # each turn's completion, parsed (without tools, a template with no tool-call format reads as text)
+        self._read = CompletionReader(self.tpl, plain=self.toolbox is None)
         self.tool_schemas = self.toolbox.schemas if self.toolbox is not None else None
         self.max_turns = max_turns
         self.max_length = max_length

@@ -59,13 +59,17 @@ class CompletionReader:
     >>> read(completion_ids, tools=toolbox).tool_calls            # doctest: +SKIP
     """
 
-    __slots__ = ("tpl", "name", "_parser", "_key")
+    __slots__ = ("tpl", "name", "plain", "_parser", "_key", "_none")
 
-    def __init__(self, tpl: ChatTemplate, name: str | None = None) -> None:
+    def __init__(self, tpl: ChatTemplate, name: str | None = None, *, plain: bool = False) -> None:
         self.tpl = tpl
         self.name = name  # a parser forced by name (its reasoning key is its own), else the detected one
+        #: a template with no tool-call format (Gemma 3's) reads a completion as its text, no calls (a
+        #: rollout without tools needs no parser); False: NoToolParserError, as parse_completion
+        self.plain = plain
         self._parser: ToolParser | None = None
         self._key: str | None = None
+        self._none = False  # looked up, and the template has no parser
 
     def __call__(self, completion_ids: Sequence[int], *, tools: Any = None) -> ParsedCompletion:
         """The parsed completion, as ``parse_completion(tpl, completion_ids, tools=tools)``."""
@@ -73,13 +77,28 @@ class CompletionReader:
             raise TypeError("completion_ids must be a sequence of token IDs, not text (encode it first)")
         parser = self._parser
         if parser is None:
-            parser = self._parser = parser_for(self.tpl, self.name)
+            if self._none:
+                return self._text(completion_ids)
+            try:
+                parser = self._parser = parser_for(self.tpl, self.name)
+            except NoToolParserError:
+                if not self.plain or self.name is not None:
+                    raise
+                self._none = True
+                return self._text(completion_ids)
             self._key = detect(self.tpl).reasoning_key if self.name is None else None
         parsed = parser.parse(completion_ids, tools=tools)
         key = self._key
         if key and key != parsed.reasoning_key:
             parsed = dataclasses.replace(parsed, reasoning_key=key)
         return parsed
+
+    def _text(self, completion_ids: Sequence[int]) -> ParsedCompletion:
+        """The completion as content only (its stop token left out), for a template with no tool calls."""
+        ids = list(completion_ids)
+        if ids and ids[-1] in self.tpl.stop_token_ids:
+            ids.pop()
+        return ParsedCompletion(self.tpl.codec.decode(ids).strip(), None, (), (), parser="none")
 
 
 __all__ = ["CompletionReader", "Detection", "detect", "parse_completion", "parser_for"]
