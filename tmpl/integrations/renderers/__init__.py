@@ -1,8 +1,10 @@
 """tmpl as a ``renderers`` Renderer: PrimeIntellect's renderer protocol (prime-rl, verifiers) backed by tmpl.
 
-:class:`TmplRenderer` satisfies ``renderers.base.Renderer``: its ``bridge_to_next_turn`` appends the
-exact suffix tmpl proves for the template (any template whose ``tool_loop`` verdict is SAFE), and
-returns None, with the reason in its log, where tmpl cannot prove it. It plugs in through renderers'
+:class:`TmplRenderer` satisfies ``renderers.base.Renderer``. Its ``bridge_to_next_turn`` has tmpl's two
+history modes (``TmplRendererConfig(history=...)``): ``"template"`` (the default) returns the template's
+own render of the conversation so far where it extends the previous prompt and completion, and None,
+naming the branch, where it does not; ``"append"`` appends tmpl's exact suffix for every tool round tmpl
+can suffix. A None's reason is in its log and in ``last_bridge_reason``. It plugs in through renderers'
 own ``CustomRendererConfig``:
 
 >>> from renderers import create_renderer                                    # doctest: +SKIP

@@ -77,7 +77,7 @@ class Known:
     ) -> None:
         self._state = state
         self.parent = parent
-        self.completion = tuple(int(t) for t in completion)
+        self.completion = tuple(completion)
         self.added = [dict(m) for m in added]
         self.tools = tools
         self.tail = list(tail)
@@ -117,7 +117,7 @@ class Store:
 
     @staticmethod
     def _key(ids: Sequence[int]) -> tuple[tuple[int, int], tuple[int, ...]]:
-        ids = tuple(int(t) for t in ids)
+        ids = tuple(ids)  # int-like IDs hash and compare as ints do
         return (len(ids), hash(ids)), ids[:EDGE] + ids[-EDGE:]
 
     def get(self, ids: Sequence[int]) -> Known | None:
