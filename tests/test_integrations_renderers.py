@@ -536,6 +536,25 @@ def test_append_mode_gives_the_suffix_the_conversation_where_the_template_needs_
         prompt = bridged.token_ids
 
 
+def test_the_prompt_store_is_bounded_and_shared_per_template(qwen25):
+    """Prompts are remembered least recently used first out, by their IDs (not a prefix or a look-alike),
+    and every renderer of one template in the process sees the same store."""
+    from tmpl.integrations.renderers.conversations import Known, Store, store_for
+
+    store = Store(capacity=2)
+    nodes = [Known.root([{"role": "user", "content": str(k)}], str(k), [k, k + 1]) for k in range(3)]
+    store.put([0, 1], nodes[0])
+    store.put([1, 2], nodes[1])
+    assert store.get([0, 1]) is nodes[0]  # used: now the most recent
+    store.put([2, 3], nodes[2])
+    assert store.get([1, 2]) is None and store.get([0, 1]) is nodes[0] and store.get([2, 3]) is nodes[2]
+    assert store.get([0]) is None and store.get([0, 1, 0]) is None and len(store) == 2
+    a, b = TmplRenderer.from_template(qwen25), TmplRenderer.from_template(qwen25, TmplRendererConfig(history="append"))
+    assert a._known is b._known is store_for(qwen25.fingerprint)
+    prompt = a.render_ids([{"role": "user", "content": "Shared?"}], add_generation_prompt=True)
+    assert b._known.get(prompt).state.messages == [{"role": "user", "content": "Shared?"}]
+
+
 def test_history_is_a_config_field_through_renderers_plug_in():
     tok = load_tokenizer("qwen2.5-instruct")
     renderer = create_renderer(tok, CustomRendererConfig(import_path=IMPORT_PATH, history="append"))

@@ -29,7 +29,7 @@ from typing import Any
 
 from ...rollout.history import SampledTurn
 
-__all__ = ["CAPACITY", "Known", "State", "Store", "store_for"]
+__all__ = ["CAPACITY", "RESOLVING", "Known", "State", "Store", "store_for"]
 
 #: prompts remembered per template (least recently used forgotten first)
 CAPACITY = 8192
@@ -142,6 +142,9 @@ class Store:
     def __len__(self) -> int:
         return len(self._items)
 
+
+#: held while a bridge's record is built from its parent's (:meth:`Known.resolve` clears what built it)
+RESOLVING = threading.Lock()
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()

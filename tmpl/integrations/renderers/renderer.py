@@ -40,7 +40,7 @@ from ...report import SAFE, Budget, check, training_safe
 from ...report.report import TemplateReport
 from ...rollout.history import HISTORY_MODES, REASONING_FIELDS, SampledTurn, splice, view
 from ...toolcalls import CallProblem, parse_completion
-from .conversations import Known, State, store_for
+from .conversations import RESOLVING, Known, State, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -538,6 +538,10 @@ class TmplRenderer:
     def _state_of(self, node: Known) -> State:
         """The conversation of a remembered prompt: a bridge's record built now from its parent's (its
         assistant message parsed from the completion), once."""
+        with RESOLVING:  # one thread at a time builds records (renderers of a pool share them)
+            return self._build_state(node)
+
+    def _build_state(self, node: Known) -> State:
         chain = []
         while node.state is None:
             chain.append(node)
