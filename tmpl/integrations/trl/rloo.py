@@ -217,7 +217,6 @@ class ToolRLOOTrainer(RLOOTrainer):
     # -- several rows per sample ----------------------------------------------------------------
     def _score_rows(self, inputs: list[dict[str, Any]], prompts: list, rows: _Rows) -> dict[str, Any]:
         """RLOO's scoring with several rows per sample: rewards and KL per sample, baseline over samples."""
-        from accelerate.utils import gather_object
         from trl.trainer.utils import pad
 
         device = self.accelerator.device
@@ -288,8 +287,8 @@ class ToolRLOOTrainer(RLOOTrainer):
         metrics["reward"].append(torch.nanmean(scored).item())
         metrics["reward_std"].append(_nanstd(scored))
         metrics["frac_reward_zero_std"].append(torch.isclose(spread, torch.zeros_like(spread)).float().mean().item())
-        self._logs["prompt"].extend(gather_object(prompts))
-        self._logs["completion"].extend(gather_object(completions))
+        self._logs["prompt"].extend(self._gather_objects(prompts))
+        self._logs["completion"].extend(self._gather_objects(completions))
         for i, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
         self._logs["advantages"].extend(advantages.tolist())
@@ -304,6 +303,15 @@ class ToolRLOOTrainer(RLOOTrainer):
             "sample_index": index,
         }
 
+    def _gather_objects(self, values: list[Any]) -> list[Any]:
+        """Every process's ``values``, concatenated in process order (one process: ``values``)."""
+        processes = self.accelerator.num_processes
+        if processes == 1:
+            return list(values)
+        parts: list[Any] = [None] * processes
+        torch.distributed.all_gather_object(parts, list(values))
+        return [v for part in parts for v in part]
+
     def _reference_logps(self, ids: torch.Tensor, attention: torch.Tensor, width: int, batch_size: int) -> torch.Tensor:
         """Per-token logprobs of the reference model (or of the base weights under a PEFT adapter), tool-masked."""
         if self.ref_model is not None:
@@ -316,8 +324,7 @@ class ToolRLOOTrainer(RLOOTrainer):
 
     def _flush_pending(self, samples: int) -> None:
         """What reward functions logged with ``log_extra``/``log_metric``, gathered as RLOO's scoring does."""
-        from accelerate.utils import gather_object
-
+        gather_object = self._gather_objects
         extra = getattr(self, "_pending_extra_logs", None)
         if extra is not None:
             for column in sorted(set(gather_object(list(extra)))):
