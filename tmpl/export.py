@@ -49,7 +49,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -313,18 +313,7 @@ def to_jsonl(
 def from_jsonl(path: str | os.PathLike) -> list[RolloutResult]:
     """Read results written by :func:`to_jsonl` (token arrays identical to the ones written)."""
     path = Path(path)
-    out = []
-    with _open(path, "r") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise ExportError(where, f"not JSON: {exc}") from exc
-            out.append(_result(record, where, path.parent))
-    return out
+    return [_result(record, where, path.parent) for record, where in _lines(path)]
 
 
 # -- episodes (the gateway's sessions, or any tmpl.episode.Episode) ---------------------------------
@@ -383,19 +372,22 @@ def episodes_to_jsonl(items: Iterable[Any], path: str | os.PathLike) -> Path:
 def episodes_from_jsonl(path: str | os.PathLike) -> list[Episode]:
     """Read the episodes :func:`episodes_to_jsonl` wrote (or lines saved from ``/episodes/stream``): their
     sequences are the same (IDs, masks, logprobs, versions, branches), their rewards too."""
-    path = Path(path)
-    out = []
+    return [episode_from_entry(entry, where) for entry, where in _lines(Path(path))]
+
+
+def _lines(path: Path) -> Iterator[tuple[Any, str]]:
+    """Each JSON line of ``path`` (blank lines skipped) with where it is (``path:line``); ExportError at
+    a line that is not JSON."""
     with _open(path, "r") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{line_no}"
             try:
-                entry = json.loads(line)
+                record = json.loads(line)
             except ValueError as exc:
                 raise ExportError(where, f"not JSON: {exc}") from exc
-            out.append(episode_from_entry(entry, where))
-    return out
+            yield record, where
 
 
 def _open(path: Path, mode: str) -> io.TextIOBase:
