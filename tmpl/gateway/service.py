@@ -87,10 +87,12 @@ class Gateway:
       instead of starting a branch.
     - ``model``: the name ``/v1/models`` lists (default: the template's name).
     - ``call_timeout``: seconds an engine request may take (None: no limit); past it the engine request
-      is cancelled, the call noted aborted in its session, and the client answered 504.
-    - ``max_session_tokens``: tokens (prompt plus sampled, every call) a session's episode may hold; a
-      call that would go past it is refused (400) before it reaches the engine: one agent cannot grow
-      the gateway's memory without end (finish the session and start another).
+      is stopped (its sampled tokens recorded where the backend can stop it keeping them, else it is
+      cancelled), the call noted aborted in its session, and the client answered 504.
+    - ``max_session_tokens``: tokens (prompt plus sampled, every call) a session's episode may hold: a
+      call whose prompts (``n`` of them) would take the session past it is refused (400) before it reaches
+      the engine, so a session ends at most one call's samples (``n * max_tokens``) over it; one agent
+      cannot grow the gateway's memory without end (finish the session and start another).
     """
 
     def __init__(
