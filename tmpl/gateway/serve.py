@@ -62,6 +62,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return serve
 
 
+#: seconds open connections get to finish once the server is told to stop
+GRACE = 10
+
+
 def build_gateway(args: argparse.Namespace) -> Any:
     """The :class:`~tmpl.gateway.Gateway` the arguments describe."""
     from ..chat_template import ChatTemplate
@@ -118,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         # the loaded tokenizer, template and model frozen out of the collector's reach: a full collection
         # of that heap paused the event loop for 140-190 ms (benchmarks/gateway.py)
         with fewer_collections():
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+            # on SIGINT/SIGTERM, open connections (an /episodes/stream waiting up to its idle time, a call
+            # up to call_timeout) get GRACE seconds, then their tasks are cancelled (engine requests stopped)
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=GRACE)
     finally:
         gateway.close()
     return 0
