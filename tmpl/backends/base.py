@@ -98,6 +98,9 @@ class GenerationRequest:
     images: ImageInputs | None = None
     #: the images themselves (PIL), one per image of ``images``, in order: for engines that process them (vLLM)
     image_sources: Sequence[Any] | None = None
+    #: mixture-of-experts routing replay: ask the engine for the experts it chose at every position from this
+    #: index of ``prompt_ids`` on (vLLM's ``routed_experts_prompt_start``); None asks for no routes
+    routes_from: int | None = None
 
 
 @dataclass
@@ -118,6 +121,12 @@ class GenerationResult:
     logprobs_mode: LogprobsMode = "raw"
     error: str | None = None
     versions: list[int] | None = None
+    #: the experts the engine routed each position to, ``[positions, layers, top_k]`` (a compact unsigned
+    #: or int32 numpy array) for the positions ``routes_start ..`` of ``prompt_ids + token_ids``, as the
+    #: engine reported them (vLLM: from ``routes_from`` to the last sampled token, which has none yet);
+    #: None when routes were not asked for or the backend gives none
+    routes: Any = None
+    routes_start: int = 0
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> GenerationResult:
@@ -200,6 +209,8 @@ class Backend:
     threaded: bool = True
     #: the policy version of the weights now loaded (set by :meth:`update_weights`)
     weight_version: int = 0
+    #: whether the backend returns mixture-of-experts routes (``GenerationResult.routes``) when asked
+    gives_routes: bool = False
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for many requests; one result per request, in order."""
