@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tmpl.toolcalls", "tmpl.vision"),
     ("tmpl.tools",),
     ("tmpl.report", "tmpl.backends"),
+    ("tmpl.env",),
     ("tmpl.rollout",),
     ("tmpl.gateway",),
     ("tmpl.export", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),

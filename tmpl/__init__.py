@@ -7,6 +7,7 @@ The public surface, by subsystem (each a subpackage; see docs/architecture.md):
 - tool calls: :func:`parse_completion`, :class:`ToolCall` (``tmpl.toolcalls``), :class:`Toolbox` (``tmpl.tools``);
 - rollouts: :class:`Rollout`, :class:`RolloutResult`, :class:`Sampling` (``tmpl.backends``);
   :class:`DistributedRollout` (one rollout over worker processes or Ray actors);
+- environments: :class:`Env` (``tmpl.env``: ``EnvReset``, ``EnvStep``, ``ToolEnv``; one per sample);
 - reports and shipped templates: ``tmpl.report``, ``tmpl.templates``; trainers: ``tmpl.export``,
   ``tmpl.integrations``; every error: ``tmpl.errors`` (all derive from :class:`TmplError`).
 
@@ -21,6 +22,7 @@ from . import backends, errors, export, report, templates, toolcalls, trajectory
 from ._compat import NATIVE  # after .trajectory: a compiled twin that fails to import turns it False
 from .backends import Sampling
 from .chat_template import ChatTemplate
+from .env import Env
 from .errors import TmplError
 from .rollout import DistributedRollout, Rollout, RolloutMetrics, RolloutResult
 from .toolcalls import ParsedCompletion, ToolCall, parse_completion
@@ -50,6 +52,8 @@ __all__ = [
     "RolloutMetrics",
     "DistributedRollout",
     "Sampling",
+    # environments
+    "Env",
     # errors (every one in tmpl.errors derives from it)
     "TmplError",
     # subsystems
