@@ -98,6 +98,43 @@ class HTTPClient:
         except ValueError:
             return response.status_code, response.text
 
+    async def post_events(self, url: str, payload: Any, *, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        """POST ``payload`` to a streaming (server-sent events) endpoint and read the stream to its end.
+
+        Returns ``(200, [event, ...])``: each ``data:`` line parsed as JSON, up to ``data: [DONE]``; or, for
+        another status, ``(status, parsed JSON or text)`` as :meth:`post_json`. Raises as :meth:`post_json`
+        does (a stream cut before ``[DONE]`` is a lost connection).
+        """
+        import json
+
+        httpx = _httpx()
+        try:
+            async with self._pool(url).stream("POST", url, json=payload, headers=headers) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    try:
+                        return response.status_code, json.loads(text)
+                    except ValueError:
+                        return response.status_code, text
+                events: list[Any] = []
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return 200, events
+                    try:
+                        events.append(json.loads(data))
+                    except ValueError:
+                        events.append({"error": {"message": f"an event that is not JSON: {data[:120]}"}})
+        except httpx.TimeoutException as exc:
+            raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
+        except httpx.ConnectError as exc:
+            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
+        raise HTTPConnectionError(url, f"the event stream ended without [DONE] after {len(events)} event(s)")
+
     async def get_text(self, url: str, *, timeout: float | None = None) -> tuple[int, str]:
         """GET ``url``; return ``(status, body text)``. Raises as :meth:`post_json` does."""
         httpx = _httpx()

@@ -57,6 +57,7 @@ from typing import Any, Literal
 from ..errors import BackendError, HTTPConnectionError, WeightUpdateError
 from .base import Backend, GenerationRequest, GenerationResult, UpdateMode, WeightSource, versions_from_spans
 from .http import HTTPClient
+from .routes import RoutesDecodeError, decode_npy, from_position
 from .vllm import engine_prompt_ids, expansion_problem, image_problem, sampling_kwargs
 
 
@@ -140,12 +141,22 @@ class VLLMServer(Backend):
         down_for: float = 30.0,
         sticky: bool = True,
         sticky_slack: int = 8,
+        routes: bool = False,
+        stream: bool = False,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("VLLMServer needs at least one server URL")
         if api not in ("generate", "completions"):
             raise ValueError(f"api must be 'generate' or 'completions', not {api!r}")
+        if stream and api != "generate":
+            raise ValueError(
+                "stream=True needs api='generate' (vLLM 0.32 streams routes on /inference/v1/generate only)"
+            )
+        #: the servers were started with --enable-return-routed-experts: routes come back when asked
+        self.gives_routes = routes
+        #: read each answer as vLLM's event stream (``"stream": true``), its chunks merged into one answer
+        self.stream = stream
         self.servers = [ServerState(u.rstrip("/")) for u in urls]
         self.api = api
         self.model = model
@@ -228,7 +239,7 @@ class VLLMServer(Backend):
                 "request_id": rid,
                 "token_ids": list(req.prompt_ids),
                 "sampling_params": params,
-                "stream": False,
+                "stream": self.stream,
             }
             if req.images is not None and req.images.count:  # vLLM expands one placeholder per image itself
                 payload["token_ids"] = engine_prompt_ids(req)
@@ -275,7 +286,12 @@ class VLLMServer(Backend):
             self._inflight[request.request_id] = entry
             server.outstanding += 1
             try:
-                status, body = await self.http.post_json(server.url + path, payload, headers={"X-Request-Id": aid})
+                if self.stream:
+                    status, body = await self.http.post_events(
+                        server.url + path, payload, headers={"X-Request-Id": aid}
+                    )
+                else:
+                    status, body = await self.http.post_json(server.url + path, payload, headers={"X-Request-Id": aid})
             except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
                 server.failures += 1
                 server.lost += 1
@@ -309,6 +325,11 @@ class VLLMServer(Backend):
                 return GenerationResult.failed(request.request_id, scale_out_hint(server.url, body))
             if status != 200:
                 return GenerationResult.failed(request.request_id, f"{server.url}: HTTP {status}: {str(body)[:300]}")
+            if self.stream:
+                try:
+                    body = merge_stream(body)
+                except ValueError as exc:
+                    return GenerationResult.failed(request.request_id, f"{server.url}: {exc}")
             answered = body.get("request_id") if isinstance(body, dict) and self.api == "generate" else None
             if answered is not None and not str(answered).endswith(aid):
                 return GenerationResult.failed(
@@ -348,6 +369,12 @@ class VLLMServer(Backend):
                     return GenerationResult.failed(req.request_id, f"{url}: {problem}")
             reason = choice.get("finish_reason") or "stop"
             versions = versions_from_spans(choice.get("weight_versions"), len(ids), req.version)
+            sent = choice.get("routed_experts") if req.routes_from is not None else None
+            routes, start = from_position(
+                None if sent is None else decode_npy(sent), req.routes_from or 0, req.routes_from
+            )
+        except RoutesDecodeError as exc:
+            return GenerationResult.failed(req.request_id, f"{url}: {exc}")
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             return GenerationResult.failed(req.request_id, f"{url}: malformed response ({exc}): {str(body)[:200]}")
         return GenerationResult(
@@ -357,6 +384,8 @@ class VLLMServer(Backend):
             reason if reason in ("stop", "length", "abort") else "error",
             logprobs_mode=self.logprobs_mode,
             versions=versions,
+            routes=routes,
+            routes_start=start,
         )
 
     # -- weight updates ---------------------------------------------------------------
@@ -576,6 +605,42 @@ def prometheus_counters(text: str) -> tuple[float, float]:
             except (IndexError, ValueError):
                 continue
     return sums["vllm:prefix_cache_queries_total"], sums["vllm:prefix_cache_hits_total"]
+
+
+def merge_stream(events: Sequence[Any]) -> dict[str, Any]:
+    """One ``/inference/v1/generate`` answer from the events of its stream (``"stream": true``).
+
+    Each chunk's choice carries the new ``token_ids`` and their ``logprobs.content``; the last one the
+    ``finish_reason``, ``weight_versions`` and, when the server returns routes, ``routed_experts``
+    (vLLM fills them when the request finishes). An ``error`` event raises ValueError (a malformed
+    answer, failed by the caller).
+
+    >>> merge_stream([{"request_id": "r", "choices": [{"index": 0, "token_ids": [5]}]},
+    ...               {"request_id": "r", "choices": [{"index": 0, "token_ids": [6], "finish_reason": "stop"}]}])
+    {'request_id': 'r', 'choices': [{'index': 0, 'token_ids': [5, 6], 'finish_reason': 'stop'}]}
+    """
+    merged: dict[str, Any] = {"index": 0, "token_ids": []}
+    content: list[Any] = []
+    out: dict[str, Any] = {"request_id": None}
+    for event in events:
+        if not isinstance(event, dict) or "error" in event:
+            raise ValueError(f"the stream sent an error: {str(event)[:200]}")
+        out["request_id"] = event.get("request_id", out["request_id"])
+        if event.get("prompt_token_ids") is not None:  # the first chunk's (return_token_ids)
+            out["prompt_token_ids"] = event["prompt_token_ids"]
+        for choice in event.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            merged["token_ids"] += choice.get("token_ids") or []
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                content += logprobs.get("content") or []
+            for key in ("finish_reason", "routed_experts", "weight_versions"):
+                if choice.get(key) is not None:
+                    merged[key] = choice[key]
+    if content:
+        merged["logprobs"] = {"content": content}
+    return {**out, "choices": [merged]}
 
 
 def entry_token_id(entry: dict[str, Any]) -> int:

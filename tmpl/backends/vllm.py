@@ -54,6 +54,7 @@ from .base import (
     image_misfit,
     versions_from_spans,
 )
+from .routes import from_position
 
 _MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
@@ -87,6 +88,8 @@ def sampling_kwargs(req: GenerationRequest) -> dict[str, Any]:
         kwargs["top_k"] = int(s.top_k)
     if s.seed is not None:
         kwargs["seed"] = int(s.seed)
+    if req.routes_from is not None:  # routing replay: the routes of the positions from here on
+        kwargs["routed_experts_prompt_start"] = int(req.routes_from)
     return kwargs
 
 
@@ -187,6 +190,8 @@ class VLLM(Backend):
         if mode not in (None, *(_MODES)):
             raise BackendError(f"vLLM logprobs_mode={mode!r} gives no logprobs of sampled tokens; use raw or processed")
         self.logprobs_mode = _MODES.get(mode, "raw")
+        #: routes (routing replay) come back only from an engine built with enable_return_routed_experts=True
+        self.gives_routes = routes_enabled(llm)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         tokens_prompt, sampling_params = vllm_api()
@@ -270,6 +275,9 @@ class VLLM(Backend):
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         reason = completion.finish_reason or "length"
+        routes, start = from_position(
+            getattr(completion, "routed_experts", None), req.routes_from or 0, req.routes_from
+        )
         return GenerationResult(
             req.request_id,
             ids,
@@ -277,6 +285,8 @@ class VLLM(Backend):
             reason if reason in ("stop", "length", "abort") else "error",
             logprobs_mode=self.logprobs_mode,
             versions=versions_from_spans(getattr(completion, "weight_versions", None), len(ids), req.version),
+            routes=routes,
+            routes_start=start,
         )
 
     async def update_weights(
@@ -322,6 +332,13 @@ class VLLM(Backend):
         except Exception as exc:  # noqa: BLE001 - reported with the engine and step
             raise WeightUpdateError(name, "label", f"{type(exc).__name__}: {exc}") from exc
         self.weight_version = version
+
+
+def routes_enabled(llm: Any) -> bool:
+    """Whether an ``LLM`` was built with ``enable_return_routed_experts=True`` (vLLM 0.32:
+    ``llm.llm_engine.vllm_config.aux_output_config``); False for an engine that does not say."""
+    config = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "aux_output_config", None)
+    return bool(getattr(config, "enable_return_routed_experts", False))
 
 
 def _failed(req: GenerationRequest, exc: BaseException | str) -> GenerationResult:

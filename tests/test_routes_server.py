@@ -1,0 +1,156 @@
+"""Routing replay on the vLLM paths (issue 40): VLLMServer and the offline VLLM adapter against stand-ins
+that speak vLLM 0.32's routes (tests/vllm_standin.py): ``routed_experts_prompt_start`` sent, base64
+``.npy`` routes decoded, streamed answers merged, multi-turn rollouts stitched, bad routes refused.
+
+vLLM 0.32's CPU build cannot return routes (its AuxOutput connector needs Model Runner V2, which
+needs Triton), so the real server path is the GPU script's (benchmarks/moe_routes_gpu.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import sys
+
+import numpy as np
+import pytest
+
+from tmpl.backends import VLLM, GenerationRequest, Sampling, Scripted, VLLMServer
+from tmpl.backends.routes import RoutesDecodeError, decode_flat, decode_npy, from_position
+from tmpl.backends.server import merge_stream
+
+from .vllm_standin import FakeLLM, StandinServer, SyntheticRoutes, fake_vllm_module, npy_base64, synthetic_routes
+
+PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # any IDs: the synthetic routes hash them
+REPLY = [9707, 11, 1879, 0, 151645]
+STOP = frozenset({151645})
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _request(rid: str = "r1", routes_from: int | None = 0, prompt=PROMPT, max_tokens: int = 16) -> GenerationRequest:
+    return GenerationRequest(rid, list(prompt), max_tokens, STOP, Sampling(temperature=0), routes_from=routes_from)
+
+
+def _routed(reply=REPLY) -> SyntheticRoutes:
+    return SyntheticRoutes(Scripted(lambda req: list(reply)))
+
+
+# -- the wire format ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])
+def test_decode_npy_gives_the_array_as_sent(dtype):
+    sent = np.arange(24, dtype=dtype).reshape(4, 3, 2) * 7 % 61
+    got = decode_npy(npy_base64(sent))  # the stand-in encodes as vLLM's numpy2base64 does (np.save)
+    assert got.dtype == np.dtype(dtype) and got.shape == (4, 3, 2) and np.array_equal(got, sent)
+
+
+def test_decode_npy_refuses_pickles_and_garbage():
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(RoutesDecodeError, match="not base64 of .npy bytes"):
+        decode_npy(base64.b64encode(buf.getvalue()).decode())  # an object array would run pickle: refused
+    with pytest.raises(RoutesDecodeError):
+        decode_npy(base64.b64encode(b"routes").decode())
+
+
+def test_decode_flat_reads_sglang_wire_dtypes():
+    values = np.array([3, 1, 0, 2, 7, 5, 6, 4], dtype=np.uint16)
+    got = decode_flat(base64.b64encode(values.tobytes()).decode(), "uint16", 2, 2)
+    assert got.dtype == np.uint16 and got.tolist() == [[[3, 1], [0, 2]], [[7, 5], [6, 4]]]
+    legacy = decode_flat(base64.b64encode(values.astype(np.int32).tobytes()).decode(), None, 1, 2)
+    assert legacy.dtype == np.int32 and legacy.shape == (4, 1, 2)
+    with pytest.raises(RoutesDecodeError, match="not a whole number of positions"):
+        decode_flat(base64.b64encode(values.tobytes()).decode(), "uint16", 3, 1)
+
+
+def test_from_position_drops_rows_before_the_asked_start():
+    rows = np.arange(6).reshape(6, 1, 1)
+    got, start = from_position(rows, 0, 4)
+    assert start == 4 and got[:, 0, 0].tolist() == [4, 5]
+    same, at = from_position(rows, 4, 4)
+    assert same is rows and at == 4
+
+
+# -- VLLMServer against the stand-in ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["generate", "completions"])
+@pytest.mark.parametrize("start", [0, 4, len(PROMPT)])
+def test_server_sends_the_prompt_start_and_decodes_the_routes(api, start):
+    with StandinServer(_routed(), routes=True) as server:
+        client = VLLMServer(server.url, api=api, timeout=30, routes=True)
+        res = _run(client.agenerate(_request(routes_from=start)))
+    assert client.gives_routes and res.error is None and res.token_ids == REPLY
+    assert server.route_starts == [start]
+    full = synthetic_routes(PROMPT + REPLY)
+    # vLLM's coverage: the prompt from the start, every generated token but the last
+    assert res.routes_start == start and len(res.routes) == len(PROMPT) + len(REPLY) - 1 - start
+    assert res.routes.dtype == np.uint8 and np.array_equal(res.routes, full[start : len(PROMPT) + len(REPLY) - 1])
+
+
+def test_server_without_routes_asked_sends_no_start_and_keeps_none():
+    with StandinServer(_routed(), routes=True) as server:  # the server returns routes for every request
+        client = VLLMServer(server.url, timeout=30)
+        res = _run(client.agenerate(_request(routes_from=None)))
+    assert server.route_starts == [None] and server.sent_routes[0] is not None
+    assert res.routes is None and res.token_ids == REPLY and not client.gives_routes
+
+
+def test_server_refuses_a_start_past_the_prompt_as_vllm_does():
+    with StandinServer(_routed(), routes=True) as server:
+        client = VLLMServer(server.url, timeout=30, routes=True)
+        res = _run(client.agenerate(_request(routes_from=len(PROMPT) + 1)))
+    assert res.finish_reason == "error" and "HTTP 400" in res.error and "routed_experts_prompt_start" in res.error
+
+
+def test_server_fails_a_generation_whose_routes_are_not_npy():
+    with StandinServer(_routed(), routes=True, routes_fault="garbage") as server:
+        client = VLLMServer(server.url, timeout=30, routes=True)
+        res = _run(client.agenerate(_request()))
+    assert res.finish_reason == "error" and "not base64 of .npy bytes" in res.error and server.url in res.error
+
+
+def test_streamed_answer_equals_the_whole_answer():
+    reply = [9707, 11, 1879, 0, 3555, 13, 11, 42, 151645]
+    with StandinServer(_routed(reply), routes=True, chunk=2) as server:
+        whole = _run(VLLMServer(server.url, timeout=30, routes=True).agenerate(_request("w", routes_from=3)))
+        streamed = _run(
+            VLLMServer(server.url, timeout=30, routes=True, stream=True).agenerate(_request("s", routes_from=3))
+        )
+    assert server.streamed == [5]  # 9 tokens in events of 2: the routes ride on the last one
+    assert streamed.token_ids == whole.token_ids == reply and streamed.finish_reason == whole.finish_reason == "stop"
+    assert streamed.logprobs == whole.logprobs and len(streamed.logprobs) == len(reply)
+    assert streamed.routes_start == 3 and np.array_equal(streamed.routes, whole.routes)
+    assert np.array_equal(streamed.routes, synthetic_routes(PROMPT + reply)[3 : len(PROMPT) + len(reply) - 1])
+
+
+def test_merge_stream_refuses_an_error_event():
+    with pytest.raises(ValueError, match="error"):
+        merge_stream([{"request_id": "r", "choices": [{"index": 0, "token_ids": [1]}]}, {"error": {"message": "oom"}}])
+
+
+def test_stream_needs_the_tokens_api():
+    with pytest.raises(ValueError, match="api='generate'"):
+        VLLMServer("http://127.0.0.1:9", api="completions", stream=True)
+
+
+# -- the offline adapter -----------------------------------------------------------------------
+
+
+def test_offline_vllm_asks_for_routes_and_returns_them(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
+    monkeypatch.setitem(sys.modules, "vllm.inputs", sys.modules["vllm"].inputs)
+    llm = FakeLLM(_routed(), routes=True)
+    backend = VLLM(llm)
+    asked, plain = backend.generate_batch([_request("a", routes_from=5), _request("b", routes_from=None)])
+    params = [sp.kwargs for sp in llm.calls[0][1]]
+    assert params[0]["routed_experts_prompt_start"] == 5 and "routed_experts_prompt_start" not in params[1]
+    assert backend.gives_routes and plain.routes is None
+    assert asked.routes_start == 5
+    assert np.array_equal(asked.routes, synthetic_routes(PROMPT + REPLY)[5 : len(PROMPT) + len(REPLY) - 1])
+    assert not VLLM(FakeLLM(_routed())).gives_routes  # an engine built without enable_return_routed_experts
