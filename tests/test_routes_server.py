@@ -154,3 +154,96 @@ def test_offline_vllm_asks_for_routes_and_returns_them(monkeypatch):
     assert asked.routes_start == 5
     assert np.array_equal(asked.routes, synthetic_routes(PROMPT + REPLY)[5 : len(PROMPT) + len(REPLY) - 1])
     assert not VLLM(FakeLLM(_routed())).gives_routes  # an engine built without enable_return_routed_experts
+
+
+# -- SGLang -------------------------------------------------------------------------------------
+
+
+class SGLangRoutes:
+    """A local ``/generate`` in SGLang's shapes with routes (``GenerateReqInput.return_routed_experts``,
+    ``routed_experts_start_len``; ``meta_info["routed_experts"]``: base64 of the flat expert IDs, int32
+    unless ``wire`` names uint8/uint16 in ``routed_experts_dtype``). ``start_len=False``: an SGLang that
+    routes the whole sequence and says nothing of a start."""
+
+    def __init__(self, backend, *, wire: str | None = None, start_len: bool = True) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                asked = body.get("return_routed_experts", False)
+                start = int(body.get("routed_experts_start_len", 0)) if start_len else 0
+                sp = body["sampling_params"]
+                req = GenerationRequest(
+                    body["rid"],
+                    body["input_ids"],
+                    sp["max_new_tokens"],
+                    frozenset(sp["stop_token_ids"]),
+                    routes_from=start if asked else None,
+                )
+                [res] = backend.generate_batch([req])
+                meta = {
+                    "finish_reason": {"type": res.finish_reason},
+                    "output_token_logprobs": [[lp, t, None] for t, lp in zip(res.token_ids, res.logprobs)],
+                }
+                if asked:  # [start, seqlen - 1)
+                    rows = res.routes[: len(req.prompt_ids) + len(res.token_ids) - 1 - start]
+                    meta["routed_experts"] = base64.b64encode(rows.astype(wire or np.int32).tobytes()).decode()
+                    if wire:
+                        meta["routed_experts_dtype"] = wire
+                    if start_len:
+                        meta["routed_experts_start_len"] = start
+                data = json.dumps({"output_ids": res.token_ids, "meta_info": meta}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize(("wire", "start_len"), [(None, True), ("uint8", True), ("uint16", False)])
+def test_sglang_asks_for_routes_and_shapes_them(wire, start_len):
+    from tmpl.backends import SGLang
+
+    with SGLangRoutes(_routed(), wire=wire, start_len=start_len) as server:
+        backend = SGLang(server.url, routes=(2, 2), routes_start_len=start_len)
+        res = _run(backend.agenerate(_request(routes_from=6)))
+        plain = _run(SGLang(server.url).agenerate(_request("p", routes_from=6)))
+    asked, unasked = server.bodies
+    assert asked["return_routed_experts"] is True and asked.get("routed_experts_start_len") == (
+        6 if start_len else None
+    )
+    assert "return_routed_experts" not in unasked and plain.routes is None and not SGLang(server.url).gives_routes
+    assert backend.gives_routes and res.error is None and res.token_ids == REPLY and res.routes_start == 6
+    assert res.routes.dtype == np.dtype(wire or np.int32)
+    assert np.array_equal(res.routes, synthetic_routes(PROMPT + REPLY)[6 : len(PROMPT) + len(REPLY) - 1])
+
+
+def test_sglang_fails_routes_of_another_shape():
+    from tmpl.backends import SGLang
+
+    with SGLangRoutes(_routed()) as server:
+        res = _run(SGLang(server.url, routes=(3, 2)).agenerate(_request()))  # the server's model has 2 layers
+    rows = len(PROMPT) + len(REPLY) - 1
+    assert res.finish_reason == "error" and f"holds {rows * 4} values" in res.error and "3 layers x top-2" in res.error
