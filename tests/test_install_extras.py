@@ -36,6 +36,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.trajectory.batch": ("torch",),  # collate(..., as tensors)
     "tmpl.vision.parts": ("vision",),
     "tmpl.export": ("datasets",),  # to_dataset
+    "tmpl.atif": ("atif",),  # to_atif / from_atif validate with its models
     "tmpl.rollout.scale": ("ray",),
     "tmpl.integrations.trl": ("trl",),
     "tmpl.integrations.verl": ("verl",),

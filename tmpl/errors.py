@@ -546,6 +546,23 @@ class ExportError(TmplError, ValueError):
         super().__init__(f"{where}: {reason}")
 
 
+class AtifError(ExportError):
+    """An ATIF trajectory (the Agent Trajectory Interchange Format) tmpl cannot read or write: ``where``
+    names the file (and line or document), ``step`` the step at fault (its ``step_id``, or ``"name/step 3"``
+    inside an embedded trajectory) and ``field`` the field (``"metrics.logprobs"``) where known.
+
+    >>> raise AtifError("run.json", "steps[1] (step 2): metrics.logprobs has 3 entries but metrics.completion_token_ids has 4")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.AtifError: run.json: steps[1] (step 2): metrics.logprobs has 3 entries but metrics.completion_token_ids has 4
+    """
+
+    def __init__(self, where: str, reason: str, step: int | str | None = None, field: str | None = None) -> None:
+        super().__init__(where, reason)
+        self.step = step
+        self.field = field
+
+
 class TemplateFixError(TemplateError):
     """:func:`tmpl.report.make_training_safe` could not prove a training-safe rewrite of a template.
 

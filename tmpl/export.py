@@ -41,6 +41,10 @@ One record per sample (``to_records``), in the order given:
 In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
 call, which a columnar schema cannot hold); :func:`from_dataset` parses it back. ``datasets``
 is imported only by the two dataset functions.
+
+ATIF (the Agent Trajectory Interchange Format, ``atif`` on PyPI): :func:`to_atif` writes one ATIF
+trajectory per result, :func:`from_atif` reads ATIF written by tmpl or anyone else (docs/atif.md; the
+mapping is in :mod:`tmpl.atif`, the ``atif`` package is imported only by these two).
 """
 
 from __future__ import annotations
@@ -95,7 +99,9 @@ __all__ = [
     "episodes_to_jsonl",
     "from_dataset",
     "from_jsonl",
+    "from_atif",
     "from_records",
+    "to_atif",
     "to_dataset",
     "to_jsonl",
     "to_records",
@@ -475,6 +481,60 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
     if "run_metrics" in first:
         features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}
     return datasets.Features(features)
+
+
+# -- ATIF --------------------------------------------------------------------------------------
+
+
+def to_atif(
+    results: Iterable[RolloutResult],
+    path: str | os.PathLike[str] | None = None,
+    metrics: RolloutMetrics | Mapping[str, float] | None = None,
+    *,
+    agent: str = "tmpl",
+) -> list[Any]:
+    """One ATIF trajectory (``atif.Trajectory``, validated by the ``atif`` package's model) per result;
+    written to ``path`` when given (``.json``: one trajectory; ``.jsonl``/``.jsonl.gz``: one per line).
+
+    Each model call is an agent step with its ``prompt_token_ids``, ``completion_token_ids`` and
+    ``logprobs``; sub-agents are embedded trajectories; what ATIF has no field for (versions, the mask,
+    status, spans...) is under ``extra["tmpl"]``, so :func:`from_atif` gives the same arrays back.
+    Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
+
+    >>> [doc] = tmpl.export.to_atif([result], "run.atif.json")                  # doctest: +SKIP
+    >>> doc.steps[1].metrics.logprobs[:2]                                       # doctest: +SKIP
+    [-0.0123, -1.25]
+    """
+    from . import atif
+
+    documents = atif.records_to_documents(to_records(results, metrics), agent=agent)
+    if path is not None:
+        atif.write_documents(documents, path)
+    return documents
+
+
+def from_atif(source: str | os.PathLike[str] | Any) -> list[RolloutResult]:
+    """Results of ATIF trajectories: a file (one document, a JSON array of them, or JSON lines; detected
+    by content), or documents (dicts or ``atif.Trajectory`` objects). Each is validated by the ``atif``
+    package's model first; AtifError names the file, the step and the field at fault.
+
+    A trajectory tmpl wrote comes back with its arrays identical; one written by another program gives
+    a sample whose sequence is its calls appended (when each step's prompt extends the one before, as
+    an append-mode rollout's) or its calls merged into an episode (branches, sub-agents).
+
+    >>> results = tmpl.export.from_atif("trajectory.json")                      # doctest: +SKIP
+    >>> results[0].prompt_ids[:4], results[0].sequences[0].mask.sum()           # doctest: +SKIP
+    """
+    from . import atif
+
+    if isinstance(source, (str, os.PathLike)):
+        found = list(atif.read_documents(source))
+        documents, wheres = [d for d, _ in found], [w for _, w in found]
+    else:
+        documents = list(source) if isinstance(source, (list, tuple)) else [source]
+        wheres = [f"documents[{k}]" for k in range(len(documents))]
+    records = atif.documents_to_records(documents, wheres=wheres)
+    return [_result(record, where) for record, where in zip(records, wheres)]
 
 
 # -- helpers -----------------------------------------------------------------------------------

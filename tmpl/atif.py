@@ -1,0 +1,987 @@
+"""ATIF, the Agent Trajectory Interchange Format (``atif`` on PyPI, v1.8), to tmpl records and back.
+
+``tmpl.export.to_atif`` and ``tmpl.export.from_atif`` are the public names; this module converts
+between ATIF documents and tmpl's export records (:func:`tmpl.export.to_records`), so it needs nothing
+above the episode layer. Every document written or read is validated by the ``atif`` package's own
+pydantic models (``atif.Trajectory``); ``atif`` is imported only when a document is built or checked.
+
+>>> docs = records_to_documents(tmpl.export.to_records(results))       # doctest: +SKIP
+>>> records = documents_to_records(docs, source="run.atif.jsonl")      # doctest: +SKIP
+
+The mapping (docs/atif.md has it in full):
+
+- one tmpl sample (a ``RolloutResult``) is one ATIF ``Trajectory``; its messages are the steps
+  (``system``/``user`` messages a step each, an assistant message an ``agent`` step with its
+  ``reasoning_content`` and ``tool_calls``, the tool messages after it that step's ``observation``);
+- each model call of the sample is an agent step's ``metrics``: ``prompt_token_ids`` (the whole
+  prompt the engine was sent), ``completion_token_ids`` and ``logprobs`` (what it sampled);
+- a sub-agent's calls (a lineage ``(agent, parent)`` other than the root's) are an embedded trajectory
+  (``subagent_trajectories``), referenced from the observation of the step whose call ran it;
+- a branch (a call whose prompt does not extend the sequence before it: compaction, a template that
+  drops reasoning) is an agent step like any other: ATIF steps carry their whole prompt, so the branch
+  is in the IDs; its edit label is kept in the step's ``extra``;
+- what ATIF has no field for is kept under the key ``"tmpl"`` of ``extra``: per step the call's id,
+  policy versions, ``trained`` (the mask: a step's completion tokens are in the loss mask exactly when
+  it is trained), turn, reward and lineage; per trajectory the tmpl record less the arrays the steps
+  carry (status, reason, spans, budgets, drift, staleness, times, tokens appended after the last call).
+
+Read back, ATIF written by anyone gives tmpl records: a trajectory whose calls extend one another is
+one sequence (an append-mode sample, which ``tmpl replay`` re-renders); otherwise its calls are merged
+into an episode's sequences by tmpl's rule, as the gateway's are.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, cast
+
+from .episode.records import from_record as episode_from_record
+from .errors import AtifError, TmplError
+from .trajectory.types import APPENDED_VERSION, COMPLETION, SUFFIX
+
+__all__ = [
+    "EXTRA_KEY",
+    "SCHEMA_VERSION",
+    "documents_to_records",
+    "looks_like_atif",
+    "read_documents",
+    "records_to_documents",
+    "validate",
+    "write_documents",
+]
+
+#: The ATIF version written (``atif`` 1.8's models).
+SCHEMA_VERSION = "ATIF-v1.8"
+#: The key, in ATIF ``extra`` fields, of what tmpl keeps that ATIF has no field for.
+EXTRA_KEY = "tmpl"
+#: The tmpl record format the records read from ATIF carry (tmpl.export.FORMAT).
+_FORMAT = "tmpl.rollout.v1"
+_SCHEMA = re.compile(r'"schema_version"\s*:\s*"ATIF-', re.IGNORECASE)
+#: Record fields the ATIF steps carry (not repeated in the trajectory's extra).
+_CARRIED = ("format", "prompt_ids", "completion_ids", "mask", "logprobs", "versions", "messages")
+
+
+def _models() -> Any:
+    """The ``atif`` package, or an ImportError that says how to get it."""
+    try:
+        import atif
+    except ImportError as exc:
+        raise ImportError(
+            "ATIF import and export need the atif package (its models validate every document): "
+            "pip install 'tmpl[atif]'"
+        ) from exc
+    return atif
+
+
+# -- tmpl records -> ATIF ----------------------------------------------------------------------------
+
+
+def records_to_documents(records: Iterable[Mapping[str, Any]], *, agent: str = "tmpl") -> list[Any]:
+    """One ``atif.Trajectory`` per tmpl record (:func:`tmpl.export.to_records`), validated by its model.
+
+    >>> [doc] = records_to_documents(tmpl.export.to_records([result]))      # doctest: +SKIP
+    >>> doc.steps[1].metrics.completion_token_ids[:3]                      # doctest: +SKIP
+    [151657, 198, 4913]
+    """
+    atif = _models()
+    out = []
+    for k, record in enumerate(records):
+        doc = _document(record, agent)
+        try:
+            out.append(atif.Trajectory.model_validate(doc))
+        except ValueError as exc:  # pydantic's ValidationError: a record tmpl cannot say in ATIF
+            raise AtifError(f"results[{k}]", f"the ATIF document does not validate: {_pydantic(exc)}") from exc
+    return out
+
+
+def _document(record: Mapping[str, Any], agent: str) -> dict[str, Any]:
+    calls = _record_calls(record)
+    messages = list(record.get("messages") or [])
+    steps, by_call = _steps(messages, [c for c in calls if c["parent"] is None and c["agent"] is None])
+    if _messages(steps) != messages:  # said exactly by the steps, or kept whole
+        carried_messages = False
+    else:
+        carried_messages = True
+    embedded = _embedded(calls, by_call, steps)
+    keep = {k: v for k, v in record.items() if k not in _CARRIED}
+    if keep.get("stale_action") is None:
+        keep.pop("loss_mask", None)  # read back only under a staleness policy: else it is the mask
+    if record.get("episode") is not None:
+        keep["episode"] = {k: v for k, v in record["episode"].items() if k != "calls"}
+    keep["calls"] = [c["id"] for c in calls]  # the episode's order of calls, across trajectories
+    keep["trajectory"] = _trajectory_ref(record, calls)
+    if not carried_messages:
+        keep["messages"] = messages
+    sid = record.get("sample_id")
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": None if sid is None else str(sid),
+        "trajectory_id": f"{record.get('index', 0)}-{record.get('sample', 0)}",
+        "agent": {"name": agent, "version": _version()},
+        "steps": steps,
+        "extra": {EXTRA_KEY: keep},
+    }
+    if embedded:
+        doc["subagent_trajectories"] = embedded
+    return doc
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _record_calls(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The sample's model calls, in the episode's order: the episode record's, or (append mode) one per
+    completion span of the trajectory, as ``Episode.from_trajectory`` makes them."""
+    episode = record.get("episode")
+    if episode is not None:
+        if isinstance(episode, str):
+            episode = json.loads(episode)
+        return [
+            {
+                "id": c.get("id"),
+                "prompt_ids": list(c["prompt_ids"]),
+                "completion_ids": list(c["completion_ids"]),
+                "logprobs": list(c["logprobs"]),
+                "versions": list(c.get("versions") or []),
+                "trained": bool(c.get("trained", True)),
+                "parent": c.get("parent"),
+                "agent": c.get("agent"),
+                "turn": c.get("turn"),
+                "reward": c.get("reward"),
+                "edit": (episode.get("edits") or {}).get(c.get("id")),
+            }
+            for c in episode["calls"]
+        ]
+    prompt = list(record["prompt_ids"])
+    ids, lps = list(record["completion_ids"]), list(record["logprobs"])
+    versions = list(record.get("versions") or [APPENDED_VERSION] * len(ids))
+    out = []
+    for s in record.get("spans") or []:
+        if s["kind"] != COMPLETION or s["end"] <= s["start"]:
+            continue
+        a, b = s["start"], s["end"]
+        out.append(
+            {
+                "id": f"turn-{s['turn']}",
+                "prompt_ids": prompt + ids[:a],
+                "completion_ids": ids[a:b],
+                "logprobs": lps[a:b],
+                "versions": versions[a:b],
+                "trained": True,
+                "parent": None,
+                "agent": None,
+                "turn": s["turn"],
+                "reward": None,
+                "edit": None,
+            }
+        )
+    return out
+
+
+def _trajectory_ref(record: Mapping[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """How to rebuild the record's trajectory arrays from the calls: appended (append mode, plus the
+    tokens after the last call), one sequence of the episode, or (neither) the arrays themselves."""
+    prompt, ids = list(record["prompt_ids"]), list(record["completion_ids"])
+    arrays = {
+        "prompt_ids": prompt,
+        "completion_ids": ids,
+        "mask": list(record["mask"]),
+        "logprobs": list(record["logprobs"]),
+        "versions": list(record.get("versions") or [APPENDED_VERSION] * len(ids)),
+    }
+    if record.get("episode") is None:
+        root = [c for c in calls if c["parent"] is None and c["agent"] is None]
+        built = _appended(root, len(prompt))
+        if built is not None:
+            end = len(built["completion_ids"])
+            trailing = ids[end:]
+            if _same(built, arrays, end) and all(m == 0 for m in arrays["mask"][end:]):
+                return {"appended": True, "prompt_length": len(prompt), "trailing_ids": trailing}
+    else:
+        found = _episode_sequence(record, arrays)
+        if found is not None:
+            return {"sequence": found, "prompt_length": len(prompt)}
+    return {"arrays": arrays}
+
+
+def _same(built: Mapping[str, list[Any]], arrays: Mapping[str, list[Any]], end: int) -> bool:
+    n = len(arrays["prompt_ids"])
+    return built["prompt_ids"] == arrays["prompt_ids"][:n] and all(
+        built[key] == arrays[key][:end] for key in ("completion_ids", "mask", "logprobs", "versions")
+    )
+
+
+def _appended(calls: Sequence[Mapping[str, Any]], prompt_length: int | None = None) -> dict[str, list[Any]] | None:
+    """The trajectory arrays of calls that each extend the context before them (append mode); None when
+    one does not. ``prompt_length``: where the trajectory's prompt ends (default: the first call's prompt)."""
+    if not calls:
+        return None
+    first = list(calls[0]["prompt_ids"])
+    p = len(first) if prompt_length is None else prompt_length
+    if p > len(first):
+        return None
+    context = list(first)
+    completion: list[int] = context[p:]
+    mask = [0] * len(completion)
+    logprobs = [0.0] * len(completion)
+    versions = [APPENDED_VERSION] * len(completion)
+    spans = []
+    for k, call in enumerate(calls):
+        prompt = list(call["prompt_ids"])
+        if prompt[: len(context)] != context:
+            return None
+        suffix = prompt[len(context) :]
+        turn = call["turn"] if call.get("turn") is not None else k
+        if suffix:
+            spans.append(
+                {
+                    "kind": SUFFIX,
+                    "turn": turn,
+                    "message": None,
+                    "start": len(completion),
+                    "end": len(completion) + len(suffix),
+                }
+            )
+        completion += suffix
+        mask += [0] * len(suffix)
+        logprobs += [0.0] * len(suffix)
+        versions += [APPENDED_VERSION] * len(suffix)
+        sampled = list(call["completion_ids"])
+        start = len(completion)
+        completion += sampled
+        trained = bool(call.get("trained", True))
+        mask += [1 if trained else 0] * len(sampled)
+        logprobs += [float(x) for x in call["logprobs"]] if trained else [0.0] * len(sampled)
+        v = list(call.get("versions") or [])
+        versions += (
+            (v if len(v) == len(sampled) else [APPENDED_VERSION] * len(sampled))
+            if trained
+            else [APPENDED_VERSION] * len(sampled)
+        )
+        spans.append({"kind": COMPLETION, "turn": turn, "message": None, "start": start, "end": len(completion)})
+        context = first[:p] + completion
+    return {
+        "prompt_ids": first[:p],
+        "completion_ids": completion,
+        "mask": mask,
+        "logprobs": logprobs,
+        "versions": versions,
+        "spans": spans,
+    }
+
+
+def _episode_sequence(record: Mapping[str, Any], arrays: Mapping[str, Any]) -> int | None:
+    """The index of the episode sequence whose arrays are the record's trajectory (template mode: the
+    last branch's), or None."""
+    try:
+        episode = episode_from_record(record["episode"])
+    except TmplError:
+        return None
+    ids = arrays["prompt_ids"] + arrays["completion_ids"]
+    p = len(arrays["prompt_ids"])
+    for seq in reversed(episode.sequences):
+        if (
+            seq.ids.tolist() == ids
+            and seq.mask[p:].tolist() == arrays["mask"]
+            and seq.logprobs[p:].tolist() == arrays["logprobs"]
+            and seq.versions[p:].tolist() == arrays["versions"]
+        ):
+            return seq.index
+    return None
+
+
+def _steps(
+    messages: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """ATIF steps of the root's messages, the root's calls on its agent steps (in order; calls past the
+    assistant messages get agent steps of their own). Returns the steps and each call's step index."""
+    steps: list[dict[str, Any]] = []
+    by_call: dict[str, int] = {}
+    pending = list(calls)
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            step = _agent_step(len(steps) + 1, m, pending.pop(0) if pending else None)
+            steps.append(step)
+        elif role == "tool":
+            owner = steps[-1] if steps and steps[-1]["source"] == "agent" else None
+            if owner is None:
+                owner = {"step_id": len(steps) + 1, "source": "system", "message": ""}
+                steps.append(owner)
+            owner.setdefault("observation", {"results": []})["results"].append(_result(m, owner))
+        else:
+            steps.append(_plain_step(len(steps) + 1, m))
+    for call in pending:
+        steps.append(_agent_step(len(steps) + 1, None, call))
+    for k, step in enumerate(steps):
+        cid = ((step.get("extra") or {}).get(EXTRA_KEY) or {}).get("call")
+        if cid is not None:
+            by_call[cid] = k
+    return steps, by_call
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    return None
+
+
+def _plain_step(step_id: int, m: Mapping[str, Any]) -> dict[str, Any]:
+    role = m.get("role")
+    source = role if role in ("system", "user") else "user"
+    text = _text(m.get("content"))
+    step: dict[str, Any] = {"step_id": step_id, "source": source, "message": text or ""}
+    rest = {k: v for k, v in m.items() if k not in ("role", "content")}
+    if role != source:
+        rest["role"] = role
+    if not isinstance(m.get("content"), str):
+        rest["content"] = m.get("content")
+    if rest:
+        step["extra"] = {EXTRA_KEY: {"message": rest}}
+    return step
+
+
+def _agent_step(step_id: int, m: Mapping[str, Any] | None, call: Mapping[str, Any] | None) -> dict[str, Any]:
+    step: dict[str, Any] = {"step_id": step_id, "source": "agent", "message": ""}
+    keep: dict[str, Any] = {}
+    if m is None:
+        keep["no_message"] = True
+    else:
+        content = m.get("content")
+        text = _text(content)
+        step["message"] = text or ""
+        if not isinstance(content, str):
+            keep.setdefault("message", {})["content"] = content
+        if isinstance(m.get("reasoning_content"), str):
+            step["reasoning_content"] = m["reasoning_content"]
+        calls = m.get("tool_calls")
+        if calls:
+            step["tool_calls"] = [_tool_call(tc, step_id, j) for j, tc in enumerate(calls)]
+        rest = {k: v for k, v in m.items() if k not in ("role", "content", "reasoning_content", "tool_calls")}
+        if rest:
+            keep.setdefault("message", {}).update(rest)
+    if call is not None:
+        step["metrics"] = {
+            "prompt_tokens": len(call["prompt_ids"]),
+            "completion_tokens": len(call["completion_ids"]),
+            "prompt_token_ids": [int(t) for t in call["prompt_ids"]],
+            "completion_token_ids": [int(t) for t in call["completion_ids"]],
+            "logprobs": [float(x) for x in call["logprobs"]],
+        }
+        keep.update(_call_extra(call))
+    if keep:
+        step["extra"] = {EXTRA_KEY: keep}
+    return step
+
+
+def _call_extra(call: Mapping[str, Any]) -> dict[str, Any]:
+    versions = [int(v) for v in call.get("versions") or []]
+    out: dict[str, Any] = {"call": call["id"]}
+    if versions and all(v == versions[0] for v in versions):
+        out["versions"] = None if versions[0] == APPENDED_VERSION else versions[0]
+    elif versions:
+        out["versions"] = versions
+    for key in ("trained", "parent", "agent", "turn", "reward", "edit"):
+        value = call.get(key)
+        if key == "trained" and value is not False:
+            continue
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _tool_call(tc: Mapping[str, Any], step_id: int, j: int) -> dict[str, Any]:
+    fn = tc.get("function") or {}
+    args = fn.get("arguments", {})
+    out: dict[str, Any] = {
+        "tool_call_id": str(tc.get("id") or f"call-{step_id}-{j}"),
+        "function_name": str(fn.get("name") or ""),
+        "arguments": args if isinstance(args, Mapping) else {},
+    }
+    keep = {k: v for k, v in tc.items() if k not in ("id", "type", "function")}
+    if tc.get("id") is None:
+        keep["no_id"] = True
+    if tc.get("type", "function") != "function":
+        keep["type"] = tc.get("type")
+    if not isinstance(args, Mapping):
+        keep["arguments"] = args
+    extra_fn = {k: v for k, v in fn.items() if k not in ("name", "arguments")}
+    if extra_fn:
+        keep["function"] = extra_fn
+    if keep:
+        out["extra"] = {EXTRA_KEY: keep}
+    return out
+
+
+def _result(m: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    ids = {tc["tool_call_id"] for tc in owner.get("tool_calls") or []}
+    cid = m.get("tool_call_id")
+    out: dict[str, Any] = {"content": _text(m.get("content")) or ""}
+    if cid is not None and str(cid) in ids and isinstance(cid, str):
+        out["source_call_id"] = cid
+    keep = {k: v for k, v in m.items() if k not in ("role", "content", "tool_call_id")}
+    if "source_call_id" not in out and "tool_call_id" in m:
+        keep["tool_call_id"] = cid
+    if not isinstance(m.get("content"), str):
+        keep["content"] = m.get("content")
+    if keep:
+        out["extra"] = {EXTRA_KEY: {"message": keep}}
+    return out
+
+
+def _embedded(
+    calls: Sequence[Mapping[str, Any]], by_call: Mapping[str, int], steps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The embedded trajectories of the lineages other than the root's, nested under the trajectory of
+    the call that ran them, each referenced from that call's step."""
+    lineages: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    for c in calls:
+        if c["parent"] is not None or c["agent"] is not None:
+            lineages.setdefault((c["agent"], c["parent"]), []).append(c)
+    owner_of = {c["id"]: (c["agent"], c["parent"]) for c in calls}
+    docs: dict[tuple[Any, Any], dict[str, Any]] = {}
+    names: set[str] = set()
+    for lineage, members in lineages.items():
+        agent, parent = lineage
+        name = f"{agent or 'agent'}@{parent}" if parent is not None else str(agent)
+        while name in names:
+            name += "'"
+        names.add(name)
+        sub_steps, sub_by_call = _steps([], members)
+        docs[lineage] = {
+            "schema_version": SCHEMA_VERSION,
+            "trajectory_id": name,
+            "agent": {"name": str(agent or "agent"), "version": _version()},
+            "steps": sub_steps,
+            "_by_call": sub_by_call,
+        }
+    root: list[dict[str, Any]] = []
+    for lineage, doc in docs.items():
+        parent = lineage[1]
+        holder_lineage = owner_of.get(parent) if parent is not None else None
+        if holder_lineage is not None and holder_lineage != (None, None) and holder_lineage in docs:
+            holder = docs[holder_lineage]
+            holder.setdefault("subagent_trajectories", []).append(doc)
+            where, index = holder["steps"], holder["_by_call"].get(parent)
+        else:
+            root.append(doc)
+            where, index = steps, by_call.get(parent) if parent is not None else None
+        if index is not None:
+            step = where[index]
+            results = step.setdefault("observation", {"results": []})["results"]
+            results.append({"subagent_trajectory_ref": [{"trajectory_id": doc["trajectory_id"]}]})
+    for doc in docs.values():
+        doc.pop("_by_call")
+    return root
+
+
+# -- ATIF -> tmpl records ----------------------------------------------------------------------------
+
+
+def documents_to_records(
+    documents: Iterable[Any], *, source: str = "ATIF", wheres: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """tmpl records (read by :func:`tmpl.export.from_records`) of ATIF documents: dicts or
+    ``atif.Trajectory`` objects, each validated first.
+
+    Raises AtifError naming the document, the step and the field at fault.
+    """
+    out = []
+    for k, doc in enumerate(documents):
+        where = wheres[k] if wheres is not None else f"{source} (trajectory {k + 1})"
+        model = validate(doc, where)
+        out.append(_record(model, k, where))
+    return out
+
+
+def validate(doc: Any, where: str = "ATIF") -> Any:
+    """``doc`` (a dict, a JSON string or an ``atif.Trajectory``) as a validated ``atif.Trajectory``, with
+    tmpl's own checks on its token arrays (every embedded trajectory's too). AtifError names the step
+    and the field."""
+    atif = _models()
+    if isinstance(doc, atif.Trajectory):
+        model = atif.Trajectory.model_validate(doc.model_dump())
+    else:
+        if isinstance(doc, (str, bytes)):
+            try:
+                doc = json.loads(doc)
+            except ValueError as exc:
+                raise AtifError(where, f"not JSON: {exc}") from None
+        if not isinstance(doc, Mapping):
+            raise AtifError(where, f"an ATIF trajectory is a JSON object, not a {type(doc).__name__}")
+        try:
+            model = atif.Trajectory.model_validate(doc)
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise AtifError(where, f"not an ATIF trajectory: {_pydantic(exc)}") from None
+    _check_arrays(model, where, "")
+    return model
+
+
+def _pydantic(exc: Exception) -> str:
+    """A pydantic ValidationError in one line: each error's location (``steps[2].metrics.logprobs``,
+    named as its step) and message."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc).splitlines()[0]
+    parts = []
+    for e in errors()[:3]:
+        loc = list(e.get("loc", ()))
+        parts.append(f"{_loc(loc)}: {e.get('msg', '')}")
+    more = len(errors()) - 3
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if i > 0 and loc[i - 1] == "steps":
+                out += f" (step {part + 1})"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(document)"
+
+
+def _check_arrays(model: Any, where: str, path: str) -> None:
+    for i, step in enumerate(model.steps):
+        at = f"{path}steps[{i}] (step {step.step_id})"
+        m = step.metrics
+        if m is None:
+            continue
+        n = None if m.completion_token_ids is None else len(m.completion_token_ids)
+        if m.logprobs is not None and n is not None and len(m.logprobs) != n:
+            raise AtifError(
+                where,
+                f"{at}: metrics.logprobs has {len(m.logprobs)} entries but metrics.completion_token_ids has {n}",
+                step=step.step_id,
+                field="metrics.logprobs",
+            )
+        if m.logprobs is not None and n is None:
+            raise AtifError(
+                where, f"{at}: metrics.logprobs without metrics.completion_token_ids", step.step_id, "metrics.logprobs"
+            )
+        if (m.prompt_token_ids is None) != (n is None):
+            field = "metrics.prompt_token_ids" if m.prompt_token_ids is None else "metrics.completion_token_ids"
+            raise AtifError(
+                where,
+                f"{at}: {field} is missing (a step's token IDs are its whole prompt and what it sampled: "
+                "tmpl needs both)",
+                step.step_id,
+                field,
+            )
+        if n == 0:
+            raise AtifError(
+                where, f"{at}: metrics.completion_token_ids is empty", step.step_id, "metrics.completion_token_ids"
+            )
+        for field, value in (
+            ("metrics.completion_tokens", m.completion_tokens),
+            ("metrics.prompt_tokens", m.prompt_tokens),
+        ):
+            ids = m.completion_token_ids if field == "metrics.completion_tokens" else m.prompt_token_ids
+            if value is not None and ids is not None and value != len(ids) and step.llm_call_count in (None, 1):
+                raise AtifError(
+                    where, f"{at}: {field} is {value} but the step holds {len(ids)} token IDs", step.step_id, field
+                )
+    for k, sub in enumerate(model.subagent_trajectories or []):
+        _check_arrays(sub, where, f"{path}subagent_trajectories[{k}] ({sub.trajectory_id}).")
+
+
+def _record(model: Any, k: int, where: str) -> dict[str, Any]:
+    doc = model.model_dump(mode="json")
+    keep = dict(((doc.get("extra") or {}).get(EXTRA_KEY)) or {})
+    ours = keep.get("format") is None and "trajectory" in keep and "calls" in keep
+    calls = _document_calls(doc)
+    if not calls and not ours:
+        raise AtifError(
+            where,
+            "no step carries token IDs (metrics.prompt_token_ids and completion_token_ids): "
+            "a tmpl sample is its token IDs",
+            None,
+            "metrics.prompt_token_ids",
+        )
+    if ours and sorted(keep["calls"], key=str) == sorted((c["id"] for c in calls), key=str):
+        order = {cid: j for j, cid in enumerate(keep["calls"])}
+        calls.sort(key=lambda c: order[c["id"]])
+    messages = keep.pop("messages", None)
+    if messages is None:
+        messages = _messages([s for s in doc["steps"]])
+    if ours:
+        return _our_record(keep, calls, messages, where)
+    return _their_record(doc, calls, messages, k, where)
+
+
+def _document_calls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The model calls of a document and its embedded trajectories, in the order they ran: a step's,
+    then those of the sub-agents its observation references, then the next step's."""
+    out: list[dict[str, Any]] = []
+    subs = {s["trajectory_id"]: s for s in doc.get("subagent_trajectories") or []}
+    seen: set[str] = set()
+
+    def walk(d: Mapping[str, Any], lineage: tuple[Any, Any], prefix: str, inner: Mapping[str, Any]) -> None:
+        last = None
+        for step in d["steps"]:
+            m = step.get("metrics") or {}
+            keep = ((step.get("extra") or {}).get(EXTRA_KEY)) or {}
+            if m.get("completion_token_ids") is not None:
+                cid = keep.get("call") or f"{prefix}step-{step['step_id']}"
+                trained = keep.get("trained", m.get("logprobs") is not None and not step.get("is_copied_context"))
+                out.append(
+                    {
+                        "id": cid,
+                        "prompt_ids": m["prompt_token_ids"],
+                        "completion_ids": m["completion_token_ids"],
+                        "logprobs": m.get("logprobs") if trained else (m.get("logprobs") or None),
+                        "versions": keep.get("versions"),
+                        "trained": bool(trained),
+                        "parent": keep.get("parent", lineage[1]),
+                        "agent": keep.get("agent", lineage[0]),
+                        "turn": keep.get("turn"),
+                        "reward": keep.get("reward"),
+                        "edit": keep.get("edit"),
+                        "where": f"{prefix}step {step['step_id']}",
+                    }
+                )
+                last = cid
+            for result in (step.get("observation") or {}).get("results") or []:
+                for ref in result.get("subagent_trajectory_ref") or []:
+                    name = ref.get("trajectory_id")
+                    if name is None or name not in inner or name in seen:
+                        continue
+                    seen.add(name)
+                    sub = inner[name]
+                    walk(
+                        sub,
+                        (name, last),
+                        f"{prefix}{name}/",
+                        {s["trajectory_id"]: s for s in sub.get("subagent_trajectories") or []},
+                    )
+        for name, sub in inner.items():  # embedded but never referenced: after the rest, no parent
+            if name not in seen:
+                seen.add(name)
+                walk(
+                    sub,
+                    (name, None),
+                    f"{prefix}{name}/",
+                    {s["trajectory_id"]: s for s in sub.get("subagent_trajectories") or []},
+                )
+
+    walk(doc, (None, None), "", subs)
+    return out
+
+
+def _calls_record(calls: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The calls as an episode record's ``calls`` (checked by tmpl's Call: AtifError names the step)."""
+    from .episode.types import Call
+
+    out = []
+    for c in calls:
+        n = len(c["completion_ids"])
+        versions = c.get("versions")
+        if isinstance(versions, int) or versions is None:
+            versions = [APPENDED_VERSION if versions is None else versions] * n
+        try:  # tmpl's own checks: IDs in int32, logprobs finite and <= 0, one version per token
+            Call(
+                c["prompt_ids"],
+                c["completion_ids"],
+                c["logprobs"],
+                versions=None if all(v == APPENDED_VERSION for v in versions) else versions,
+                trained=c["trained"],
+                id=c["id"],
+            )
+        except TmplError as exc:
+            raise AtifError(where, f"{c['where']}: {exc}", step=c["where"], field=getattr(exc, "field", None)) from None
+        out.append(
+            {
+                "id": c["id"],
+                "prompt_ids": list(c["prompt_ids"]),
+                "completion_ids": list(c["completion_ids"]),
+                "logprobs": list(c["logprobs"]) if c["logprobs"] is not None else [0.0] * n,
+                "versions": versions,
+                "trained": c["trained"],
+                "parent": c["parent"],
+                "agent": c["agent"],
+                "turn": c["turn"],
+                "reward": c["reward"],
+            }
+        )
+    return out
+
+
+def _our_record(
+    keep: dict[str, Any], calls: list[dict[str, Any]], messages: list[dict[str, Any]], where: str
+) -> dict[str, Any]:
+    """A record tmpl wrote: its kept fields, the arrays rebuilt from the steps' calls."""
+    ref = keep.pop("trajectory")
+    keep.pop("calls")
+    record = dict(keep)
+    record["format"] = _FORMAT
+    record["messages"] = messages
+    call_records = _calls_record(calls, where)
+    if record.get("episode") is not None:
+        record["episode"] = {**record["episode"], "calls": call_records}
+    if "arrays" in ref:
+        record.update(ref["arrays"])
+    elif ref.get("appended"):
+        root = [c for c in call_records if c["parent"] is None and c["agent"] is None]
+        built = _appended(root, ref["prompt_length"])
+        if built is None:
+            raise AtifError(where, "the agent steps' prompts do not extend one another, as this sample's did")
+        trailing = list(ref.get("trailing_ids") or [])
+        record["prompt_ids"] = built["prompt_ids"]
+        record["completion_ids"] = built["completion_ids"] + trailing
+        record["mask"] = built["mask"] + [0] * len(trailing)
+        record["logprobs"] = built["logprobs"] + [0.0] * len(trailing)
+        record["versions"] = built["versions"] + [APPENDED_VERSION] * len(trailing)
+    else:
+        try:
+            episode = episode_from_record(record["episode"])
+            seq = episode.sequence(int(ref["sequence"]))
+        except (TmplError, IndexError, KeyError) as exc:
+            raise AtifError(where, f"cannot rebuild the sample's episode: {exc}") from None
+        p = int(ref["prompt_length"])
+        record["prompt_ids"] = seq.ids[:p].tolist()
+        record["completion_ids"] = seq.ids[p:].tolist()
+        record["mask"] = seq.mask[p:].tolist()
+        record["logprobs"] = seq.logprobs[p:].tolist()
+        record["versions"] = seq.versions[p:].tolist()
+    if record.get("loss_mask") is None:
+        record["loss_mask"] = record["mask"]
+    return record
+
+
+def _their_record(
+    doc: Mapping[str, Any], calls: list[dict[str, Any]], messages: list[dict[str, Any]], k: int, where: str
+) -> dict[str, Any]:
+    """A record of an ATIF trajectory another program wrote: one sequence when its calls extend one
+    another (append mode), else an episode of them."""
+    call_records = _calls_record(calls, where)
+    root = [c for c in call_records if c["parent"] is None and c["agent"] is None]
+    built = _appended(call_records) if len(root) == len(call_records) else None
+    episode = None
+    if built is None:
+        episode = {
+            "max_length": None,
+            "reward": None,
+            "finished": True,
+            "status": "DONE",
+            "reason": "",
+            "calls": call_records,
+        }
+        try:
+            ep = episode_from_record(episode)
+        except TmplError as exc:
+            raise AtifError(where, f"its calls do not make an episode: {exc}") from None
+        seqs = [s for s in ep.sequences if s.agent is None and s.parent is None] or ep.sequences
+        seq = seqs[-1]
+        p = seq.prompt_length
+        built = {
+            "prompt_ids": seq.ids[:p].tolist(),
+            "completion_ids": seq.ids[p:].tolist(),
+            "mask": seq.mask[p:].tolist(),
+            "logprobs": seq.logprobs[p:].tolist(),
+            "versions": seq.versions[p:].tolist(),
+            "spans": _sequence_spans(seq),
+        }
+    agent_steps = [s for s in doc["steps"] if s["source"] == "agent"]
+    n_tool_calls = sum(len(s.get("tool_calls") or []) for s in agent_steps)
+    length = len(built["prompt_ids"]) + len(built["completion_ids"])
+    return {
+        "format": _FORMAT,
+        "index": k,
+        "sample": 0,
+        "sample_id": doc.get("trajectory_id") or doc.get("session_id"),
+        **{key: built[key] for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "versions")},
+        "spans": built["spans"],
+        "status": "DONE",
+        "reason": "",
+        "finish_reason": "stop",
+        "turns": len(root),
+        "tool_calls": n_tool_calls,
+        "tool_failures": 0,
+        "drift": None,
+        "messages": messages,
+        "max_length": max(length, 1),
+        "max_completion_length": None,
+        "vocab_size": None,
+        "tokens_cut": 0,
+        "num_turns": sum(1 for s in built["spans"] if s["kind"] == COMPLETION),
+        "episode": episode,
+        "version": 0,
+        "stale_action": None,
+        "resumed": 0,
+    }
+
+
+def _sequence_spans(seq: Any) -> list[dict[str, Any]]:
+    p = seq.prompt_length
+    spans = []
+    pos = p
+    for turn, span in enumerate(seq.spans):
+        if span.start > pos:
+            spans.append({"kind": SUFFIX, "turn": turn, "message": None, "start": pos - p, "end": span.start - p})
+        spans.append({"kind": COMPLETION, "turn": turn, "message": None, "start": span.start - p, "end": span.end - p})
+        pos = max(pos, span.end)
+    if len(seq.ids) > pos:
+        spans.append(
+            {"kind": SUFFIX, "turn": len(seq.spans), "message": None, "start": pos - p, "end": len(seq.ids) - p}
+        )
+    return spans
+
+
+def _messages(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The chat messages of ATIF steps (dicts): what tmpl's templates render."""
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        keep = ((step.get("extra") or {}).get(EXTRA_KEY)) or {}
+        source = step["source"]
+        if source in ("system", "user") and not (
+            source == "system" and step.get("message") == "" and step.get("observation") and not keep
+        ):
+            m: dict[str, Any] = {"role": source, "content": _content(step.get("message"))}
+            m.update(keep.get("message") or {})
+            out.append(m)
+        elif source == "agent" and not keep.get("no_message"):
+            m = {"role": "assistant", "content": _content(step.get("message"))}
+            if step.get("reasoning_content") is not None:
+                m["reasoning_content"] = step["reasoning_content"]
+            if step.get("tool_calls"):
+                m["tool_calls"] = [_message_call(tc) for tc in step["tool_calls"]]
+            m.update(keep.get("message") or {})
+            out.append(m)
+        for result in (step.get("observation") or {}).get("results") or []:
+            if result.get("content") is None and result.get("subagent_trajectory_ref"):
+                continue
+            rkeep = ((result.get("extra") or {}).get(EXTRA_KEY)) or {}
+            t: dict[str, Any] = {"role": "tool"}
+            if result.get("source_call_id") is not None:
+                t["tool_call_id"] = result["source_call_id"]
+            t["content"] = _content(result.get("content"))
+            t.update(rkeep.get("message") or {})
+            out.append(t)
+    return out
+
+
+def _content(value: Any) -> Any:
+    """ATIF message content as chat content: text as is, content parts as ``{"type": "text"|"image"...}``."""
+    if value is None or isinstance(value, str):
+        return value
+    parts = []
+    for part in value:
+        if part.get("type") == "text":
+            parts.append({"type": "text", "text": part.get("text")})
+        else:
+            source = part.get("source") or {}
+            parts.append(
+                {"type": part.get("type"), part.get("type"): source.get("path"), "media_type": source.get("media_type")}
+            )
+    return parts
+
+
+def _message_call(tc: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ((tc.get("extra") or {}).get(EXTRA_KEY)) or {}
+    fn: dict[str, Any] = {"name": tc["function_name"], "arguments": keep.get("arguments", tc.get("arguments"))}
+    fn.update(keep.get("function") or {})
+    out: dict[str, Any] = {"id": tc["tool_call_id"], "type": keep.get("type", "function"), "function": fn}
+    if keep.get("no_id"):
+        out["id"] = None
+    out.update({k: v for k, v in keep.items() if k not in ("no_id", "type", "arguments", "function")})
+    return out
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+def write_documents(documents: Sequence[Any], path: str | os.PathLike[str]) -> Path:
+    """Write ATIF documents: a ``.json`` file holds one (indented, as Harbor writes ``trajectory.json``),
+    a ``.jsonl`` (or ``.jsonl.gz``) file one per line."""
+    path = Path(path)
+    dicts = [d.to_json_dict() if hasattr(d, "to_json_dict") else dict(d) for d in documents]
+    lines = path.name.endswith((".jsonl", ".jsonl.gz"))
+    if not lines and len(dicts) != 1:
+        raise AtifError(
+            str(path), f"an ATIF .json file holds one trajectory, not {len(dicts)}: write them to a .jsonl file"
+        )
+    with _open(path, "w") as f:
+        if lines:
+            for d in dicts:
+                f.write(json.dumps(d, ensure_ascii=False, allow_nan=False))
+                f.write("\n")
+        else:
+            json.dump(dicts[0], f, ensure_ascii=False, allow_nan=False, indent=2)
+            f.write("\n")
+    return path
+
+
+def read_documents(path: str | os.PathLike[str]) -> Iterator[tuple[Any, str]]:
+    """Each JSON document of an ATIF file with where it is (``path``, ``path[k]`` or ``path:line``): one
+    document (indented or not), a JSON array of them, or JSON lines. Detected by content, not name."""
+    path = Path(path)
+    if not path.is_file():
+        raise AtifError(str(path), "is a folder" if path.is_dir() else "does not exist")
+    try:
+        with _open(path, "r") as f:
+            text = f.read()
+    except (UnicodeDecodeError, EOFError, OSError) as exc:
+        raise AtifError(str(path), f"cannot be read as text ({exc})") from None
+    if not text.strip():
+        raise AtifError(str(path), "the file is empty")
+    try:
+        value = json.loads(text)
+    except ValueError as whole:
+        if not text.lstrip().startswith("{") or "\n" not in text.strip():
+            raise AtifError(str(path), f"not JSON: {whole}") from None
+        yield from _json_lines(path, text)
+        return
+    if isinstance(value, list):
+        for k, doc in enumerate(value):
+            yield doc, f"{path}[{k}]"
+    else:
+        yield value, str(path)
+
+
+def _json_lines(path: Path, text: str) -> Iterator[tuple[Any, str]]:
+    lines = text.split("\n")
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line), f"{path}:{line_no}"
+        except ValueError as exc:
+            cut = " (the last line, cut short: a truncated file?)" if line_no == len(lines) else ""
+            raise AtifError(f"{path}:{line_no}", f"not JSON: {exc}{cut}") from None
+
+
+def looks_like_atif(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds ATIF (its first document has ``schema_version`` ``ATIF-...``), by content.
+
+    >>> looks_like_atif("rollouts.jsonl")        # doctest: +SKIP
+    False
+    """
+    try:
+        with _open(Path(path), "r") as f:
+            head = f.read(1 << 16)
+    except (UnicodeDecodeError, EOFError, OSError):
+        return False
+    return _SCHEMA.search(head) is not None
+
+
+def _open(path: Path, mode: str) -> IO[str]:
+    """A text file, gzip-compressed when its name ends with ``.gz`` or (read) its bytes say so."""
+    gz = path.name.endswith(".gz")
+    if not gz and mode == "r":
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+    if gz:
+        return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8"))
+    return open(path, mode, encoding="utf-8")
