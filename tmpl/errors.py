@@ -325,6 +325,74 @@ class RewardError(EpisodeError, ValueError):
     (RLOO needs two samples). ``call`` names the call whose reward it is (None: the episode's)."""
 
 
+class EnvError(TrajectoryError):
+    """An environment (:mod:`tmpl.env`) of one sample failed or answered with something unusable.
+
+    ``sample`` is the sample (``"<conversation>/<sample>"``), ``env`` the environment's class name,
+    ``phase`` what it was doing (``"factory"``, ``"reset"``, ``"step"``, ``"close"``). The rollout ends
+    the sample (``EndCode.ENV_FAILED`` when the environment raised, ``EndCode.ENV_REJECTED`` when its
+    answer was refused) and names the error in ``RolloutResult.reason`` and ``env_error``.
+
+    >>> raise EnvError("0/1", "raised RuntimeError: db is down", env="Shop", phase="step")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.EnvError: sample '0/1': Shop.step raised RuntimeError: db is down
+    """
+
+    def __init__(self, sample: object, reason: str, *, env: str | None = None, phase: str | None = None) -> None:
+        self.sample = sample
+        self.reason = reason
+        self.env = env
+        self.phase = phase
+        where = ".".join(p for p in (env, phase) if p)
+        TmplError.__init__(self, f"{describe_sample(sample)}: {where + ' ' if where else ''}{reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword attributes survive pickling (DistributedRollout)
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+class EnvMessageError(EnvError, ValueError):
+    """An environment returned a message that cannot go into the conversation: not a dict, no role, a
+    role it may not append (``step`` appends ``tool``, ``user``, ``system`` or ``developer`` turns), no
+    content. ``index`` is the message's position in what it returned.
+
+    >>> raise EnvMessageError("0/0", "messages[1]: unknown role 'robot'", env="Shop", phase="step", index=1)
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.EnvMessageError: sample '0/0': Shop.step messages[1]: unknown role 'robot'
+    """
+
+    def __init__(
+        self,
+        sample: object,
+        reason: str,
+        *,
+        env: str | None = None,
+        phase: str | None = None,
+        index: int | None = None,
+    ) -> None:
+        super().__init__(sample, reason, env=env, phase=phase)
+        self.index = index
+
+
+class EnvRewardError(EnvError, ValueError):
+    """An environment's reward is not a finite number (NaN, infinity, a string).
+
+    >>> raise EnvRewardError("0/0", "reward nan is not a finite number", env="Shop", phase="step")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.EnvRewardError: sample '0/0': Shop.step reward nan is not a finite number
+    """
+
+
+def _rebuild(cls: type[Exception], args: tuple[Any, ...], state: dict[str, Any]) -> Exception:
+    """An error of ``cls`` with ``args`` and ``state`` as its attributes (the unpickling of :class:`EnvError`)."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
 class ToolError(TmplError):
     """A tool, a tool-call parser or the Toolbox cannot do what was asked.
 

@@ -43,6 +43,15 @@ class EndCode(str, enum.Enum):
     VERIFY_FAILED = "verify_failed"
     #: an unexpected error inside the rollout
     CRASHED = "crashed"
+    #: the environment (``Rollout(env_factory=...)``) ended the episode: ``EnvStep.done``
+    ENV_DONE = "env_done"
+    #: the environment ended the episode at a limit of its own: ``EnvStep.truncated``
+    ENV_TRUNCATED = "env_truncated"
+    #: the environment (its factory, ``reset``, ``step`` or ``close``) raised; the reason names the exception
+    ENV_FAILED = "env_failed"
+    #: the environment answered with something unusable: a malformed message, a role it may not append, a
+    #: reward that is not a finite number (``tmpl.errors.EnvMessageError`` / ``EnvRewardError`` name it)
+    ENV_REJECTED = "env_rejected"
     #: dropped by ``max_staleness`` with ``stale="drop"``: sampled by weights too many versions old
     STALE_DROPPED = "stale_dropped"
     #: the ``edit_history`` hook raised (the reason names the exception)
@@ -67,13 +76,23 @@ class EndCode(str, enum.Enum):
 
 _STATUS = {
     EndCode.FINISHED: Status.DONE,
+    EndCode.ENV_DONE: Status.DONE,
     **dict.fromkeys(
-        (EndCode.NO_BUDGET, EndCode.TURN_LIMIT, EndCode.BUDGET_CUT, EndCode.MAX_TURNS, EndCode.TOOL_STOP),
+        (
+            EndCode.NO_BUDGET,
+            EndCode.TURN_LIMIT,
+            EndCode.BUDGET_CUT,
+            EndCode.MAX_TURNS,
+            EndCode.TOOL_STOP,
+            EndCode.ENV_TRUNCATED,
+        ),
         Status.TRUNCATED,
     ),
     **dict.fromkeys(
         (
             EndCode.GENERATION_FAILED,
+            EndCode.ENV_FAILED,
+            EndCode.ENV_REJECTED,
             EndCode.BACKEND_ABORTED,
             EndCode.NO_LOGPROBS,
             EndCode.SUFFIX_FAILED,

@@ -39,6 +39,7 @@ from . import images as _images
 from .codes import EndCode
 from .collector import fewer_collections
 from .drift import DRIFT_FRACTION, DriftDetail, check_fraction, chosen, rerender_drift
+from .envs import EpisodeEnv, check_factory, env_turn, finish_episode, run_episode, schemas_of, with_env
 from .history import HISTORY_MODES, HistoryContext, SampledTurn, splice, view
 from .metrics import RolloutMetrics
 from .result import RolloutResult
@@ -133,6 +134,7 @@ class Rollout(WeightUpdates):
         sample_retries: int = 0,
         max_batch: int = 256,
         max_concurrency: int = 256,
+        env_factory: Callable[[], Any] | None = None,
         progress: bool | None = None,
         version: int = 0,
         max_staleness: int | None = None,
@@ -175,6 +177,11 @@ class Rollout(WeightUpdates):
         self.metrics: RolloutMetrics | None = None  # of the last run
         self._suffix_count = 0
         self._unverified_logged = False
+        #: one environment per sample (tmpl.env; rollout/envs.py): ``run`` takes tasks, ``reset`` makes the prompts
+        self.env_factory = check_factory(env_factory)
+        if self.env_factory is not None and self.vision is not None:
+            raise ValueError("env_factory with a VisionTemplate is not supported: environments append text turns")
+        self._env_schemas: dict[str, list[dict[str, Any]]] = {}  # episodes' tool schemas, one list per content
 
     # -- entry points ---------------------------------------------------------------------
     def run(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
@@ -195,6 +202,8 @@ class Rollout(WeightUpdates):
     ) -> list[Any]:
         """The prompt of each conversation, validated (``where[first + i]`` names one at fault):
         through the processor with its images, or rendered in one call and encoded in one."""
+        if self.env_factory is not None:  # tasks: each sample's environment opens its own conversation
+            return [None] * len(conversations)
         for i, conv in enumerate(conversations, first):
             validate_messages(conv, where=f"{where}[{i}]")
             if self.vision is None:
@@ -337,11 +346,27 @@ class Rollout(WeightUpdates):
         attempt: int = 0,
         rounds: ToolRounds | None = None,
     ) -> RolloutResult:
+        if self.env_factory is not None:  # its own environment, made, reset and closed around the turns
+            return await run_episode(self, i, s, conversation, scheduler, attempt)
+        return await self._sample_run(i, s, conversation, prompt, scheduler, traj, attempt, rounds)
+
+    async def _sample_run(
+        self,
+        i: int,
+        s: int,
+        conversation: Sequence[Mapping[str, Any]],
+        prompt: list[int],
+        scheduler: Scheduler,
+        traj: Trajectory | None = None,
+        attempt: int = 0,
+        rounds: ToolRounds | None = None,
+        env: EpisodeEnv | None = None,
+    ) -> RolloutResult:
         if traj is None or self._rendered:  # rendered: the last trajectory may be a branch's
             traj = self._trajectory(i, s, prompt)
         else:
             traj.reset()  # a retry starts clean: no stale ids, mask, logprobs or spans
-        run = SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt))
+        run = SampleRun(i, s, traj, [dict(m) for m in conversation], list(prompt), env=env)
         if self._rendered:
             run.episode = Episode(max_length=self.max_length, sample_id=(i, s))
             run.view = [dict(m) for m in conversation]
@@ -380,8 +405,11 @@ class Rollout(WeightUpdates):
             await scheduler.cancel(run.rid)  # an aborted sample: the backend drops what it holds of it
         if run.code is None:  # pragma: no cover - every turn that stops sets a code
             run.end(EndCode.FINISHED)
+        if env is not None:  # closed before the trajectory ends: a close that raises names the sample's end
+            await finish_episode(run)
         drift, detail = self._measure_drift(run)
-        return run.result(drift=drift, drift_detail=detail)
+        result = run.result(drift=drift, drift_detail=detail)
+        return result if env is None else with_env(result, env)
 
     async def _turns(
         self, run: SampleRun, sampling: Sampling, scheduler: Scheduler, attempt: int, rounds: ToolRounds | None
@@ -483,17 +511,20 @@ class Rollout(WeightUpdates):
             if call is not None:
                 self._add_call(run, call, None)
             return run.end(EndCode.BUDGET_CUT if traj.status is Status.TRUNCATED else EndCode.NO_LOGPROBS)
+        tools: Any = self.toolbox if run.env is None else schemas_of(self, run.env)  # an episode's own tools
         with run.clock("parse"):
             if len(result.token_ids) > PARSE_OFF_LOOP:  # a long parse waits on a thread, the loop serves the others
-                parsed = await asyncio.to_thread(self._read, result.token_ids, tools=self.toolbox)
+                parsed = await asyncio.to_thread(self._read, result.token_ids, tools=tools)
             else:  # most turns: a thread hop would cost more than the parse
-                parsed = self._read(result.token_ids, tools=self.toolbox)
+                parsed = self._read(result.token_ids, tools=tools)
         assistant = parsed.to_message()
         if call is not None:
             self._add_call(run, call, assistant)
         run.history.append(assistant)
         if result.finish_reason == "length" or kept < len(result.token_ids):
             return run.end(EndCode.TURN_LIMIT, f"turn {turn} hit its token limit ({budget}) before a stop token")
+        if run.env is not None:  # the environment answers every assistant turn (rollout/envs.py)
+            return await env_turn(self, run, turn, assistant, result.token_ids)
         if not parsed.has_calls or self.toolbox is None:
             if self.edit_history is not None and turn < self.max_turns - 1:
                 go = await self._edit(run, turn, answered=True)  # a simulated user may go on
@@ -653,7 +684,8 @@ class Rollout(WeightUpdates):
         with run.clock("suffix"):
             try:
                 if self.vision is None:
-                    text = self.tpl.renderer.text(run.history, tools=self.tool_schemas, add_generation_prompt=True)
+                    tools = schemas_of(self, run.env)  # an episode's own tools
+                    text = self.tpl.renderer.text(run.history, tools=tools, add_generation_prompt=True)
                 else:  # through the processor: the sampled IDs go into the render with its images expanded
                     rendered = _images.render_history(self.vision, run.history, self.tool_schemas)
                     text = rendered.text
@@ -734,15 +766,20 @@ class Rollout(WeightUpdates):
         """Drift of one finished sample, if ``measure_drift`` chooses it (timed as the ``drift`` phase)."""
         if self._rendered or not chosen(self.measure_drift, run.index, run.sample):
             return None, None  # rendered histories: there is no one sequence to re-render
+        if run.env is not None and run.code in (EndCode.ENV_DONE, EndCode.ENV_TRUNCATED, EndCode.MAX_TURNS):
+            return None, None  # its last messages were kept in the history, not appended to the IDs
         with run.clock("drift"):
-            return self._drift(run.history, run.traj)
+            return self._drift(run.history, run.traj, schemas_of(self, run.env))
 
-    def _drift(self, history: list[dict[str, Any]], traj: Trajectory) -> tuple[bool | None, DriftDetail | None]:
+    def _drift(
+        self, history: list[dict[str, Any]], traj: Trajectory, tools: Any = None
+    ) -> tuple[bool | None, DriftDetail | None]:
         """Would decoding and re-rendering this sample have changed its token IDs? Where and why?"""
         ours = traj.prompt_ids.tolist() + traj.completion_ids.tolist()
+        tools = self.tool_schemas if tools is None else tools
         if self.vision is not None:  # through the processor, images included
-            return _images.drift(self.vision, history, ours, self.tool_schemas)
-        return rerender_drift(self.tpl, history, ours, self.tool_schemas)
+            return _images.drift(self.vision, history, ours, tools)
+        return rerender_drift(self.tpl, history, ours, tools)
 
     def _verify(
         self,

@@ -67,6 +67,13 @@ class RolloutResult:
     code: EndCode | None = None  # how the sample ended (the reason in words is ``reason``)
     drift_detail: DriftDetail | None = None  # where and why it drifted (set when ``drift`` is True)
     tool_failure_kinds: dict[str, int] = field(default_factory=dict, repr=False)  # failed calls by kind
+    #: Rollout(env_factory=...): the sum of the rewards its environment's steps gave (None: none gave one)
+    env_reward: float | None = None
+    #: the episode's state (``EnvReset.state``), ``EnvStep.info`` merged over its steps, and the typed error
+    #: its environment ended with, in words (``"EnvMessageError: ..."``; None when it ended cleanly)
+    env_state: Any = field(default=None, repr=False)
+    env_info: dict[str, Any] = field(default_factory=dict, repr=False)
+    env_error: str | None = None
     _attempts: int = field(default=1, repr=False)
     _versions: np.ndarray | None = field(default=None, repr=False)  # int32, one per completion token
     version: int = 0  # the rollout's policy version when the sample ended
@@ -99,7 +106,7 @@ class RolloutResult:
         """
         if self._episode is None:
             self._built = True
-            episode = Episode.from_result(self)
+            episode = Episode.from_result(self, reward=self.env_reward)  # an environment's reward, if any
             for turn, sub in self._subagents:
                 sub.add_to(episode, f"turn-{turn}")
             self._episode = episode

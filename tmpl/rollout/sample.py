@@ -45,6 +45,8 @@ class SampleRun:
     # how it ended
     finish: str = "stop"  # the last generation's finish reason
     code: EndCode | None = None
+    #: its environment (Rollout(env_factory=...), rollout/envs.py): the end waits for its close
+    env: Any = None  # an EpisodeEnv, or None
     # requests and versions
     rid: str | None = None  # the id of the last generation request
     versions: array[int] = field(default_factory=lambda: array("i"))  # policy version per token (-1: appended)
@@ -83,9 +85,14 @@ class SampleRun:
     def end(self, code: EndCode, reason: str | None = None) -> bool:
         """End the sample with ``code``; a trajectory still running gets the code's final status.
 
-        Returns False (the sample stops), so a turn can ``return run.end(...)``.
+        Returns False (the sample stops), so a turn can ``return run.end(...)``. With an environment
+        still open the trajectory ends when it is closed (``finish_episode``: a close that raises
+        ends it ``ENV_FAILED``).
         """
         self.code = code
+        if self.env is not None and not self.env.closed:
+            self.env.pending = reason
+            return False
         if self.traj.running:
             status = code.status
             if status == Status.DONE:
