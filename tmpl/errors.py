@@ -469,6 +469,25 @@ class ToolIsolationError(ToolboxError):
         self.reason = reason
 
 
+class MCPServerError(ToolboxError):
+    """An MCP server cannot give a Toolbox its tools (``Toolbox.from_mcp``): it did not start or answer,
+    two servers list a tool of the same name, or an adapter names a tool no server has. ``server``
+    names the server (its command or URL when it has no name), ``tool`` the tool at fault, if one.
+
+    Calls of a server that crashes or hangs later are not errors: they are answered as tool messages.
+
+    >>> raise MCPServerError("time", "did not start within 30 s")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.MCPServerError: MCP server 'time': did not start within 30 s
+    """
+
+    def __init__(self, server: str, reason: str, *, tool: str | None = None) -> None:
+        ToolError.__init__(self, f"MCP server {server!r}: {reason}", tool=tool)
+        self.server = server
+        self.reason = reason
+
+
 class BackendError(TmplError):
     """A backend failed in a way that affects every request (misconfiguration, missing package).
 

@@ -52,6 +52,7 @@ from .metrics import CallOutcome, ToolMetrics
 from .outputs import cut_chars
 from .procpool import Answer, ProcessPool, pack_tools
 from .procworker import content_of
+from .reply import ToolReply
 from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
@@ -145,6 +146,8 @@ class Toolbox:
     "Error: unknown tool 'mul'; available: add"
     """
 
+    _mcp: Any = None  #: the MCP servers' sessions of a Toolbox made by :meth:`from_mcp`
+
     def __init__(
         self,
         tools: Sequence[Any],
@@ -232,6 +235,36 @@ class Toolbox:
             self._processes.check(list(self._tools))
             weakref.finalize(self, self._processes.close)  # a Toolbox dropped unclosed leaves no workers
 
+    @classmethod
+    def from_mcp(cls, *servers: Any, tools: Sequence[Any] | None = None, **options: Any) -> Toolbox:
+        """The tools of MCP servers (a command line run over stdio, or a streamable HTTP URL), one
+        long-lived session each, closed with the Toolbox (:mod:`tmpl.tools.mcp`, docs/environments.md).
+
+        ``tools``: every tool the servers list (None), or server tool names and
+        :class:`tmpl.tools.mcp.Adapter` s (a tool under another name and argument shape).
+        ``connect_timeout``, ``probe_timeout``, ``retry_after``, ``structured`` are the servers'
+        options; the rest are the Toolbox's (``timeout``, ``on_error``...).
+
+        >>> box = Toolbox.from_mcp("python -m mcp_server_time --local-timezone UTC")  # doctest: +SKIP
+        """
+        from .mcp import MCPToolset, split_options
+
+        ours, theirs = split_options(options)
+        toolset = MCPToolset(servers, **ours)
+        try:
+            box = cls(toolset.tools(tools), **theirs)
+        except BaseException:
+            toolset.close()
+            raise
+        box._mcp = toolset
+        weakref.finalize(box, toolset.close)  # a Toolbox dropped unclosed leaves no server running
+        return box
+
+    @property
+    def mcp(self) -> Any:
+        """The MCP servers' sessions of a Toolbox made by :meth:`from_mcp` (None otherwise)."""
+        return self._mcp
+
     # -- tools ------------------------------------------------------------------------
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -296,6 +329,8 @@ class Toolbox:
         self._workers.close()
         if self._processes is not None:
             self._processes.close()
+        if self._mcp is not None:
+            self._mcp.close()
 
     def __enter__(self) -> Toolbox:
         return self
@@ -788,6 +823,8 @@ def _raised(call: ToolCall, exc: BaseException, latency: float | None) -> CallOu
 
 def _ok(call: ToolCall, value: Any, latency: float | None, max_chars: int | None) -> CallOutcome:
     """The outcome of a call that returned ``value``: its content, cut to ``max_chars`` with a marker."""
+    if type(value) is ToolReply:  # a tool that says more than a value (an MCP server's result)
+        return value.outcome(call.id, call.name, latency, max_chars)
     content = content_of(value)
     if max_chars is None or len(content) <= max_chars:
         return CallOutcome(call.id, call.name, None, content, latency, value)
