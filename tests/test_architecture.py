@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tmpl.env",),
     ("tmpl.rollout",),
     ("tmpl.gateway",),
-    ("tmpl.export", "tmpl.atif", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),
+    ("tmpl.export", "tmpl.atif", "tmpl.view", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),
 ]
 
 

@@ -5,6 +5,7 @@
     tmpl fix SOURCE [-o FIXED.jinja] [--tokenizer DIR] [--template FILE] [--require USES] [--budget B]
     tmpl matrix [SOURCE ...] [--format md|html|json] [-o FILE] [--tokenizer DIR] [--require USES] [--budget B]
     tmpl replay FILE.jsonl [--model SOURCE [--template FILE] [--tools TOOLS.json]]
+    tmpl view RESULTS [-o view.html] [--max-samples N] [--tokenizer SOURCE [--tools TOOLS.json]]
 
 A SOURCE is a local tokenizer folder, or a hub id ``owner/name`` (tried only when no such path
 exists; the hub gets ``--hub-timeout`` / ``TMPL_HUB_TIMEOUT`` seconds, 5 by default, then the local
@@ -368,6 +369,50 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _view(args: argparse.Namespace) -> int:
+    """``tmpl view``: the export as one HTML page; 0 written, 1 written but some records had problems."""
+    from .view import write_page
+    from .view.read import Problem
+
+    tpl = _load(args.tokenizer, args.template, args.hub_timeout) if args.tokenizer else None
+    tools = _tools(args.tools) if args.tools else None
+    verdict = None
+    if tpl is not None and args.check:
+        from .report import check
+
+        verdict = check(tpl, budget=args.budget).verdicts["tool_loop"].label
+    default = Path(args.file).with_name(Path(args.file).name.split(".")[0] + ".html")
+    output = Path(args.output) if args.output else default
+    shown = 0
+
+    def on_problem(p: Problem) -> None:
+        nonlocal shown
+        shown += 1
+        if shown <= 20:
+            print(f"tmpl view: {p}", file=sys.stderr)
+
+    summary = write_page(
+        args.file,
+        output,
+        max_samples=args.max_samples or None,
+        pick=args.pick,
+        tpl=tpl,
+        tools=tools,
+        verdict=verdict,
+        on_problem=on_problem,
+    )
+    if summary.problem_count > 20:
+        print(f"tmpl view: ... {summary.problem_count - 20} more problem(s), listed in the page", file=sys.stderr)
+    if summary.note:
+        print(f"tmpl view: {summary.note}", file=sys.stderr)
+    print(
+        f"wrote {output} ({summary.shown} of {summary.total} samples, {summary.bytes / 1e6:.1f} MB"
+        f"{f', {summary.problem_count} problem(s)' if summary.problem_count else ''})",
+        file=sys.stderr,
+    )
+    return EXIT_UNSAFE if summary.problem_count else EXIT_SAFE
+
+
 # -- arguments -----------------------------------------------------------------------------------
 
 
@@ -468,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="catalog .json, model folders, .jinja files or folders of them (none: the templates tmpl ships)",
     )
     mat.add_argument("--format", choices=("md", "html", "json"), default="md")
+    mat.add_argument(
+        "--html", dest="format", action="store_const", const="html", help="the same as --format html: a page"
+    )
     mat.add_argument("-o", "--output", help="write to this file instead of stdout")
     mat.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder to render bare .jinja files with")
     mat.add_argument("-q", "--quiet", action="store_true", help="no line per template as it finishes")
@@ -484,6 +532,30 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--tools", metavar="FILE", help="a JSON file with the tool schemas the rollout rendered with")
     _hub(rep)
     rep.set_defaults(run=_replay)
+    view = sub.add_parser(
+        "view",
+        help="a rollout export (JSONL, Parquet, ATIF) as one self-contained HTML page",
+        epilog="exit status: 0 written; 1 written, but some records had problems (named); 2 bad input or usage. "
+        "See docs/view.md.",
+    )
+    view.add_argument("file", metavar="RESULTS", help="a .jsonl/.jsonl.gz/.parquet export of tmpl, or an ATIF .json")
+    view.add_argument("-o", "--output", help="the page to write (default: RESULTS' name with .html)")
+    view.add_argument(
+        "--max-samples",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="samples the page carries (default 10000; 0: all); the page says when it shows fewer",
+    )
+    view.add_argument(
+        "--pick", choices=("spread", "first"), default="spread", help="which samples over N: every k-th, or the first"
+    )
+    view.add_argument("--tokenizer", metavar="SOURCE", help="show token text and re-render drift with this template")
+    view.add_argument("--template", metavar="FILE", help="a chat template file to use instead of the tokenizer's")
+    view.add_argument("--tools", metavar="FILE", help="a JSON file with the tool schemas the rollout rendered with")
+    view.add_argument("--check", action="store_true", help="with --tokenizer: show the template's tool-loop verdict")
+    _common(view)
+    view.set_defaults(run=_view)
     from .gateway import serve
 
     serve.add_parser(sub).set_defaults(run=serve.run)

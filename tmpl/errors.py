@@ -650,6 +650,16 @@ class AtifError(ExportError):
         self.field = field
 
 
+class ViewError(ExportError):
+    """A file ``tmpl view`` cannot open: ``where`` names the file and line (or row), ``reason`` what is wrong.
+
+    >>> raise ViewError("rollouts.csv:1", "text starting 'index,sample', not a JSON record")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.ViewError: rollouts.csv:1: text starting 'index,sample', not a JSON record
+    """
+
+
 class TemplateFixError(TemplateError):
     """:func:`tmpl.report.make_training_safe` could not prove a training-safe rewrite of a template.
 
