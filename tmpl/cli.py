@@ -17,8 +17,9 @@ hub cache is used, or the command fails naming ``HF_HUB_OFFLINE=1`` and the loca
 messages with that template (and the tool schemas of ``--tools``) and explains the difference afresh;
 without, it prints the causes stored at export.
 
-``--require tool_loop,multi_user,images`` chooses the verdicts that decide the exit status (default
-``tool_loop``; ``images``: the images check of a template that renders image parts, nothing to gate
+``--require tool_loop,multi_user,images,env_turns`` chooses the verdicts that decide the exit status (default
+``tool_loop``; ``env_turns``: user and system turns after an assistant turn, as environments append them;
+``images``: the images check of a template that renders image parts, nothing to gate
 for one that renders none). A verdict ``SAFE WITH tmpl TEMPLATE X`` gates as the given template's own verdict
 (the template given is not safe; the shipped X is). Exit status:
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 #: exit statuses (see the module docstring)
 EXIT_SAFE, EXIT_UNSAFE, EXIT_USAGE, EXIT_UNPROVEN = 0, 1, 2, 3
 #: the uses a report judges, in the order they are printed
-USES = ("tool_loop", "multi_user", "images")
+USES = ("tool_loop", "multi_user", "images", "env_turns")
 
 
 # -- gating --------------------------------------------------------------------------------------
@@ -452,7 +453,7 @@ def _common(cmd: argparse.ArgumentParser, *, hub: bool = True) -> None:
         type=_uses,
         default=("tool_loop",),
         metavar="USES",
-        help="verdicts that decide the exit status, comma-separated: tool_loop, multi_user, images "
+        help="verdicts that decide the exit status, comma-separated: tool_loop, multi_user, images, env_turns "
         "(default: tool_loop)",
     )
     cmd.add_argument(

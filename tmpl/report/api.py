@@ -131,7 +131,11 @@ def unproven_report(name: str, fingerprint: str, tokenizer: str, error: Template
         splice_safe=None,
         splice_detail=None,
         assistant_mask=None,
-        verdicts={"tool_loop": verdict, "multi_user": dataclasses.replace(verdict)},
+        verdicts={
+            "tool_loop": verdict,
+            "multi_user": dataclasses.replace(verdict),
+            "env_turns": dataclasses.replace(verdict),
+        },
         notes=[f"the check did not finish: {reason}; nothing below was found out"],
     )
 

@@ -9,7 +9,9 @@ The report is computed by probing (see :mod:`tmpl.suffix.probe`, :mod:`tmpl.repo
 kept in the template's per-fingerprint state. Verdicts, per use:
 
 - ``tool_loop``: rounds of tool calls within one user turn, token-in/token-out;
-- ``multi_user``: conversations that go on with new user turns.
+- ``multi_user``: conversations that go on with new user turns;
+- ``env_turns``: user and system turns after an assistant turn (after its answer or its tool results),
+  as an environment or a simulated user appends them (:mod:`tmpl.report.turns`).
 
 Each is ``SAFE``, ``SAFE WITH tmpl TEMPLATE <name>`` (a template tmpl ships renders the same
 last turn and is safe), ``UNSAFE (reason)`` or ``UNSUPPORTED (reason)``.
@@ -30,7 +32,9 @@ from ..sentinels import USER_SENTINEL, arg_sentinel, call_id, content_sentinel, 
 from ..suffix.probe import count_anchors
 from ..toolcalls.api import parser_for
 from .search import USES, SearchResult, counterexample_text, search, space_for
+from .space import Space
 from .stability import PROBE_TOOLSET, Check, conversations, date_injected, frozen_date
+from .turns import counterexample_lines, search_turns, verdict_of
 from .verdict import SAFE as SAFE
 from .verdict import SAFE_WITH as SAFE_WITH
 from .verdict import UNPROVEN as UNPROVEN
@@ -95,6 +99,9 @@ class TemplateReport:
     unproven: list[str] = field(default_factory=list)
     #: templates that render image parts: the images check (:mod:`tmpl.report.multimodal`); else None
     images: Any = None
+    #: turns that are not tool results after an assistant turn: per role (user, system, developer) the
+    #: level, reason and cases, the counterexamples and the places checked (:mod:`tmpl.report.turns`)
+    env_turns: dict[str, Any] = field(default_factory=dict)
 
     def history_mode(self) -> tuple[str, str]:
         """Which ``Rollout(history=...)`` trains this template on the contexts it sees when deployed,
@@ -142,6 +149,8 @@ class TemplateReport:
             f"- tokenizer: `{self.tokenizer}`; fingerprint `{self.fingerprint[:16]}`",
             f"- **tool loop (token-in/token-out): {self.verdicts['tool_loop'].label}**{self._proven('tool_loop')}",
             f"- **several user turns: {self.verdicts['multi_user'].label}**{self._proven('multi_user')}",
+            f"- **user and system turns after an assistant turn (environments): {self._env_label()}**"
+            + self._env_roles(),
             "- **history mode that trains it as deployed: {}** ({})".format(*self.history_mode()),
             "",
             "## Tool support",
@@ -196,6 +205,18 @@ class TemplateReport:
             lines += ["", "## Notes"] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
+    def _env_label(self) -> str:
+        v = self.verdicts.get("env_turns")
+        return v.label if v is not None else "not checked"
+
+    def _env_roles(self) -> str:
+        roles = self.env_turns.get("roles", {})
+        if not roles:
+            return ""
+        places = ", ".join(self.env_turns.get("places", []))
+        per_role = "; ".join(f"{r} {d['level']}" for r, d in roles.items())
+        return f" (per role: {per_role}; checked: {places})"
+
     def _proven(self, use: str) -> str:
         v = self.verdicts[use]
         if v.level != SAFE or not self.cases:
@@ -231,6 +252,9 @@ class TemplateReport:
             lines.append(f"- could not check: {u}")
         for name, ce in self.counterexamples().items():
             lines += ["", f"## Counterexample: {name}", "", "```", counterexample_text(ce), "```"]
+        for role, ce in self.env_turns.get("counterexamples", {}).items():
+            lines += ["", f"## Counterexample: a {role} turn after an assistant turn", "", "```"]
+            lines += counterexample_lines(ce) + ["```"]
         return lines
 
 
@@ -336,6 +360,11 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
             probed = space_for(tpl)
             found = search(tpl, probed, n=CASES, seed=SEED)
     checks = _checks(found)
+    env_turns: dict[str, Any] = {}
+    if turns.plain is not None:  # a turn tmpl can close: can an environment's turn follow it?
+        with frozen_date(2024, 1, 2):
+            space = probed.space if probed is not None else Space(call_contents=("text",))
+            env_turns = search_turns(tpl, space, calls=probed is not None).to_dict()
     after_close = None
     if turns.tool is not None:  # the text right after the close, from a one-call render
         shapes = _tool_shapes(1)
@@ -380,6 +409,7 @@ def build_report(tpl, *, shipped: bool = True) -> TemplateReport:
         assistant_mask=_assistant_mask(tpl),
         verdicts={},
         notes=notes,
+        env_turns=env_turns,
     )
     if found is not None and probed is not None:
         report.cases, report.checked_cases, report.shapes = found.cases, found.checked_cases, found.shapes
@@ -444,6 +474,12 @@ def judge(r: TemplateReport) -> dict[str, Verdict]:
             )
         else:
             out[use] = Verdict(SAFE, cases=steps)
+    if r.env_turns:
+        out["env_turns"] = verdict_of(r.env_turns)
+    elif r.plain_renders is False:
+        out["env_turns"] = Verdict(UNSUPPORTED, r.plain_error or "a plain conversation does not render")
+    else:
+        out["env_turns"] = Verdict(UNPROVEN, "not checked")
     return out
 
 

@@ -108,6 +108,9 @@ class Exchange:
 
     rounds: tuple[Turn, ...] = ()
     final: Turn | None = Turn()
+    #: the role of the message that opens the exchange: "user", or (after an assistant turn, as an
+    #: environment may append one) "system" or "developer" (:mod:`tmpl.report.turns`)
+    opener: str = "user"
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,10 @@ class Spec:
     def features(self) -> list[str]:
         """The shapes this conversation has, in words (for reports)."""
         out = ["system" if self.system else "no system", f"{len(self.exchanges)} user turn(s)"]
-        for ex in self.exchanges:
+        for e, ex in enumerate(self.exchanges):
+            if ex.opener != "user":
+                after = "tool results" if e and self.exchanges[e - 1].final is None else "an answer"
+                out.append(f"a {ex.opener} turn after {after}")
             for t in ex.rounds:
                 out.append(turn_shape(t))
             if ex.final is not None:
@@ -301,7 +307,10 @@ def messages_of(spec: Spec, space: Space | None = None) -> list[dict[str, Any]]:
     if spec.system:
         out.append({"role": "system", "content": "TmPlSyStEm: you are a careful assistant."})
     for e, ex in enumerate(spec.exchanges):
-        out.append({"role": "user", "content": f"TmPlUsEr{e}: weather in Paris?"})
+        if ex.opener == "user":
+            out.append({"role": "user", "content": f"TmPlUsEr{e}: weather in Paris?"})
+        else:
+            out.append({"role": ex.opener, "content": f"TmPlTuRn{e} ({ex.opener}): the forecast changed."})
         for r, t in enumerate(ex.rounds):
             a = _assistant(t, e, r, final=False)
             out.append(a)
