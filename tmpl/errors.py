@@ -469,6 +469,22 @@ class ToolIsolationError(ToolboxError):
         self.reason = reason
 
 
+class SandboxError(ToolboxError):
+    """``Toolbox(isolation="sandbox")`` cannot sandbox its workers: bubblewrap is missing, or an
+    option of :class:`tmpl.tools.sandbox.Sandbox` is wrong. (A sandbox that fails to start a
+    worker is a :class:`ToolIsolationError` naming the tools, with bwrap's reason.)
+
+    >>> raise SandboxError("bubblewrap ('bwrap') is not installed")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.SandboxError: isolation='sandbox': bubblewrap ('bwrap') is not installed
+    """
+
+    def __init__(self, reason: str) -> None:
+        ToolError.__init__(self, f"isolation='sandbox': {reason}")
+        self.reason = reason
+
+
 class MCPServerError(ToolboxError):
     """An MCP server cannot give a Toolbox its tools (``Toolbox.from_mcp``): it did not start or answer,
     two servers list a tool of the same name, or an adapter names a tool no server has. ``server``

@@ -8,13 +8,15 @@ timed out without running; starting a replacement worker, milliseconds from the 
 may add to it); then
 
 - answer in time: the call's :class:`Answer` is ``"ok"`` / ``"raised"`` (the worker lives on);
-- timeout: the worker is killed (``SIGKILL``: a loop in C stops too) and the answer says so;
+- timeout: the worker is killed (``SIGKILL``: a loop in C stops too), with every process it
+  started (:mod:`.proctree`; in a sandbox its PID namespace), and the answer says so;
 - the worker died (``os._exit``, a segfault, ``SIGXCPU`` at its CPU limit, the kernel killing
   it, ``MemoryError`` at its memory limit): the answer says how;
 
 and a fresh worker is started for the slot's next call. Workers start clean, from the
 ``forkserver`` (nothing of the caller is inherited: not its threads, locks, tokenizers or
-memory), so tools reach them pickled: see :class:`tmpl.errors.ToolIsolationError`.
+memory), so tools reach them pickled: see :class:`tmpl.errors.ToolIsolationError`. With a
+``launcher`` (:class:`.sandbox.Launcher`) the same worker starts in a bubblewrap sandbox instead.
 
 >>> pool = ProcessPool(pack_tools({"pow": pow}), size=1)
 >>> pool.submit("pow", {"base": 2, "exp": 10}, timeout=30).result().content
@@ -37,6 +39,7 @@ from typing import Any
 
 from ..errors import ToolIsolationError
 from .procworker import Reply
+from .sandbox import Launcher
 
 #: seconds a new worker may take to load its tools before its call is answered as failed
 START_TIMEOUT = 60.0
@@ -46,6 +49,7 @@ _MAIN_HINT = (
     " before loading its tools (its stderr says why; a script that builds a process Toolbox needs"
     " `if __name__ == '__main__':` around it, since each worker imports the main module)"
 )
+_SANDBOX_HINT = " before loading its tools (bwrap's or the worker's stderr says why)"
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,8 @@ class ProcessPool:
     ``blob``: ``pickle.dumps({name: tool})`` or ``pickle.dumps(factory)`` (a module-level callable
     returning the tools, called once in each worker). ``memory_mb``: address space a worker may
     add to what it holds after loading its tools (None: no limit). ``cpu_seconds``: CPU time one
-    call may use (None: as many seconds as its timeout).
+    call may use (None: as many seconds as its timeout). ``launcher``: start each worker in a
+    sandbox (:meth:`.sandbox.Sandbox.launcher`) instead of from the forkserver.
     """
 
     def __init__(
@@ -148,8 +153,10 @@ class ProcessPool:
         memory_mb: int | None = 1024,
         cpu_seconds: float | None = None,
         name: str = "tmpl-tool-process",
+        launcher: Launcher | None = None,
     ) -> None:
         self.blob = blob
+        self.launcher = launcher
         self.size = size
         self.memory_mb = memory_mb
         self.cpu_seconds = cpu_seconds
@@ -288,13 +295,18 @@ class _Slot:
     def start(self) -> str | None:
         """Start a worker and wait until it loaded its tools; why it failed, or None."""
         pool = self.pool
-        from .procworker import serve
+        from .procworker import kept
 
-        ctx = _context()
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=serve, args=(child, pool.blob, pool.memory_mb), name=pool.name, daemon=True)
-        proc.start()
-        child.close()
+        hint = _MAIN_HINT
+        if pool.launcher is not None:
+            proc, parent = pool.launcher.start(pool.blob, pool.memory_mb)
+            hint = _SANDBOX_HINT
+        else:
+            ctx = _context()
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=kept, args=(child, pool.blob, pool.memory_mb), name=pool.name, daemon=True)
+            proc.start()
+            child.close()
         pool.started += 1
         self.proc, self.conn = proc, parent
         try:
@@ -303,7 +315,7 @@ class _Slot:
                 return f"it did not load its tools within {START_TIMEOUT:g} s"
             kind, detail = parent.recv()
         except (EOFError, OSError):
-            return _death(self.stop(), pool.memory_mb, pool.cpu_seconds) + _MAIN_HINT
+            return _death(self.stop(), pool.memory_mb, pool.cpu_seconds) + hint
         if kind != "ready":
             self.stop()
             return str(detail)
@@ -311,7 +323,13 @@ class _Slot:
         return None
 
     def stop(self, wait: float = 0.05) -> int | None:
-        """Kill the worker (if any; after ``wait`` s for one already dying) and reap it; its exit code."""
+        """Kill the worker (if any; after ``wait`` s for one already dying) with every process it
+        started, and reap it; its exit code.
+
+        ``terminate`` kills the whole tree: a worker's keeper kills the worker, then everything
+        below it, then exits (:mod:`.proctree`); a sandbox's init dies, and its PID namespace
+        with it. ``kill`` is the last resort, for a keeper that does not end.
+        """
         proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
         if conn is not None:
             conn.close()
@@ -320,8 +338,11 @@ class _Slot:
         if wait and proc.is_alive():
             proc.join(wait)  # one that is dying already (a crash) keeps its own exit code
         if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+        if proc.is_alive():
             proc.kill()
-        proc.join(5)
+            proc.join(5)
         code: int | None = proc.exitcode
         if code is not None:
             proc.close()

@@ -10,7 +10,9 @@ call and reads one :class:`Reply` back. The worker runs with
   call: a tool that spins past it gets ``SIGXCPU`` and dies; a backstop to the parent's
   wall-clock kill that holds even if the parent is gone;
 - its standard output sent to ``/dev/null`` (a tool's prints are not its result and must not
-  mix into the trainer's logs); standard error is left as is.
+  mix into the trainer's logs); standard error is left as is;
+- under a keeper (:func:`kept`, :mod:`.proctree`) that kills every process it started when it
+  ends, and a process a tool forks that returns from the tool exits there (it never answers).
 
 A result is made message content here (text as is, the rest as JSON) and cut to ``max_chars``
 before it is pickled, so a tool returning 50 MB sends kilobytes through the pipe.
@@ -31,6 +33,8 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from .proctree import keep
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,18 @@ def _call(fn: Any, args: dict[str, Any]) -> Any:
     return value
 
 
+def _only_the_worker(me: int) -> None:
+    """A process the tool forked that came back here (its fork returned into the tool's code):
+    it is not the worker and must not answer on the worker's pipe, so it exits."""
+    if os.getpid() != me:
+        os._exit(0)
+
+
+def kept(conn: Any, blob: bytes, memory_mb: int | None) -> None:
+    """:func:`serve` in a process of its own under a keeper that kills all it leaves (:func:`.proctree.keep`)."""
+    keep(serve, conn, blob, memory_mb)
+
+
 def serve(conn: Any, blob: bytes, memory_mb: int | None) -> None:
     """The worker's main: load the tools, say ready (or why not), then answer calls until EOF."""
     _quiet_stdout()
@@ -146,6 +162,7 @@ def serve(conn: Any, blob: bytes, memory_mb: int | None) -> None:
         conn.send(("broken", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", sorted(tools)))
+    me = os.getpid()
     while True:
         try:
             name, args, max_chars, cpu_seconds = conn.recv()
@@ -156,11 +173,14 @@ def serve(conn: Any, blob: bytes, memory_mb: int | None) -> None:
         try:
             value = _call(tools[name], args)
         except MemoryError:
+            _only_the_worker(me)
             conn.send(Reply("memory", "MemoryError", time.perf_counter() - began))
             os._exit(0)  # its heap may be in any state: a fresh worker takes over
         except BaseException as exc:  # noqa: BLE001 - the tool raised: its message goes back
+            _only_the_worker(me)
             conn.send(Reply("raised", _describe(exc), time.perf_counter() - began))
             continue
+        _only_the_worker(me)
         latency = time.perf_counter() - began
         content = content_of(value)
         chars = len(content)

@@ -23,7 +23,10 @@ with a message instead of starting more threads. An async tool is cancelled at i
 
 ``isolation="process"`` runs every call in a fixed pool of worker processes instead
 (:mod:`.procpool`): killed at its timeout, limited in memory and CPU time, a crash answered as a
-message; see docs/tools.md for what each mode guarantees and costs.
+message, every process the call started killed with its worker; ``isolation="sandbox"`` runs the
+same workers in bubblewrap sandboxes (:mod:`.sandbox`: no network, a read-only view of the system,
+a private size-limited scratch, a bounded number of processes); see docs/tools.md for what each
+mode guarantees and costs.
 """
 
 from __future__ import annotations
@@ -53,12 +56,13 @@ from .outputs import cut_chars
 from .procpool import Answer, ProcessPool, pack_tools
 from .procworker import content_of
 from .reply import ToolReply
+from .sandbox import Sandbox
 from .workers import WorkerPool
 
 ON_ERROR = ("message", "stop")
 #: the tool call an async tool was started for, readable inside it (a sub-agent names its run by it)
 CURRENT_CALL: contextvars.ContextVar[ToolCall] = contextvars.ContextVar("tmpl_current_tool_call")
-ISOLATION = ("thread", "process")
+ISOLATION = ("thread", "process", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,10 @@ class Toolbox:
     function returning the tools, called once in each worker (``tools`` then only give the
     schemas). What cannot be sent raises :class:`~tmpl.errors.ToolIsolationError` naming the
     tool. ``max_hung`` (threads only): calls of one tool that may hang past their timeout before
-    its next calls are refused with a message.
+    its next calls are refused with a message. ``isolation="sandbox"``: the same worker processes,
+    each in a bubblewrap sandbox configured by ``sandbox`` (a :class:`~tmpl.tools.sandbox.Sandbox`;
+    default ``Sandbox()``): no network, the system read-only, a private ``/scratch`` tmpfs of its
+    own removed with it, a bounded number of processes (docs/environments.md).
 
     >>> def add(a: int, b: int) -> int:
     ...     '''Add two numbers.
@@ -163,9 +170,12 @@ class Toolbox:
         cpu_seconds: float | None = None,
         max_hung: int = 8,
         max_output_chars: int | None = 1_000_000,
+        sandbox: Sandbox | None = None,
     ) -> None:
         if isolation not in ISOLATION:
             raise ToolboxError(f"isolation must be one of {ISOLATION}, not {isolation!r}")
+        if sandbox is not None and isolation != "sandbox":
+            raise ToolboxError(f"sandbox= is for isolation='sandbox', not {isolation!r}")
         for what, value in (("workers", workers), ("memory_mb", memory_mb), ("max_output_chars", max_output_chars)):
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ToolboxError(f"{what} must be a positive integer or None, not {value!r}")
@@ -222,16 +232,23 @@ class Toolbox:
         self._hung: dict[str, set[concurrent.futures.Future[Any]]] = {}  # by tool: calls hung in threads
         self._workers = WorkerPool()  # sync calls: reused daemon threads, grown when all are stuck
         self._processes: ProcessPool | None = None
-        if isolation == "process":
+        if isolation in ("process", "sandbox"):
             bound = [name for name, t in self._tools.items() if getattr(t.fn, "in_process_only", False)]
             if bound:
                 raise ToolboxError(
                     f"tools {', '.join(bound)} run in the caller's event loop (sub-agents): "
-                    "isolation='process' cannot run them"
+                    f"isolation={isolation!r} cannot run them"
                 )
             size = workers or min(max_concurrency, max(2, os.cpu_count() or 2))
-            blob = pack_tools({name: t.fn for name, t in self._tools.items()}, worker_tools)
-            self._processes = ProcessPool(blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds)
+            fns = {name: t.fn for name, t in self._tools.items()}
+            blob = pack_tools(fns, worker_tools)
+            launcher = None
+            if isolation == "sandbox":
+                modules = [getattr(f, "__module__", None) or "" for f in (*fns.values(), worker_tools) if f is not None]
+                launcher = (sandbox or Sandbox()).launcher(modules)
+            self._processes = ProcessPool(
+                blob, size=size, memory_mb=memory_mb, cpu_seconds=cpu_seconds, launcher=launcher
+            )
             self._processes.check(list(self._tools))
             weakref.finalize(self, self._processes.close)  # a Toolbox dropped unclosed leaves no workers
 
