@@ -44,6 +44,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.integrations.slime": ("sglang",),
     "tmpl.gateway.app": ("gateway",),
     "tmpl.gateway.serve": ("gateway",),
+    "tmpl.env.openenv": ("openenv",),  # OpenEnvEnv: the SDK's MCP actions
 }
 
 #: Import names of distributions that may not be installed here (the installed ones are read from

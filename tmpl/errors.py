@@ -587,6 +587,22 @@ class IntegrationNotInstalledError(IntegrationError, ImportError):
         super().__init__(message + (f" ({detail})" if detail else ""))
 
 
+class EnvAdapterError(IntegrationError, ValueError):
+    """An adapter of another framework's environments (``tmpl.env.trl``, ``tmpl.env.openenv``) was given
+    something it cannot run as a tmpl environment; ``adapter`` names it.
+
+    >>> raise EnvAdapterError("OpenEnvEnv", "EchoObservation has no text field to show the model")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.EnvAdapterError: OpenEnvEnv: EchoObservation has no text field to show the model
+    """
+
+    def __init__(self, adapter: str, reason: str) -> None:
+        self.adapter = adapter
+        self.reason = reason
+        super().__init__(f"{adapter}: {reason}")
+
+
 class ContinuousTokenError(IntegrationError, ValueError):
     """tmpl cannot give exact IDs for a verl Continuous Token merge and was told not to fall back.
 
