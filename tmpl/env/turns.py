@@ -96,9 +96,10 @@ def render_suffix(
 
 def _differs(tpl: ChatTemplate, roles: str, what: str, was: str, now: str) -> UnsupportedTemplateError:
     at = next((k for k in range(min(len(was), len(now))) if was[k] != now[k]), min(len(was), len(now)))
+    lo = max(0, at - 20)  # shown with the text just before it
     return UnsupportedTemplateError(
         tpl.name,
         f"the template renders {what} differently once a {roles} turn follows it (from character {at}: "
-        f"{was[at : at + 40]!r} becomes {now[at : at + 40]!r}); append mode cannot continue the sampled IDs "
+        f"{was[lo : at + 40]!r} becomes {now[lo : at + 40]!r}); append mode cannot continue the sampled IDs "
         "exactly (history='template' renders each prompt)",
     )

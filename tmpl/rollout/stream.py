@@ -122,7 +122,8 @@ async def stream_groups(
             async with room:
                 await room.wait_for(lambda: in_flight + n <= bound)  # noqa: B023 - read when woken
                 in_flight += n
-            task = asyncio.ensure_future(group(count, conv, prompt if rollout.vision is not None else list(prompt)))
+            kept = prompt if rollout.vision is not None or prompt is None else list(prompt)  # None: an env's task
+            task = asyncio.ensure_future(group(count, conv, kept))
             groups.add(task)
             task.add_done_callback(groups.discard)
             count += 1

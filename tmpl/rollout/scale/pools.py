@@ -154,6 +154,9 @@ async def _serve(conn: Connection, runtime: WorkerRuntime) -> None:
                 return
 
     threading.Thread(target=read, name="tmpl-worker-inbox", daemon=True).start()
+    # SIGTERM (the driver stopping a worker that did not answer) stops as "stop" does: the running shard is
+    # cancelled, so its samples' environments are closed before the process ends
+    loop.add_signal_handler(signal.SIGTERM, inbox.put_nowait, ("stop",))
     current: asyncio.Task[Any] | None = None
 
     def reply(task: asyncio.Task[Any], shard: Shard) -> None:

@@ -93,6 +93,20 @@ class RolloutSettings:
         backend = VLLMServer(self.servers, **dict(self.server))
         return Rollout(ChatTemplate.from_pretrained(self.template), backend, tools=tools, **dict(self.options))
 
+    def check_env_factory(self) -> None:
+        """Raise WorkerSetupError when ``options["env_factory"]`` cannot be sent to the workers."""
+        factory = dict(self.options).get("env_factory")
+        if factory is None:
+            return
+        try:
+            pickle.dumps(factory)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is the same answer
+            raise WorkerSetupError(
+                None,
+                f"env_factory does not pickle ({type(exc).__name__}: {exc}); each worker makes its samples' "
+                "environments with it: pass a module-level class or function (or a functools.partial of one)",
+            ) from exc
+
     def check_tools(self) -> None:
         """Raise ToolIsolationError for the first tool of a list that cannot be sent to a worker."""
         if self.tools is None or callable(self.tools):
@@ -164,6 +178,7 @@ class DistributedRollout:
             raise WorkerSetupError(None, f"the rollout factory must be callable, got {type(rollout).__name__}")
         if isinstance(rollout, RolloutSettings):
             rollout.check_tools()
+            rollout.check_env_factory()
         self.factory = rollout
         self.workers = workers
         self.shard_size = shard_size
@@ -277,7 +292,8 @@ class DistributedRollout:
     async def run_async(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[RolloutResult]:
         """The asynchronous form of :meth:`run`; cancelling its task cancels every worker's shard."""
         for i, conv in enumerate(conversations):
-            validate_messages(conv, where=f"conversations[{i}]")
+            if isinstance(conv, Sequence) and not isinstance(conv, str):  # else an environment's task (env_factory)
+                validate_messages(conv, where=f"conversations[{i}]")
         if not self._running.acquire(blocking=False):
             raise RuntimeError("this DistributedRollout is already running; one run at a time")
         try:

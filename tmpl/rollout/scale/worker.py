@@ -217,7 +217,7 @@ class WorkerRuntime:
         """What the loop's ``measure_drift`` does, for the samples chosen by their global index."""
         rollout = self.rollout
         for r in results:
-            if r.code is EndCode.CRASHED or not chosen(fraction, r.index, r.sample):
+            if r.code is EndCode.CRASHED or rollout.env_factory is not None or not chosen(fraction, r.index, r.sample):
                 continue
             start = time.perf_counter()
             ids = r.trajectory.prompt_ids.tolist() + r.trajectory.completion_ids.tolist()
