@@ -8,11 +8,14 @@ same call with ``isolation="process"`` shows it does reach the trainer's world.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -113,6 +116,40 @@ def test_a_killed_worker_takes_its_whole_tree(request, isolation, then):
     assert [role for role, pid in seen.items() if os.path.exists(f"/proc/{pid}")] == []
     assert [pid for pid in handles if os.path.exists(f"/proc/{pid}")] == []  # not even a zombie
     assert _call(box, "add", a=2, b=3) == "5"  # a fresh worker took over
+
+
+TRAINER = """
+import json, os, sys, threading, time
+import tmpl
+from tests import test_tool_sandbox_tools as tools
+marker = sys.argv[1]
+for isolation in ("process", "sandbox"):
+    box = tmpl.Toolbox([tools.spawn_tree], isolation=isolation, workers=1, timeout=600)
+    call = [[{"name": "spawn_tree", "arguments": {"marker": marker + isolation, "then": "hang"}}]]
+    threading.Thread(target=box.run_batch, args=(call,), daemon=True).start()
+    while len(tools.marked(marker + isolation)) < len(tools.ROLES):
+        time.sleep(0.02)
+print(json.dumps([pid for isolation in ("process", "sandbox") for pid in tools.marked(marker + isolation).values()]))
+sys.stdout.flush()
+os._exit(0)  # the trainer dies, its tools still hanging
+"""
+
+
+@needs_bwrap
+def test_a_trainer_that_dies_takes_the_trees_with_it():
+    """The keeper learns the trainer is gone from its lifeline (a pipe only the trainer holds)."""
+    marker = f"dead{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINER, marker], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    pids = json.loads(done.stdout)
+    assert len(pids) == 2 * len(tools.ROLES)
+    until = time.monotonic() + 20
+    while [p for p in pids if os.path.exists(f"/proc/{p}")] and time.monotonic() < until:
+        time.sleep(0.05)
+    assert [p for p in pids if os.path.exists(f"/proc/{p}")] == []
 
 
 # -- the sandbox -------------------------------------------------------------------------------

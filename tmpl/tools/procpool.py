@@ -239,6 +239,7 @@ class _Slot:
         self.pool = pool
         self.proc: Any = None
         self.conn: Any = None
+        self.life: Any = None  # the write end of the worker's lifeline (see .proctree.keep)
         self.busy = False
         self.loaded: list[str] | None = None  # the tool names its worker loaded
         self.thread = threading.Thread(target=self.serve, name=pool.name, daemon=True)
@@ -299,16 +300,20 @@ class _Slot:
 
         hint = _MAIN_HINT
         if pool.launcher is not None:
-            proc, parent = pool.launcher.start(pool.blob, pool.memory_mb)
+            proc, parent, life = pool.launcher.start(pool.blob, pool.memory_mb)
             hint = _SANDBOX_HINT
         else:
             ctx = _context()
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=kept, args=(child, pool.blob, pool.memory_mb), name=pool.name, daemon=True)
+            lifeline, life = ctx.Pipe(duplex=False)  # its EOF tells the keeper the trainer died
+            proc = ctx.Process(
+                target=kept, args=(child, pool.blob, pool.memory_mb, lifeline), name=pool.name, daemon=True
+            )
             proc.start()
             child.close()
+            lifeline.close()
         pool.started += 1
-        self.proc, self.conn = proc, parent
+        self.proc, self.conn, self.life = proc, parent, life
         try:
             if not parent.poll(START_TIMEOUT):
                 self.stop()
@@ -331,6 +336,7 @@ class _Slot:
         with it. ``kill`` is the last resort, for a keeper that does not end.
         """
         proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+        life, self.life = self.life, None
         if conn is not None:
             conn.close()
         if proc is None:
@@ -343,6 +349,8 @@ class _Slot:
         if proc.is_alive():
             proc.kill()
             proc.join(5)
+        if life is not None:
+            life.close()
         code: int | None = proc.exitcode
         if code is not None:
             proc.close()

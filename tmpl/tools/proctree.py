@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -112,12 +113,24 @@ def _exit_as(status: int, as_code: bool = False) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False) -> None:
+def _watch(fd: int, then: Callable[[], None]) -> None:
+    """Read ``fd`` until its EOF, then call ``then``."""
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    then()
+
+
+def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False, lifeline: Any = None) -> None:
     """Become the subreaper of a new process running ``main(conn, *args)``; when it ends, kill and
     reap everything it left, then exit as it did. ``SIGTERM`` here kills it (``SIGKILL``) first.
     ``conn``: the worker's end of its pipe, closed here (so that the worker's death is an EOF).
     ``as_code``: exit with 128 + the signal that killed it (PID 1 of a namespace, as in a
-    sandbox, cannot send itself a signal)."""
+    sandbox, cannot send itself a signal). ``lifeline``: the read end (a file descriptor, or an
+    object with ``fileno()``) of a pipe whose write end only the trainer holds: at its EOF (the
+    trainer died) the worker is killed and its tree swept."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the forkserver gone (the trainer died): sweep too
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
@@ -146,6 +159,9 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False)
             os._exit(code)
     worker["pid"] = pid
     conn.close()
+    if lifeline is not None:  # a thread only now: the fork above was made single-threaded
+        fd = lifeline if isinstance(lifeline, int) else lifeline.fileno()
+        threading.Thread(target=_watch, args=(fd, on_term), daemon=True).start()
     if stop["asked"]:
         os.kill(pid, signal.SIGKILL)
     while True:

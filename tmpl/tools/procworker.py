@@ -147,9 +147,10 @@ def _only_the_worker(me: int) -> None:
         os._exit(0)
 
 
-def kept(conn: Any, blob: bytes, memory_mb: int | None) -> None:
-    """:func:`serve` in a process of its own under a keeper that kills all it leaves (:func:`.proctree.keep`)."""
-    keep(serve, conn, blob, memory_mb)
+def kept(conn: Any, blob: bytes, memory_mb: int | None, lifeline: Any = None) -> None:
+    """:func:`serve` in a process of its own under a keeper that kills all it leaves (:func:`.proctree.keep`);
+    ``lifeline``: the read end of a pipe the trainer holds open while it lives."""
+    keep(serve, conn, blob, memory_mb, lifeline=lifeline)
 
 
 def serve(conn: Any, blob: bytes, memory_mb: int | None) -> None:

@@ -140,8 +140,8 @@ class Launcher:
         self.root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.as_root = os.getuid() == 0
 
-    def command(self, fd: int, info_fd: int) -> list[str]:
-        """The bwrap command line of one worker talking on ``fd``."""
+    def command(self, fd: int, info_fd: int, lifeline: int) -> list[str]:
+        """The bwrap command line of one worker talking on ``fd`` (``lifeline``: see :func:`.proctree.keep`)."""
         cmd = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts"]
         cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
         if self.as_root:  # no user namespace: the worker drops to a user id of its own (see the module)
@@ -177,21 +177,23 @@ class Launcher:
         }
         for key, value in env.items():
             cmd += ["--setenv", key, value]
-        boot = f"import sys; sys.path.insert(0, {self.root!r}); from tmpl.tools.sandbox import main; main({fd})"
+        boot = f"import sys; sys.path.insert(0, {self.root!r}); from tmpl.tools.sandbox import main; main({fd}, {lifeline})"
         return [*cmd, "--", sys.executable, "-I", "-c", boot]
 
-    def start(self, blob: bytes, memory_mb: int | None) -> tuple[SandboxProcess, Any]:
-        """Start one worker; its process handle and the pool's end of its pipe."""
+    def start(self, blob: bytes, memory_mb: int | None) -> tuple[SandboxProcess, Any, Any]:
+        """Start one worker; its process handle, the pool's end of its pipe, and of its lifeline."""
         parent, child = multiprocessing.Pipe()
+        lifeline, life = multiprocessing.Pipe(duplex=False)
         info_r, info_w = os.pipe()
         try:
             popen = subprocess.Popen(
-                self.command(child.fileno(), info_w),
-                pass_fds=(child.fileno(), info_w),
+                self.command(child.fileno(), info_w, lifeline.fileno()),
+                pass_fds=(child.fileno(), info_w, lifeline.fileno()),
                 stdin=subprocess.DEVNULL,
             )
         finally:
             child.close()
+            lifeline.close()
             os.close(info_w)
         try:
             init = _child_pid(info_r)
@@ -202,7 +204,7 @@ class Launcher:
             parent.send((self.prep, blob, memory_mb, self.sandbox.max_processes, uid))
         except OSError:
             pass  # bwrap failed: the pool reads EOF and says how it ended
-        return SandboxProcess(popen, init), parent
+        return SandboxProcess(popen, init), parent, life
 
 
 def _child_pid(fd: int) -> int | None:
@@ -277,7 +279,7 @@ def _parent(pid: int) -> int | None:
     return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
-def main(fd: int) -> None:
+def main(fd: int, lifeline: int) -> None:
     """Inside the sandbox: take the setup from the pool, drop privileges, then serve calls."""
     from .proctree import keep
     from .procworker import serve
@@ -294,4 +296,4 @@ def main(fd: int) -> None:
     except BaseException as exc:  # noqa: BLE001 - told to the pool, which raises or answers with it
         conn.send(("broken", f"the sandbox could not start: {type(exc).__name__}: {exc}"))
         return
-    keep(serve, conn, blob, memory_mb, as_code=True)
+    keep(serve, conn, blob, memory_mb, as_code=True, lifeline=lifeline)
