@@ -47,6 +47,7 @@ from .trajectory.types import APPENDED_VERSION, COMPLETION, SUFFIX
 __all__ = [
     "EXTRA_KEY",
     "SCHEMA_VERSION",
+    "document_tools",
     "documents_to_records",
     "looks_like_atif",
     "read_documents",
@@ -81,8 +82,11 @@ def _models() -> Any:
 # -- tmpl records -> ATIF ----------------------------------------------------------------------------
 
 
-def records_to_documents(records: Iterable[Mapping[str, Any]], *, agent: str = "tmpl") -> list[Any]:
-    """One ``atif.Trajectory`` per tmpl record (:func:`tmpl.export.to_records`), validated by its model.
+def records_to_documents(
+    records: Iterable[Mapping[str, Any]], *, agent: str = "tmpl", tools: Sequence[Mapping[str, Any]] | None = None
+) -> list[Any]:
+    """One ``atif.Trajectory`` per tmpl record (:func:`tmpl.export.to_records`), validated by its model;
+    ``tools``: the tool schemas the rollout rendered with (the agent's ``tool_definitions``).
 
     >>> [doc] = records_to_documents(tmpl.export.to_records([result]))      # doctest: +SKIP
     >>> doc.steps[1].metrics.completion_token_ids[:3]                      # doctest: +SKIP
@@ -92,6 +96,8 @@ def records_to_documents(records: Iterable[Mapping[str, Any]], *, agent: str = "
     out = []
     for k, record in enumerate(records):
         doc = _document(record, agent)
+        if tools is not None:
+            doc["agent"]["tool_definitions"] = [dict(t) for t in tools]
         try:
             out.append(atif.Trajectory.model_validate(doc))
         except ValueError as exc:  # pydantic's ValidationError: a record tmpl cannot say in ATIF
@@ -301,16 +307,36 @@ def _episode_sequence(record: Mapping[str, Any], arrays: Mapping[str, Any]) -> i
 def _steps(
     messages: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """ATIF steps of the root's messages, the root's calls on its agent steps (in order; calls past the
-    assistant messages get agent steps of their own). Returns the steps and each call's step index."""
+    """ATIF steps of the root's messages, the root's calls on its agent steps: a call of turn ``t`` on the
+    ``t``-th assistant message (counted from 0), a call without one (or a second of the same turn) on an
+    agent step of its own, in call order. Returns the steps and each call's step index."""
     steps: list[dict[str, Any]] = []
     by_call: dict[str, int] = {}
-    pending = list(calls)
+    n_assistant = sum(1 for m in messages if m.get("role") == "assistant")
+    placed: dict[int, int] = {}  # assistant ordinal -> index in calls
+    for j, c in enumerate(calls):
+        t = c.get("turn")
+        if isinstance(t, int) and 0 <= t < n_assistant and t not in placed:
+            placed[t] = j
+    taken = set(placed.values())
+    next_call = 0
+
+    def flush(upto: int) -> None:  # calls before ``upto`` (in call order) that no message holds
+        nonlocal next_call
+        while next_call < upto:
+            if next_call not in taken:
+                steps.append(_agent_step(len(steps) + 1, None, calls[next_call]))
+            next_call += 1
+
+    ordinal = 0
     for m in messages:
         role = m.get("role")
         if role == "assistant":
-            step = _agent_step(len(steps) + 1, m, pending.pop(0) if pending else None)
-            steps.append(step)
+            j = placed.get(ordinal)
+            if j is not None:
+                flush(j)
+            steps.append(_agent_step(len(steps) + 1, m, calls[j] if j is not None else None))
+            ordinal += 1
         elif role == "tool":
             owner = steps[-1] if steps and steps[-1]["source"] == "agent" else None
             if owner is None:
@@ -319,8 +345,7 @@ def _steps(
             owner.setdefault("observation", {"results": []})["results"].append(_result(m, owner))
         else:
             steps.append(_plain_step(len(steps) + 1, m))
-    for call in pending:
-        steps.append(_agent_step(len(steps) + 1, None, call))
+    flush(len(calls))
     for k, step in enumerate(steps):
         cid = ((step.get("extra") or {}).get(EXTRA_KEY) or {}).get("call")
         if cid is not None:
@@ -451,9 +476,11 @@ def _embedded(
     owner_of = {c["id"]: (c["agent"], c["parent"]) for c in calls}
     docs: dict[tuple[Any, Any], dict[str, Any]] = {}
     names: set[str] = set()
+    agents = [lineage[0] for lineage in lineages]
     for lineage, members in lineages.items():
         agent, parent = lineage
-        name = f"{agent or 'agent'}@{parent}" if parent is not None else str(agent)
+        # the agent's label names its trajectory (with the call that ran it when it ran more than once)
+        name = str(agent) if agent is not None and agents.count(agent) == 1 else f"{agent or 'agent'}@{parent}"
         while name in names:
             name += "'"
         names.add(name)
@@ -630,9 +657,12 @@ def _document_calls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     def walk(d: Mapping[str, Any], lineage: tuple[Any, Any], prefix: str, inner: Mapping[str, Any]) -> None:
         last = None
+        ordinal = -1
         for step in d["steps"]:
             m = step.get("metrics") or {}
             keep = ((step.get("extra") or {}).get(EXTRA_KEY)) or {}
+            if step["source"] == "agent" and not keep.get("no_message"):
+                ordinal += 1
             if m.get("completion_token_ids") is not None:
                 cid = keep.get("call") or f"{prefix}step-{step['step_id']}"
                 trained = keep.get("trained", m.get("logprobs") is not None and not step.get("is_copied_context"))
@@ -646,7 +676,8 @@ def _document_calls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                         "trained": bool(trained),
                         "parent": keep.get("parent", lineage[1]),
                         "agent": keep.get("agent", lineage[0]),
-                        "turn": keep.get("turn"),
+                        # a foreign step's turn: its assistant message's ordinal (what tmpl's turns are)
+                        "turn": keep.get("turn") if "call" in keep else ordinal,
                         "reward": keep.get("reward"),
                         "edit": keep.get("edit"),
                         "where": f"{prefix}step {step['step_id']}",
@@ -707,7 +738,8 @@ def _calls_record(calls: Sequence[Mapping[str, Any]], where: str) -> list[dict[s
                 "prompt_ids": list(c["prompt_ids"]),
                 "completion_ids": list(c["completion_ids"]),
                 "logprobs": list(c["logprobs"]) if c["logprobs"] is not None else [0.0] * n,
-                "versions": versions,
+                # None: unknown (a list of -1 is no version a Call takes)
+                "versions": None if all(v == APPENDED_VERSION for v in versions) else versions,
                 "trained": c["trained"],
                 "parent": c["parent"],
                 "agent": c["agent"],
@@ -939,7 +971,10 @@ def read_documents(path: str | os.PathLike[str]) -> Iterator[tuple[Any, str]]:
     try:
         value = json.loads(text)
     except ValueError as whole:
-        if not text.lstrip().startswith("{") or "\n" not in text.strip():
+        first = text.lstrip().split("\n", 1)[0]
+        try:  # JSON lines: the first line is a document of its own
+            json.loads(first)
+        except ValueError:
             raise AtifError(str(path), f"not JSON: {whole}") from None
         yield from _json_lines(path, text)
         return
@@ -960,6 +995,17 @@ def _json_lines(path: Path, text: str) -> Iterator[tuple[Any, str]]:
         except ValueError as exc:
             cut = " (the last line, cut short: a truncated file?)" if line_no == len(lines) else ""
             raise AtifError(f"{path}:{line_no}", f"not JSON: {exc}{cut}") from None
+
+
+def document_tools(path: str | os.PathLike[str]) -> list[list[dict[str, Any]] | None]:
+    """The tool schemas of each document of an ATIF file (``agent.tool_definitions``; None where absent),
+    in the order :func:`read_documents` gives the documents."""
+    out = []
+    for doc, _ in read_documents(path):
+        agent = doc.get("agent") if isinstance(doc, Mapping) else None
+        tools = agent.get("tool_definitions") if isinstance(agent, Mapping) else None
+        out.append(list(tools) if isinstance(tools, list) else None)
+    return out
 
 
 def looks_like_atif(path: str | os.PathLike[str]) -> bool:

@@ -4,7 +4,7 @@
     tmpl check SOURCE [--template FILE] [--require USES] [--budget B] [--json] [--hub-timeout S]
     tmpl fix SOURCE [-o FIXED.jinja] [--tokenizer DIR] [--template FILE] [--require USES] [--budget B]
     tmpl matrix [SOURCE ...] [--format md|html|json] [-o FILE] [--tokenizer DIR] [--require USES] [--budget B]
-    tmpl replay FILE.jsonl [--model SOURCE [--template FILE] [--tools TOOLS.json]]
+    tmpl replay FILE.jsonl|FILE.atif.json [--model SOURCE [--template FILE] [--tools TOOLS.json]]
     tmpl view RESULTS [-o view.html] [--max-samples N] [--tokenizer SOURCE [--tools TOOLS.json]]
 
 A SOURCE is a local tokenizer folder, or a hub id ``owner/name`` (tried only when no such path
@@ -15,7 +15,9 @@ hub cache is used, or the command fails naming ``HF_HUB_OFFLINE=1`` and the loca
 ``.jinja`` files or folders of them, and with no SOURCE reports on the templates tmpl ships, offline.
 ``tmpl replay`` prints the drift of exported samples: with ``--model`` it re-renders each sample's
 messages with that template (and the tool schemas of ``--tools``) and explains the difference afresh;
-without, it prints the causes stored at export.
+without, it prints the causes stored at export. It reads ATIF trajectories too (known by content: a
+``schema_version`` ``ATIF-...``), written by tmpl or anyone else; their tools are the agent's
+``tool_definitions`` unless ``--tools`` is given.
 
 ``--require tool_loop,multi_user,images,env_turns`` chooses the verdicts that decide the exit status (default
 ``tool_loop``; ``env_turns``: user and system turns after an assistant turn, as environments append them;
@@ -265,18 +267,22 @@ def _matrix(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .export import from_jsonl
+    from .atif import document_tools, looks_like_atif
+    from .export import from_atif, from_jsonl
     from .rollout.drift import DriftCause, DriftDetail, rerender_drift
 
-    expected = "a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl"
+    expected = "a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl, or an ATIF trajectory file"
     if not Path(args.file).is_file():
         raise ExportError(
             args.file, f"{'is a folder' if Path(args.file).is_dir() else 'does not exist'}; expected {expected}"
         )
+    atif = looks_like_atif(args.file)  # by content: ATIF from any program, whatever its name
     try:
-        results = from_jsonl(args.file)
+        results = from_atif(args.file) if atif else from_jsonl(args.file)
     except (UnicodeDecodeError, EOFError, OSError) as exc:  # binary, a broken .gz
         raise ExportError(args.file, f"cannot be read ({_one_line(exc)}); expected {expected}") from exc
+    # per sample: --tools, else (ATIF) the tool definitions its trajectory names
+    sample_tools = document_tools(args.file) if atif else [None] * len(results)
     rows = []
     # samples whose calls were exported (template mode, a hook, sub-agents): each prompt was the render
     rendered = {id(r) for r in results if r.from_calls}
@@ -290,8 +296,10 @@ def _replay(args: argparse.Namespace) -> int:
             return [
                 (None, None)  # template mode: each prompt was the render itself; no one sequence to re-render
                 if id(r) in rendered
-                else rerender_drift(tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools)
-                for r in results
+                else rerender_drift(
+                    tpl, r.messages, r.prompt_ids.tolist() + r.completion_ids.tolist(), tools or own_tools
+                )
+                for r, own_tools in zip(results, sample_tools)
             ]
 
         try:
@@ -524,10 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     mat.set_defaults(run=_matrix)
     rep = sub.add_parser(
         "replay",
-        help="drift of exported samples (tmpl.export.to_jsonl), as a table",
+        help="drift of exported samples (tmpl.export.to_jsonl, or ATIF trajectories), as a table",
         epilog="exit status: 0 no measured sample drifted; 1 one did; 2 bad input or usage. See docs/cli.md.",
     )
-    rep.add_argument("file", help="a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl")
+    rep.add_argument(
+        "file", help="a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl, or an ATIF trajectory file"
+    )
     rep.add_argument("--model", metavar="SOURCE", help="re-render with this tokenizer's template (a folder or hub id)")
     rep.add_argument("--template", metavar="FILE", help="a chat template file to use instead of the tokenizer's")
     rep.add_argument("--tools", metavar="FILE", help="a JSON file with the tool schemas the rollout rendered with")

@@ -492,6 +492,7 @@ def to_atif(
     metrics: RolloutMetrics | Mapping[str, float] | None = None,
     *,
     agent: str = "tmpl",
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Any]:
     """One ATIF trajectory (``atif.Trajectory``, validated by the ``atif`` package's model) per result;
     written to ``path`` when given (``.json``: one trajectory; ``.jsonl``/``.jsonl.gz``: one per line).
@@ -499,7 +500,8 @@ def to_atif(
     Each model call is an agent step with its ``prompt_token_ids``, ``completion_token_ids`` and
     ``logprobs``; sub-agents are embedded trajectories; what ATIF has no field for (versions, the mask,
     status, spans...) is under ``extra["tmpl"]``, so :func:`from_atif` gives the same arrays back.
-    Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
+    ``tools``: the tool schemas the rollout rendered with (written as the agent's ``tool_definitions``, which
+    ``tmpl replay`` re-renders with); ``agent``: the agent's name. Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
 
     >>> [doc] = tmpl.export.to_atif([result], "run.atif.json")                  # doctest: +SKIP
     >>> doc.steps[1].metrics.logprobs[:2]                                       # doctest: +SKIP
@@ -507,7 +509,7 @@ def to_atif(
     """
     from . import atif
 
-    documents = atif.records_to_documents(to_records(results, metrics), agent=agent)
+    documents = atif.records_to_documents(to_records(results, metrics), agent=agent, tools=tools)
     if path is not None:
         atif.write_documents(documents, path)
     return documents

@@ -1,0 +1,485 @@
+"""ATIF (the Agent Trajectory Interchange Format) import and export: ``tmpl.export.to_atif`` / ``from_atif``.
+
+ATIF files here are written by the ``atif`` package's own pydantic models, with real token IDs: the
+Qwen2.5 tokenizer's ``apply_chat_template`` render of a tool conversation (each agent step's prompt is the
+render of the conversation before it, its completion what the full render adds for that turn). Oracles:
+that render, the arrays the documents were built from, and the real rollouts' own arrays.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tmpl
+from tmpl import export
+from tmpl.cli import main
+from tmpl.errors import AtifError
+
+from .conftest import DATA, load_tokenizer
+
+atif = pytest.importorskip("atif", reason="the atif extra is not installed")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    {"role": "assistant", "content": "It is sunny in Paris, 21 C."},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    tok = load_tokenizer("qwen2.5-instruct")
+    return tok, tmpl.ChatTemplate(tok, name="qwen2.5-instruct")
+
+
+def render(tok, messages, tools=TOOLS, gen=True) -> list[int]:
+    out = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def turn_ids(tok, messages, k, tools=TOOLS) -> tuple[list[int], list[int]]:
+    """The prompt before assistant message ``k`` and its completion (up to its <|im_end|>), both from the
+    template's render."""
+    prompt = render(tok, messages[:k], tools)
+    full = render(tok, messages[: k + 1], tools, gen=False)
+    assert full[: len(prompt)] == prompt
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    rest = full[len(prompt) :]
+    return prompt, rest[: rest.index(end) + 1]
+
+
+def logprobs(n, seed) -> list[float]:
+    return (-np.random.default_rng(seed).random(n) * 4).astype(np.float32).tolist()
+
+
+def weather_document(tok, *, completion=None) -> atif.Trajectory:
+    """An ATIF trajectory of CONVERSATION built with the atif models, token IDs from the real render."""
+    p1, c1 = turn_ids(tok, CONVERSATION, 1)
+    p2, c2 = turn_ids(tok, CONVERSATION, 3)
+    c2 = c2 if completion is None else completion
+    return atif.Trajectory(
+        schema_version="ATIF-v1.8",
+        session_id="run-7",
+        agent=atif.Agent(
+            name="some-harness", version="2.1", model_name="Qwen2.5-1.5B-Instruct", tool_definitions=TOOLS
+        ),
+        steps=[
+            atif.Step(step_id=1, source="user", message=CONVERSATION[0]["content"]),
+            atif.Step(
+                step_id=2,
+                source="agent",
+                message="",
+                tool_calls=[
+                    atif.ToolCall(tool_call_id="call_1", function_name="get_weather", arguments={"city": "Paris"})
+                ],
+                observation=atif.Observation(
+                    results=[atif.ObservationResult(source_call_id="call_1", content="Sunny, 21 C")]
+                ),
+                metrics=atif.Metrics(prompt_token_ids=p1, completion_token_ids=c1, logprobs=logprobs(len(c1), 1)),
+            ),
+            atif.Step(
+                step_id=3,
+                source="agent",
+                message=CONVERSATION[3]["content"],
+                metrics=atif.Metrics(prompt_token_ids=p2, completion_token_ids=c2, logprobs=logprobs(len(c2), 2)),
+            ),
+        ],
+    )
+
+
+def write(doc, path):
+    path.write_text(json.dumps(doc.to_json_dict(), indent=2), encoding="utf-8")
+    return path
+
+
+def step_arrays(doc) -> list[tuple]:
+    """Every agent step's (trajectory, step, prompt IDs, completion IDs, logprobs, mask flag), embedded ones too."""
+    d = doc.to_json_dict() if hasattr(doc, "to_json_dict") else doc
+    out = []
+    for s in d["steps"]:
+        m = s.get("metrics") or {}
+        trained = ((s.get("extra") or {}).get("tmpl") or {}).get("trained", True)
+        if "completion_token_ids" in m:
+            out.append(
+                (
+                    d.get("trajectory_id"),
+                    s["step_id"],
+                    m["prompt_token_ids"],
+                    m["completion_token_ids"],
+                    m["logprobs"],
+                    trained,
+                )
+            )
+    for sub in d.get("subagent_trajectories") or []:
+        out += step_arrays(sub)
+    return out
+
+
+# -- ATIF written by the atif package, read by tmpl --------------------------------------------------
+
+
+def test_an_atif_file_reads_as_the_templates_render(qwen, tmp_path):
+    tok, _ = qwen
+    doc = weather_document(tok)
+    [r] = export.from_atif(write(doc, tmp_path / "trajectory.json"))
+    # the calls extend one another: one sequence (append mode), the whole conversation's render
+    assert not r.from_calls and len(r.sequences) == 1
+    ids = np.concatenate([r.prompt_ids, r.completion_ids]).tolist()
+    full = render(tok, CONVERSATION, gen=False)
+    assert full[: len(ids)] == ids and tok.decode(full[len(ids) :]) == "\n"  # the render's last newline
+    # the mask is exactly the two sampled turns, with their logprobs; the rest is context
+    p = len(r.prompt_ids)
+    steps = doc.steps[1:]
+    sampled = [(ids.index(s.metrics.completion_token_ids[0], p), s.metrics) for s in steps]
+    want_mask = np.zeros(len(r.completion_ids), dtype=np.uint8)
+    want_lp = np.zeros(len(r.completion_ids), dtype=np.float32)
+    for start, m in sampled:
+        n = len(m.completion_token_ids)
+        assert ids[start : start + n] == m.completion_token_ids
+        want_mask[start - p : start - p + n] = 1
+        want_lp[start - p : start - p + n] = m.logprobs
+    assert np.array_equal(r.mask, want_mask) and np.array_equal(r.logprobs, want_lp)
+    assert (r.versions == -1).all()  # ATIF has no policy versions: unknown
+    assert r.messages == CONVERSATION
+    assert r.turns == 2 and r.tool_calls == 1 and r.status.name == "DONE"
+
+
+def test_atif_to_tmpl_to_atif_keeps_every_array_and_message(qwen, tmp_path):
+    tok, _ = qwen
+    doc = weather_document(tok)
+    results = export.from_atif(write(doc, tmp_path / "in.json"))
+    [out] = export.to_atif(results, tmp_path / "out.json")
+    assert isinstance(out, atif.Trajectory)
+    assert step_arrays(out)[0][1:] == step_arrays(doc)[0][1:] and len(step_arrays(out)) == 2
+    assert [a[1:] for a in step_arrays(out)] == [a[1:] for a in step_arrays(doc)]
+    # the steps say the same conversation: messages, tool calls and their results
+    for a, b in zip(doc.steps, out.steps):
+        assert (a.source, a.message, a.tool_calls, a.observation) == (b.source, b.message, b.tool_calls, b.observation)
+    # and once more: tmpl's own document comes back whole
+    [again] = export.to_atif(export.from_atif(tmp_path / "out.json"))
+    assert again.to_json_dict() == json.loads((tmp_path / "out.json").read_text())
+
+
+def test_tmpl_replay_rerenders_atif_and_finds_drift(qwen, tmp_path, capsys):
+    tok, _ = qwen
+    # the same answer text, sampled as other tokens (one per character): the re-render merges them
+    _, c2 = turn_ids(tok, CONVERSATION, 3)
+    text = tok.decode(c2[:-1])
+    split = [t for ch in text for t in tok.encode(ch, add_special_tokens=False)] + c2[-1:]
+    assert tok.decode(split) == tok.decode(c2) and split != c2
+    docs = [weather_document(tok), weather_document(tok, completion=split)]
+    path = tmp_path / "run.jsonl"  # ATIF as JSON lines, under a name that says nothing: known by content
+    path.write_text("".join(json.dumps(d.to_json_dict()) + "\n" for d in docs), encoding="utf-8")
+    # tools: each trajectory's agent.tool_definitions
+    assert main(["replay", str(path), "--model", str(DATA / "qwen2.5-instruct")]) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+    assert "| false |" in rows[0]
+    assert "| true | bpe_merge |" in rows[1]
+    assert f"| {len(render(tok, CONVERSATION[:3]))} |" in rows[1]  # the first differing token: the answer's
+    assert "2 samples, 2 measured, 1 drifted: bpe_merge 1" in out
+
+
+# -- branches and sub-agents: ATIF's embedded trajectories --------------------------------------------
+
+
+def test_branches_and_subagents_round_trip(qwen, tmp_path):
+    tok, _ = qwen
+    p1, c1 = turn_ids(tok, CONVERSATION, 1)
+    # the second call's history was compacted: a summary instead of the first turn (a branch)
+    compacted = [{"role": "user", "content": "Summary: the weather tool said Paris is sunny, 21 C. Answer the user."}]
+    p2 = render(tok, compacted)
+    c2 = turn_ids(tok, [*compacted, {"role": "assistant", "content": "It is sunny in Paris, 21 C."}], 1)[1]
+    task = [{"role": "user", "content": "Find the weather in Paris."}]
+    sp, sc = turn_ids(tok, [*task, {"role": "assistant", "content": "Paris: sunny, 21 C."}], 1, tools=None)
+    doc = atif.Trajectory(
+        schema_version="ATIF-v1.8",
+        agent=atif.Agent(name="harness", version="1"),
+        steps=[
+            atif.Step(step_id=1, source="user", message=CONVERSATION[0]["content"]),
+            atif.Step(
+                step_id=2,
+                source="agent",
+                message="",
+                tool_calls=[
+                    atif.ToolCall(tool_call_id="call_1", function_name="get_weather", arguments={"city": "Paris"})
+                ],
+                observation=atif.Observation(
+                    results=[
+                        atif.ObservationResult(source_call_id="call_1", content="Sunny, 21 C"),
+                        atif.ObservationResult(
+                            subagent_trajectory_ref=[atif.SubagentTrajectoryRef(trajectory_id="research")]
+                        ),
+                    ]
+                ),
+                metrics=atif.Metrics(prompt_token_ids=p1, completion_token_ids=c1, logprobs=logprobs(len(c1), 3)),
+            ),
+            atif.Step(
+                step_id=3,
+                source="agent",
+                message="It is sunny in Paris, 21 C.",
+                metrics=atif.Metrics(prompt_token_ids=p2, completion_token_ids=c2, logprobs=logprobs(len(c2), 4)),
+            ),
+        ],
+        subagent_trajectories=[
+            atif.Trajectory(
+                schema_version="ATIF-v1.8",
+                trajectory_id="research",
+                agent=atif.Agent(name="researcher", version="1"),
+                steps=[
+                    atif.Step(step_id=1, source="user", message=task[0]["content"]),
+                    atif.Step(
+                        step_id=2,
+                        source="agent",
+                        message="Paris: sunny, 21 C.",
+                        metrics=atif.Metrics(
+                            prompt_token_ids=sp, completion_token_ids=sc, logprobs=logprobs(len(sc), 5)
+                        ),
+                    ),
+                ],
+            )
+        ],
+    )
+    [r] = export.from_atif(write(doc, tmp_path / "t.json"))
+    seqs = r.sequences
+    assert [(s.agent, s.parent, s.branch.kind) for s in seqs] == [
+        (None, None, "first"),
+        ("research", "step-2", "subagent"),
+        (None, None, "diverged"),
+    ]
+    # each sequence is its calls' prompt and sampled IDs; each sampled token in exactly one mask
+    assert seqs[0].ids.tolist() == p1 + c1 and seqs[2].ids.tolist() == p2 + c2 and seqs[1].ids.tolist() == sp + sc
+    assert [int(s.mask.sum()) for s in seqs] == [len(c1), len(sc), len(c2)]
+    assert seqs[0].branch.kind == "first" and seqs[2].branch.token == _common(p1, p2)
+
+    [out] = export.to_atif([r])
+    assert [a[0] for a in step_arrays(out)] == ["0-0", "0-0", "research"]  # the embedded trajectory's id kept
+    assert [a[2:] for a in step_arrays(out)] == [a[2:] for a in step_arrays(doc)]
+    refs = [x.subagent_trajectory_ref for x in out.steps[1].observation.results if x.subagent_trajectory_ref]
+    assert refs and refs[0][0].trajectory_id == out.subagent_trajectories[0].trajectory_id
+    [back] = export.from_atif([out])
+    assert [(s.agent, s.ids.tolist(), s.mask.tolist(), s.logprobs.tolist()) for s in back.sequences] == [
+        (s.agent, s.ids.tolist(), s.mask.tolist(), s.logprobs.tolist()) for s in seqs
+    ]
+
+
+def _common(a, b) -> int:
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+
+# -- tmpl rollouts to ATIF and back ------------------------------------------------------------------
+
+
+def _same_result(a, b):
+    for key in ("prompt_ids", "completion_ids", "mask", "logprobs", "versions", "loss_mask"):
+        x, y = getattr(a, key), getattr(b, key)
+        assert x.dtype == y.dtype and np.array_equal(x, y), key
+    assert (a.index, a.sample, a.status, a.reason, a.turns, a.tool_calls, a.finish_reason, a.version) == (
+        b.index,
+        b.sample,
+        b.status,
+        b.reason,
+        b.turns,
+        b.tool_calls,
+        b.finish_reason,
+        b.version,
+    )
+    assert a.spans == b.spans and a.messages == b.messages
+    assert len(a.sequences) == len(b.sequences)
+    for s, t in zip(a.sequences, b.sequences):
+        for key in ("ids", "mask", "logprobs", "versions"):
+            assert np.array_equal(getattr(s, key), getattr(t, key)), key
+        assert (s.agent, s.parent, str(s.branch)) == (t.agent, t.parent, str(t.branch))
+
+
+@pytest.fixture(scope="module")
+def rollouts(qwen):
+    """Real rollouts: the tiny tool-calling Qwen2.5 model (torch, CPU) in append mode, and a scripted
+    engine in template mode (the same tokenizer and template)."""
+    from .fixture_models import QUESTIONS, QWEN, get_time, get_weather, missing
+
+    if missing(QWEN):
+        pytest.skip(missing(QWEN))
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from tmpl.backends import Scripted
+
+    tok, tpl = qwen  # the fixture model's tokenizer files are these (../shared/models/README.md)
+    model = AutoModelForCausalLM.from_pretrained(str(QWEN), dtype=torch.float32).eval()
+    tools = [get_time, get_weather]
+    sampling = tmpl.backends.Sampling(temperature=1.0, seed=0)
+    rollout = tmpl.Rollout(
+        tpl, tmpl.backends.Torch(model, tokenizer=tok), tools=tools, max_turns=2, max_length=1024, sampling=sampling
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on CI's two busy cores
+    try:
+        out = {"append": rollout.run(QUESTIONS[:1])}
+    finally:
+        torch.set_num_threads(threads)
+    call = tpl.codec.encode('<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    answer = tpl.codec.encode("It is 10:00 in Paris.<|im_end|>")
+
+    def engine(req):
+        ids = call if req.request_id.endswith("-0") else answer
+        return ids, logprobs(len(ids), len(req.prompt_ids))
+
+    scripted = tmpl.Rollout(tpl, Scripted(engine), tools=tools, max_turns=3, history="template")
+    out["template"] = scripted.run(QUESTIONS[:2])
+    return tpl, out, tmpl.Toolbox(tools).schemas
+
+
+@pytest.mark.parametrize("history", ["append", "template"])
+def test_a_real_rollout_to_atif_and_back_is_identical(rollouts, history, tmp_path):
+    tpl, rolled, schemas = rollouts
+    results = rolled[history]
+    assert any(r.tool_calls for r in results) and all(r.mask.sum() for r in results)
+    docs = export.to_atif(results, tmp_path / "run.jsonl", tools=schemas)
+    assert all(isinstance(d, atif.Trajectory) for d in docs)
+    for r, d in zip(results, docs):
+        # each agent step's prompt is the template's full render of the conversation before it
+        agent = [s for s in d.steps if s.metrics is not None]
+        assert len(agent) == len(r.episode.calls) >= 1
+        before = [i for i, m in enumerate(r.messages) if m["role"] == "assistant"]
+        for step, i in zip(agent, before):
+            assert step.metrics.prompt_token_ids == render(tpl.tokenizer, r.messages[:i], schemas)
+    back = export.from_atif(tmp_path / "run.jsonl")
+    assert len(back) == len(results)
+    for a, b in zip(results, back):
+        _same_result(a, b)
+    # and ATIF -> tmpl -> ATIF of that file: every document the same
+    assert [d.to_json_dict() for d in export.to_atif(back, tools=schemas)] == [d.to_json_dict() for d in docs]
+
+
+def test_a_subagent_rollout_embeds_its_trajectory(tmp_path):
+    from tmpl.backends import Scripted
+    from tmpl.rollout import SubAgent
+
+    from .test_subagents import Engine, get_weather
+
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"), name="qwen2.5-instruct")
+    backend = Scripted(Engine(tpl))
+    research = SubAgent(
+        tmpl.Rollout(tpl, backend, tools=[get_weather], max_turns=4), name="research", description="Look it up."
+    )
+    [res] = tmpl.Rollout(tpl, backend, tools=[research], max_turns=4).run([[{"role": "user", "content": "Umbrella?"}]])
+    [doc] = export.to_atif([res], tmp_path / "sub.json")
+    [sub] = doc.subagent_trajectories
+    assert sub.trajectory_id == "research"
+    # referenced from the step whose call ran it; its steps are the sub-agent's calls
+    ref_steps = [
+        s.step_id
+        for s in doc.steps
+        for x in (s.observation.results if s.observation else [])
+        if x.subagent_trajectory_ref
+    ]
+    assert ref_steps == [2]
+    sub_calls = [c for c in res.episode.calls if c.agent == "research"]
+    assert [s.metrics.completion_token_ids for s in sub.steps] == [c.completion_ids.tolist() for c in sub_calls]
+    [back] = export.from_atif(tmp_path / "sub.json")
+    _same_result(res, back)
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+
+def _doc_dict(tok) -> dict:
+    return weather_document(tok).to_json_dict()
+
+
+def test_unequal_arrays_name_the_step_and_field(qwen):
+    tok, _ = qwen
+    d = _doc_dict(tok)
+    d["steps"][2]["metrics"]["logprobs"].pop()
+    with pytest.raises(AtifError) as err:
+        export.from_atif([d])
+    assert err.value.step == 3 and err.value.field == "metrics.logprobs"
+    assert "steps[2] (step 3): metrics.logprobs has" in str(err.value) and "completion_token_ids has" in str(err.value)
+
+    d = _doc_dict(tok)
+    del d["steps"][1]["metrics"]["prompt_token_ids"]
+    with pytest.raises(AtifError) as err:
+        export.from_atif([d])
+    assert err.value.step == 2 and err.value.field == "metrics.prompt_token_ids"
+
+    d = _doc_dict(tok)
+    d["steps"][1]["metrics"]["logprobs"][0] = 0.5  # not a log probability
+    with pytest.raises(AtifError, match=r"step 2: .*logprobs"):
+        export.from_atif([d])
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        (lambda d: d["steps"][1].update(step_id=7), r"step_id=7 is not sequential"),
+        (lambda d: d.pop("agent"), r"agent: Field required"),
+        (lambda d: d["steps"][1].update(source="robot"), r"steps\[1\] \(step 2\)\.source"),
+        (lambda d: d["steps"][0].update(metrics={"prompt_token_ids": [1]}), r"only valid on `source='agent'`"),
+    ],
+    ids=["step-order", "no-agent", "bad-source", "user-metrics"],
+)
+def test_a_wrong_schema_is_refused_by_the_atif_models(qwen, change, expect):
+    tok, _ = qwen
+    d = _doc_dict(tok)
+    change(d)
+    with pytest.raises(AtifError, match=expect):
+        export.from_atif([d])
+
+
+def test_corrupt_files_and_other_formats(qwen, tmp_path, capsys, rolled_jsonl):
+    tok, _ = qwen
+    line = json.dumps(_doc_dict(tok))
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(line + "\n" + line[: len(line) // 2], encoding="utf-8")
+    with pytest.raises(AtifError, match=r"cut\.jsonl:2: not JSON: .*truncated file"):
+        export.from_atif(cut)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(_doc_dict(tok), indent=2)[:-40], encoding="utf-8")
+    with pytest.raises(AtifError, match="broken.json: not JSON"):
+        export.from_atif(broken)
+    with pytest.raises(AtifError, match=r"not an ATIF trajectory: .*schema_version: Field required"):
+        export.from_atif(rolled_jsonl)  # a tmpl JSON-lines export is not ATIF
+    no_ids = _doc_dict(tok)
+    for s in no_ids["steps"]:
+        s.pop("metrics", None)
+    with pytest.raises(AtifError, match="no step carries token IDs"):
+        export.from_atif([no_ids])
+    # the command line: one line naming the file and line, status 2
+    assert main(["replay", str(cut)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tmpl replay: ") and "cut.jsonl:2" in err[0]
+    # a tmpl export still replays as before (not taken for ATIF)
+    assert main(["replay", str(rolled_jsonl)]) == 0
+
+
+@pytest.fixture
+def rolled_jsonl(qwen, tmp_path):
+    tok, tpl = qwen
+    from tmpl.backends import Scripted
+
+    answer = tpl.codec.encode("Hi.<|im_end|>")
+    [r] = tmpl.Rollout(tpl, Scripted(lambda req: (answer, [-0.25] * len(answer))), max_turns=1).run(
+        [[{"role": "user", "content": "Hello"}]]
+    )
+    return export.to_jsonl([r], tmp_path / "rollouts.jsonl")
