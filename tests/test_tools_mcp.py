@@ -36,7 +36,7 @@ from tmpl.toolcalls.schema import tool_schema
 from tmpl.tools.mcp import Adapter, Server
 
 from .conftest import REPO
-from .fixture_models import get_time
+from .fixture_models import get_time, get_weather
 
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'tmpl[mcp]')")
 pytest.importorskip("mcp_server_time", reason="mcp-server-time is not installed (a test dependency)")
@@ -212,8 +212,11 @@ def test_an_adapter_shows_the_time_server_as_the_fixtures_get_time(box: Any) -> 
     adapter = Adapter(
         "get_current_time", schema=get_time, arguments=lambda a: {"timezone": ZONES.get(a["city"], a["city"])}
     )
-    b = tmpl.Toolbox(box.mcp.tools([adapter, "convert_time"]), timeout=20.0)  # the same sessions, other tools
-    assert b.schemas[0] == tool_schema(get_time) and b.names == ["get_time", "convert_time"]
+    # the same sessions, other tools: the adapter, a function of this process, a server tool as listed
+    b = tmpl.Toolbox(box.mcp.tools([adapter, get_weather, "convert_time"]), timeout=20.0)
+    assert b.schemas[:2] == [tool_schema(get_time), tool_schema(get_weather)]
+    assert b.names == ["get_time", "get_weather", "convert_time"]
+    assert one(b, "get_weather", city="Oslo").content == get_weather("Oslo")
     batch = b.run_batch(
         [[call("get_time", city="Lima")], [call("get_time", city="Tezora")], [call("get_current_time")]]
     )

@@ -239,7 +239,9 @@ class _Link:
                 timer.cancel()
                 s.ready.set_result(client)
                 await s.stop.wait()
-        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a server's failure is its calls' message
+        except BaseException as exc:  # noqa: BLE001 - a server's failure (an exception group too) is its calls' message
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             if not s.ready.done():
                 failed = "could not be reached" if self.server.url is not None else "did not start"
                 why = f"{failed} within {self.owner.connect_timeout:g} s" if s.timed_out else f"{failed}: {_said(exc)}"
@@ -494,19 +496,25 @@ class MCPToolset:
                 raise got
         return dict(zip(names, found))  # type: ignore[arg-type]
 
-    def tools(self, select: Sequence[Any] | None = None) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
-        """``(callable, schema)`` pairs for a Toolbox: every listed tool (``select`` None), or those named
-        in ``select`` (a server tool's name, or an :class:`Adapter`)."""
+    def tools(self, select: Sequence[Any] | None = None) -> list[Any]:
+        """Tools for a Toolbox, ``(callable, schema)`` pairs: every listed tool (``select`` None), or those
+        in ``select``, in its order: a server tool's name, an :class:`Adapter`, or a tool of this process
+        (a function or a ``(function, schema)`` pair, passed on as it is)."""
         where: dict[str, list[tuple[str, Any]]] = {}
         for server, tools in self.listed.items():
             for t in tools:
                 where.setdefault(t.name, []).append((server, t))
         items = [t.name for ts in self.listed.values() for t in ts] if select is None else list(select)
-        out = []
+        out: list[Any] = []
         for item in items:
+            if callable(item) or (isinstance(item, tuple) and len(item) == 2 and callable(item[0])):
+                out.append(item)  # a tool of this process beside the servers' (a function, or (function, schema))
+                continue
             adapter = item if isinstance(item, Adapter) else Adapter(item) if isinstance(item, str) else None
             if adapter is None:
-                raise ToolboxError(f"Toolbox.from_mcp(tools=...) takes tool names and Adapters, not {item!r}")
+                raise ToolboxError(
+                    f"Toolbox.from_mcp(tools=...) takes tool names, Adapters and functions, not {item!r}"
+                )
             found = [(s, t) for s, t in where.get(adapter.tool, []) if adapter.server in (None, s)]
             if not found:
                 servers = ", ".join(self.links)

@@ -257,8 +257,9 @@ class Toolbox:
         """The tools of MCP servers (a command line run over stdio, or a streamable HTTP URL), one
         long-lived session each, closed with the Toolbox (:mod:`tmpl.tools.mcp`, docs/environments.md).
 
-        ``tools``: every tool the servers list (None), or server tool names and
-        :class:`tmpl.tools.mcp.Adapter` s (a tool under another name and argument shape).
+        ``tools``: every tool the servers list (None), or a list of server tool names,
+        :class:`tmpl.tools.mcp.Adapter` s (a tool under another name and argument shape) and tools of
+        this process (functions, as for ``Toolbox``).
         ``connect_timeout``, ``probe_timeout``, ``retry_after``, ``structured`` are the servers'
         options; the rest are the Toolbox's (``timeout``, ``on_error``...).
 
