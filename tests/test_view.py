@@ -62,7 +62,7 @@ def make_export(folder: Path) -> tuple[Path, list[dict], object]:
 
     row 0: a tool round with the hostile result, then an answer; row 1: a call written without spaces (the
     template re-serializes it: drift); row 2: a direct answer; row 3: an aborted generation; row 4: a sample
-    with an episode of two sequences (the second a branch: a compaction). Returns (path, records, template).
+    with an episode of three calls (a; b, a sub-agent of a; c, a branch from a: a compaction). Returns (path, records, template).
     """
     tpl = _tpl()
     spaced = tpl.codec.encode('<tool_call>\n{"name": "lookup", "arguments": {"query": "rain"}}\n</tool_call><|im_end|>')
@@ -86,10 +86,9 @@ def make_export(folder: Path) -> tuple[Path, list[dict], object]:
     ids = base["prompt_ids"] + base["completion_ids"]
     ep = Episode(sample_id="ep")
     ep.add_call(Call(base["prompt_ids"], base["completion_ids"][:5], [-0.5] * 5, id="a"))
-    ep.add_call(
-        Call(ids[:10] + [tpl.codec.encode("Summary.")[0]], [11, 12, 13], [-0.1, -0.2, -0.3], id="b", parent="a"),
-        edit="compaction",
-    )
+    ep.add_call(Call(ids[:7], [21, 22], [-0.3, -0.4], id="b", parent="a", agent="helper"))  # a sub-agent of a
+    summary = tpl.codec.encode("Summary.")[:1]
+    ep.add_call(Call(ids[:10] + summary, [11, 12, 13], [-0.1, -0.2, -0.3], id="c"), edit="compaction")
     records.append({**base, "index": 4, "episode": to_record(ep), "reward": 0.75})
     records[0]["reward"], records[1]["reward"] = 1.0, 0.0
     path = folder / "rollouts.jsonl"
@@ -320,3 +319,38 @@ def test_iter_items_streams_problems_and_records_in_order(exported, tmp_path):
     assert all(i.problem is None for i in items)
     with pytest.raises(ViewError, match="is a folder"):
         detect_format(tmp_path)
+
+
+def test_matrix_html_links_each_failed_verdict_to_its_counterexample(tmp_path):
+    """``tmpl matrix --html`` on a Qwen2.5 template that forgets earlier assistant content: the tool-loop cell
+    links to a section holding that check's counterexample, as ``tmpl check`` prints it."""
+    from tmpl.report.matrix import run_matrix, sources_from_paths, to_html
+    from tmpl.report.search import counterexample_text
+
+    from .conftest import family_source
+
+    folder = family_source("qwen2.5-instruct")
+    if folder is None:
+        pytest.skip("the qwen2.5-instruct tokenizer is not under TMPL_TEST_DATA")
+    template = json.loads((Path(folder) / "tokenizer_config.json").read_text())["chat_template"]
+    old = "{{- '\\n' + message.content }}"
+    assert old in template
+    forgets = tmp_path / "forgets.jinja"
+    forgets.write_text(template.replace(old, "{{- '\\n' + (message.content if loop.last else 'earlier turn') }}"))
+    [row] = run_matrix(sources_from_paths([str(forgets)], tokenizer=folder), progress=False)
+    from tmpl.cli import gated_level
+
+    assert gated_level(row.report.verdicts["tool_loop"]) == "UNSAFE"  # "SAFE WITH tmpl TEMPLATE qwen2.5"
+    page = to_html([row])
+    links = re.findall(r'<a href="#(ce-0-[a-z_]+)"', page)
+    failed = [u for u in ("tool_loop", "multi_user") if gated_level(row.report.verdicts[u]) == "UNSAFE"]
+    assert links == [f"ce-0-{u}" for u in failed] and "ce-0-tool_loop" in links
+    section = re.search(r'<section id="ce-0-tool_loop"><h2>(.*?)</h2><pre>(.*?)</pre>', page, re.S)
+    name = section.group(1).split("(")[-1].rstrip(")")
+    assert section.group(1).startswith("forgets.jinja: tool loop")
+    import html
+
+    assert html.unescape(section.group(2)) == counterexample_text(row.report.counterexamples()[name])
+    from tmpl.cli import build_parser
+
+    assert build_parser().parse_args(["matrix", "--html"]).format == "html"  # --html is --format html

@@ -310,22 +310,58 @@ def to_json(rows: Sequence[Row]) -> str:
 _CLASS = {SAFE: "safe", SAFE_WITH: "safewith", UNSAFE: "unsafe", UNSUPPORTED: "unsupported", UNPROVEN: "unproven"}
 
 
+def _use_counterexample(report: TemplateReport, use: str) -> tuple[str, dict[str, Any]] | None:
+    """The counterexample that made ``use`` (``tool_loop``, ``multi_user``) fail: ``(check name, counterexample)``."""
+    from .search import USES
+
+    found = report.counterexamples()
+    for name in USES.get(use, ()):
+        if name in found:
+            return name, found[name]
+    return None
+
+
 def to_html(rows: Sequence[Row], title: str = "tmpl compatibility matrix") -> str:
-    """One self-contained HTML page with a sortable table (click a header to sort)."""
+    """One self-contained HTML page with a sortable table (click a header to sort); each verdict cell that
+    failed links to its counterexample (the messages, both renders at the first difference), below the table.
+
+    >>> page = to_html(run_matrix(sources_from_paths(["catalog.json"])))   # doctest: +SKIP
+    >>> '<a href="#ce-3-tool_loop">' in page                                 # doctest: +SKIP
+    True
+    """
+    from .search import counterexample_text
+
     head = "".join(f'<th onclick="sortBy({i})">{html.escape(c)}<span></span></th>' for i, c in enumerate(COLUMNS))
-    body = []
-    for row in rows:
+    body, sections = [], []
+    for k, row in enumerate(rows):
         cells = _cells(row)
-        levels = [row.report.verdicts[u].level for u in ("tool_loop", "multi_user")] if row.report else ["", ""]
+        uses = ("tool_loop", "multi_user")
+        levels = [row.report.verdicts[u].level for u in uses] if row.report else ["", ""]
         tds = []
         for i, cell in enumerate(cells):
             cls = _CLASS.get(levels[i - 2], "skipped") if i in (2, 3) else ""
             if i == 2 and row.report is None:
                 cls = "skipped"
-            tds.append(f'<td class="{cls}">{html.escape(cell)}</td>')
+            text = html.escape(cell)
+            found = _use_counterexample(row.report, uses[i - 2]) if i in (2, 3) and row.report else None
+            if found is not None:
+                anchor = f"ce-{k}-{uses[i - 2]}"
+                text = f'<a href="#{anchor}" title="counterexample: {html.escape(found[0])}">{text}</a>'
+                sections.append(
+                    f'<section id="{anchor}"><h2>{html.escape(row.name)}: {html.escape(COLUMNS[i])} '
+                    f"({html.escape(found[0])})</h2><pre>{html.escape(counterexample_text(found[1]))}</pre>"
+                    '<p><a href="#matrix">back to the table</a></p></section>'
+                )
+            tds.append(f'<td class="{cls}">{text}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
+    examples = ("<h2>Counterexamples</h2>\n" + "\n".join(sections)) if sections else ""
     return _HTML.format(
-        title=html.escape(title), summary=html.escape(_summary(rows)), head=head, body="\n".join(body), n=len(rows)
+        title=html.escape(title),
+        summary=html.escape(_summary(rows)),
+        head=head,
+        body="\n".join(body),
+        n=len(rows),
+        examples=examples,
     )
 
 
@@ -346,6 +382,11 @@ td.unsupported {{ background: #f6d2d2 !important; }}
 td.unproven {{ background: #ececec !important; }}
 td.skipped {{ color: #777; }}
 input {{ margin: 8px 0 12px; padding: 4px 8px; width: 320px; }}
+td a {{ color: inherit; }}
+section {{ margin-top: 18px; }}
+section h2 {{ font-size: 15px; }}
+section:target {{ outline: 3px solid #ffb000; }}
+pre {{ background: #f6f6f6; padding: 8px; overflow-x: auto; white-space: pre-wrap; }}
 </style></head><body>
 <h1>{title}</h1>
 <p>{n} templates. Tool loop: {summary}. Click a column header to sort; type to filter.</p>
@@ -353,6 +394,7 @@ input {{ margin: 8px 0 12px; padding: 4px 8px; width: 320px; }}
 <table id="matrix"><thead><tr>{head}</tr></thead><tbody>
 {body}
 </tbody></table>
+{examples}
 <script>
 var dir = {{}};
 function sortBy(col) {{

@@ -82,7 +82,7 @@ JS = r"""
 'use strict';
 var S = JSON.parse(document.getElementById('tmpl-summary').textContent);
 var C = S.columns, META = S.meta, VOCAB = S.vocab || {}, N = META.shown;
-var ROWH = 24;
+var ROWH = 24, PROMPT_OPEN = 160;
 var COLS = [
   ['row', 'row'], ['index', 'index'], ['sample', 'sample'], ['status', 'status'], ['end', 'end'],
   ['turns', 'turns'], ['tool_calls', 'calls'], ['reward', 'reward'], ['cause', 'drift'], ['staleness', 'stale'],
@@ -339,8 +339,8 @@ function drawTokens(box, T, d, drift) {
     parent.appendChild(frag);
   }
   if (np) {
-    var pd = el('details', 'block'); pd.open = true;
-    pd.appendChild(el('summary', null, 'prompt \u00b7 ' + np + ' tokens'));
+    var pd = el('details', 'block'); pd.open = np <= PROMPT_OPEN || (drift !== null && drift.position < np);
+    pd.appendChild(el('summary', null, 'prompt \u00b7 ' + np + ' tokens' + (pd.open ? '' : ' (folded: click to open)')));
     run(pd, 0, np); box.appendChild(pd);
   }
   var at = np;
@@ -518,6 +518,8 @@ function route() {
 window.addEventListener('hashchange', route);
 apply();
 route();
+window.tmplColumns = C;
+window.tmplReadyMs = performance.now();
 document.body.dataset.ready = '1';
 })();
 """
