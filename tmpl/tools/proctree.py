@@ -9,7 +9,8 @@ ends (killed by the pool at a timeout, a crash, an exit, its pipe closed), the k
 it kills (``SIGKILL``) every process still below it, found through ``/proc``, and reaps them,
 until it has no child left; then it exits with the worker's own status (so the pool reads the
 worker's exit code or signal). The pool kills a worker with ``SIGTERM`` to its keeper, which
-kills the worker with ``SIGKILL`` and sweeps.
+kills the worker with ``SIGKILL`` and sweeps; the keeper does the same when its *lifeline* (a pipe
+whose write end only the pool holds) reaches EOF: the trainer died.
 
 Why a subreaper and not a process group, a PID namespace or a cgroup: a process group is left
 by ``setsid``; a PID namespace needs privileges (or a user namespace, often disabled) and is
@@ -132,7 +133,7 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False,
     object with ``fileno()``) of a pipe whose write end only the trainer holds: at its EOF (the
     trainer died) the worker is killed and its tree swept."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the forkserver gone (the trainer died): sweep too
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # its parent gone (the forkserver, bwrap): sweep too
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     worker: dict[str, int | None] = {"pid": None}
     stop = {"asked": False}
@@ -141,7 +142,10 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False,
         stop["asked"] = True
         pid = worker["pid"]
         if pid is not None:  # None once reaped: its PID may belong to someone else by now
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # reaped a moment ago, its PID not yet cleared above
+                pass
 
     signal.signal(signal.SIGTERM, on_term)
     pid = os.fork()
@@ -167,7 +171,7 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False,
     while True:
         got, status = os.waitpid(-1, 0)  # reaps orphans adopted meanwhile, too
         if got == pid:
+            worker["pid"] = None
             break
-    worker["pid"] = None
     sweep()
     _exit_as(status, as_code)

@@ -20,7 +20,7 @@ limits), started by ``bwrap`` instead of the forkserver, in namespaces of its ow
   worker's keeper (``--as-pid-1``; :func:`.proctree.keep`: it forks the worker, reaps whatever
   is orphaned inside, and sweeps when the worker ends). Killing it (what the pool does at a
   timeout or close) makes the kernel kill every process of the namespace, ``setsid`` or not,
-  before bwrap sees it gone; ``--die-with-parent`` does the same if the trainer dies. (bwrap's
+  before bwrap sees it gone; the keeper's lifeline does the same if the trainer dies. (bwrap's
   own init would not do: bwrap exits as soon as the command does, and its init, left behind,
   becomes a zombie of a PID 1 that may not reap);
 - an empty environment (``--clearenv``: no tokens or keys of the trainer), a new session (no

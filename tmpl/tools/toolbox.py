@@ -309,7 +309,7 @@ class Toolbox:
 
     @property
     def pool(self) -> ProcessPool | None:
-        """The worker processes with ``isolation="process"`` (None with threads)."""
+        """The worker processes with ``isolation="process"`` or ``"sandbox"`` (None with threads)."""
         return self._processes
 
     def _hung_calls(self, name: str) -> int:
