@@ -255,6 +255,7 @@ SERIAL_GROUPS = {
     "test_vision_backends_vllm": "engines-1",
     "test_vision_rollout_vllm": "engines-1",
     "test_vllm_server_real": "engines-2",
+    "test_env_vllm": "engines-2",  # on the session's scale-out server (environments, issue 38)
     "test_rollout_distributed_vllm": "engines-2",
     "test_rollout_distributed": "engines-2",
     "test_vision_backends_server": "engines-2",

@@ -563,3 +563,86 @@ def test_distributed_rollout_needs_a_picklable_env_factory():
     with pytest.raises(tmpl.errors.WorkerSetupError, match="env_factory does not pickle"):
         tmpl.DistributedRollout(settings_, workers=1, mode="process")
     pickle.dumps(functools.partial(ToolEnv, [get_time]))  # what works: a partial of module-level names
+
+
+def test_closing_a_stream_early_closes_the_environments_of_its_running_samples(counted, tokenizer_of):
+    import contextlib
+
+    tpl = tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct"), name="q")
+    done = tpl.codec.encode("Done.<|im_end|>")
+
+    class FirstAnswers(Slow):
+        async def agenerate(self, request):
+            if request.request_id.startswith("0-"):
+                return tmpl.backends.GenerationResult(request.request_id, done, [-0.1] * len(done), "stop")
+            return await Slow.agenerate(self, request)
+
+    answer = EnvStep(messages=[], done=True)
+    rollout = tmpl.Rollout(tpl, FirstAnswers(), env_factory=lambda: Counted(answer=answer))
+
+    async def go():
+        async with contextlib.aclosing(rollout.stream(list(range(5)))) as groups:
+            async for group in groups:
+                assert group[0].index == 0 and group[0].code is EndCode.ENV_DONE
+                break  # the consumer stops: the stream cancels the other four samples
+
+    asyncio.run(go())
+    assert Counted.live == 0 and Counted.closed == 5
+
+
+# -- a worker stopped by SIGTERM closes its samples' environments ------------------------------------
+class Marked:
+    """An environment that leaves a file while open (it lives in a worker process)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def reset(self, task):
+        import os
+
+        self.path = os.path.join(self.folder, f"{os.getpid()}-{task}-{id(self)}")
+        open(self.path, "w").close()
+        return EnvReset(messages=[{"role": "user", "content": str(task)}])
+
+    def step(self, assistant):
+        return EnvStep(messages=[], done=True)
+
+    def close(self):
+        import os
+
+        os.remove(self.path)
+
+
+def make_marked_rollout(folder):
+    """A worker's Rollout (module level: pickled by reference to the worker)."""
+    from .conftest import load_tokenizer
+
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"), name="q")
+    return tmpl.Rollout(tpl, Slow(), env_factory=functools.partial(Marked, folder), progress=False)
+
+
+def test_a_worker_stopped_by_sigterm_closes_its_environments(tmp_path):
+    import os
+    import signal
+    import time
+
+    runner = tmpl.DistributedRollout(
+        functools.partial(make_marked_rollout, str(tmp_path)), workers=1, mode="process", max_restarts=0, shard_size=6
+    )
+    try:
+
+        async def go():
+            task = asyncio.create_task(runner.run_async(list(range(6))))
+            deadline = time.monotonic() + 120
+            while len(os.listdir(tmp_path)) < 6:  # all six episodes open, waiting on the backend
+                assert time.monotonic() < deadline and not task.done(), "the worker did not open its environments"
+                await asyncio.sleep(0.05)
+            [pid] = runner.pids()
+            os.kill(pid, signal.SIGTERM)
+            with pytest.raises(tmpl.errors.WorkerLostError):
+                await task
+
+        asyncio.run(go())
+        assert os.listdir(tmp_path) == []  # each environment closed before the worker ended
+    finally:
+        runner.close()
