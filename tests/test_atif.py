@@ -273,7 +273,8 @@ def test_branches_and_subagents_round_trip(qwen, tmp_path):
     assert seqs[0].branch.kind == "first" and seqs[2].branch.token == _common(p1, p2)
 
     [out] = export.to_atif([r])
-    assert [a[0] for a in step_arrays(out)] == ["0-0", "0-0", "research"]  # the embedded trajectory's id kept
+    # the ids are the document's: none for its root, the embedded trajectory's own
+    assert [a[0] for a in step_arrays(out)] == [None, None, "research"]
     assert [a[2:] for a in step_arrays(out)] == [a[2:] for a in step_arrays(doc)]
     refs = [x.subagent_trajectory_ref for x in out.steps[1].observation.results if x.subagent_trajectory_ref]
     assert refs and refs[0][0].trajectory_id == out.subagent_trajectories[0].trajectory_id
@@ -483,3 +484,42 @@ def rolled_jsonl(qwen, tmp_path):
         [[{"role": "user", "content": "Hello"}]]
     )
     return export.to_jsonl([r], tmp_path / "rollouts.jsonl")
+
+
+def test_atif_to_tmpl_to_atif_keeps_what_tmpl_does_not_model(qwen):
+    """Timestamps, model names, costs, notes, extras, and a writer's float64 logprobs come back as written."""
+    tok, _ = qwen
+    d = weather_document(tok).to_json_dict()
+    d["notes"], d["extra"] = "written by hand", {"run": "r1"}
+    d["final_metrics"] = {"total_cost_usd": 0.01, "total_steps": 3}
+    d["steps"][0]["timestamp"] = "2026-11-28T12:00:00Z"
+    step = d["steps"][1]
+    step.update(timestamp="2026-11-28T12:00:01Z", model_name="qwen", llm_call_count=1, extra={"retries": 0})
+    step["reasoning_content"] = "I should call the tool."
+    step["metrics"].update(cost_usd=0.001, cached_tokens=10, extra={"reasoning_tokens": 0})
+    step["metrics"]["logprobs"] = [x - 1e-9 for x in step["metrics"]["logprobs"]]  # float64, not float32 values
+    assert any(float(np.float32(x)) != x for x in step["metrics"]["logprobs"])
+    step["tool_calls"][0]["extra"] = {"timeout": 5}
+    step["observation"]["results"][0]["extra"] = {"exit_code": 0}
+    want = atif.Trajectory.model_validate(d).to_json_dict()
+
+    [r] = export.from_atif([d])
+    assert r.logprobs.dtype == np.float32 and r.atif == want  # tmpl keeps float32; the document rides along
+    [out] = export.to_atif([r])
+    assert _without_tmpl(out.to_json_dict()) == want
+    # a result that was not read from ATIF has no document: the steps are tmpl's alone
+    plain = tmpl.export.from_records(tmpl.export.to_records([r]))
+    [bare] = export.to_atif(plain)
+    assert bare.steps[1].timestamp is None and bare.steps[1].metrics.logprobs == r.episode.calls[0].logprobs.tolist()
+
+
+def _without_tmpl(x):
+    """A document less tmpl's own ``extra["tmpl"]`` entries (and extras left empty)."""
+    if isinstance(x, dict):
+        out = {k: _without_tmpl(v) for k, v in x.items() if k != "tmpl"}
+        if out.get("extra") == {}:
+            del out["extra"]
+        return out
+    if isinstance(x, list):
+        return [_without_tmpl(v) for v in x]
+    return x

@@ -36,15 +36,19 @@ import gzip
 import json
 import os
 import re
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, cast
 
 from .episode.records import from_record as episode_from_record
 from .errors import AtifError, TmplError
+from .rollout.result import RolloutResult
 from .trajectory.types import APPENDED_VERSION, COMPLETION, SUFFIX
 
 __all__ = [
+    "AtifResult",
     "EXTRA_KEY",
     "SCHEMA_VERSION",
     "document_tools",
@@ -53,6 +57,7 @@ __all__ = [
     "read_documents",
     "records_to_documents",
     "validate",
+    "with_source",
     "write_documents",
 ]
 
@@ -83,10 +88,16 @@ def _models() -> Any:
 
 
 def records_to_documents(
-    records: Iterable[Mapping[str, Any]], *, agent: str = "tmpl", tools: Sequence[Mapping[str, Any]] | None = None
+    records: Iterable[Mapping[str, Any]],
+    *,
+    agent: str = "tmpl",
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    sources: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> list[Any]:
     """One ``atif.Trajectory`` per tmpl record (:func:`tmpl.export.to_records`), validated by its model;
-    ``tools``: the tool schemas the rollout rendered with (the agent's ``tool_definitions``).
+    ``tools``: the tool schemas the rollout rendered with (the agent's ``tool_definitions``); ``sources``:
+    per record, the ATIF document it was read from (:attr:`AtifResult.atif`), whose fields tmpl does not
+    model are written back (:func:`_restore`).
 
     >>> [doc] = records_to_documents(tmpl.export.to_records([result]))      # doctest: +SKIP
     >>> doc.steps[1].metrics.completion_token_ids[:3]                      # doctest: +SKIP
@@ -96,6 +107,9 @@ def records_to_documents(
     out = []
     for k, record in enumerate(records):
         doc = _document(record, agent)
+        source = sources[k] if sources is not None and k < len(sources) else None
+        if source is not None:
+            doc = _restore(doc, source)
         if tools is not None:
             doc["agent"]["tool_definitions"] = [dict(t) for t in tools]
         try:
@@ -332,10 +346,10 @@ def _steps(
     for m in messages:
         role = m.get("role")
         if role == "assistant":
-            j = placed.get(ordinal)
-            if j is not None:
-                flush(j)
-            steps.append(_agent_step(len(steps) + 1, m, calls[j] if j is not None else None))
+            held = placed.get(ordinal)
+            if held is not None:
+                flush(held)
+            steps.append(_agent_step(len(steps) + 1, m, calls[held] if held is not None else None))
             ordinal += 1
         elif role == "tool":
             owner = steps[-1] if steps and steps[-1]["source"] == "agent" else None
@@ -512,6 +526,109 @@ def _embedded(
     return root
 
 
+def _restore(ours: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    """``ours`` (a document tmpl built) with what its source document held that tmpl does not model: the
+    root's ids, agent, notes, final metrics and extras; per step (when the steps line up: the same count and
+    sources) timestamps, model names, reasoning effort, call counts, copied-context flags, the metrics tmpl
+    does not keep (costs, cached tokens, their extras), the extras of steps, tool calls and results; and
+    the source's logprob values where they are tmpl's float32 ones (a writer's float64 values come back
+    as written). Embedded trajectories are matched by ``trajectory_id``."""
+    out = dict(ours)
+    for key, value in source.items():
+        if key in ("steps", "subagent_trajectories", "extra", "schema_version"):
+            continue
+        if key == "agent":
+            out["agent"] = {**value, **{k: v for k, v in ours["agent"].items() if k == "tool_definitions"}}
+        else:
+            out[key] = value
+    for key in ("session_id", "trajectory_id"):  # the source's (none where it had none)
+        if key not in source and "subagent_trajectories" not in key:
+            out.pop(key, None)
+    extra = {k: v for k, v in (source.get("extra") or {}).items() if k != EXTRA_KEY}
+    if extra:
+        out["extra"] = {**extra, **(ours.get("extra") or {})}
+    steps, theirs = ours["steps"], source.get("steps") or []
+    if len(steps) == len(theirs) and all(a["source"] == b.get("source") for a, b in zip(steps, theirs)):
+        out["steps"] = [_restore_step(a, b) for a, b in zip(steps, theirs)]
+    subs = {s.get("trajectory_id"): s for s in source.get("subagent_trajectories") or []}
+    if ours.get("subagent_trajectories"):
+        out["subagent_trajectories"] = [
+            _restore(sub, subs[sub["trajectory_id"]]) if sub["trajectory_id"] in subs else sub
+            for sub in ours["subagent_trajectories"]
+        ]
+    return out
+
+
+def _restore_step(ours: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(ours)
+    for key, value in source.items():
+        if key not in out and key not in ("metrics", "observation", "tool_calls", "extra"):
+            out[key] = value
+    out["extra"] = _merged_extra(ours.get("extra"), source.get("extra"))
+    if out["extra"] is None:
+        del out["extra"]
+    m, sm = ours.get("metrics"), source.get("metrics")
+    if m is not None and sm is not None:
+        m = dict(m)
+        for key, value in sm.items():
+            if key not in m:
+                m[key] = value
+        if m.get("logprobs") is not None and _same_float32(sm.get("logprobs"), m["logprobs"]):
+            m["logprobs"] = list(sm["logprobs"])
+        for key in ("prompt_tokens", "completion_tokens"):  # as written (or not) by the source
+            if key in sm:
+                m[key] = sm[key]
+            else:
+                m.pop(key, None)
+        out["metrics"] = m
+    calls, scalls = ours.get("tool_calls"), source.get("tool_calls")
+    if calls and scalls and len(calls) == len(scalls):
+        out["tool_calls"] = [
+            {**a, **({"extra": _merged_extra(a.get("extra"), b.get("extra"))} if b.get("extra") else {})}
+            for a, b in zip(calls, scalls)
+        ]
+    obs, sobs = ours.get("observation"), source.get("observation")
+    if obs and sobs and len(obs["results"]) == len(sobs["results"]):
+        out["observation"] = {
+            "results": [
+                {**a, **({"extra": _merged_extra(a.get("extra"), b.get("extra"))} if b.get("extra") else {})}
+                for a, b in zip(obs["results"], sobs["results"])
+            ]
+        }
+    return out
+
+
+def _merged_extra(ours: Mapping[str, Any] | None, source: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    merged = {**{k: v for k, v in (source or {}).items() if k != EXTRA_KEY}, **(ours or {})}
+    return merged or None
+
+
+def _same_float32(a: Any, b: Sequence[float]) -> bool:
+    """Whether ``a`` is a list of numbers equal to ``b``'s at float32 (what tmpl keeps)."""
+    if not isinstance(a, list) or len(a) != len(b):
+        return False
+    try:
+        pack = struct.Struct(f"{len(a)}f")
+        return pack.pack(*a) == pack.pack(*b)
+    except (struct.error, TypeError, OverflowError):
+        return False
+
+
+@dataclass(kw_only=True)
+class AtifResult(RolloutResult):
+    """A :class:`tmpl.RolloutResult` read from ATIF (:func:`tmpl.export.from_atif`), with ``atif``: the
+    document it was read from (a JSON dict), so that :func:`tmpl.export.to_atif` writes back what tmpl does
+    not model (timestamps, model names, costs, notes, extras) and the document's own logprob values."""
+
+    atif: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def with_source(result: RolloutResult, source: Mapping[str, Any] | None) -> AtifResult:
+    """``result`` as an :class:`AtifResult` holding ``source`` (the same arrays, not copied)."""
+    values = {f.name: getattr(result, f.name) for f in fields(RolloutResult) if f.init}
+    return AtifResult(**values, atif=None if source is None else dict(source))
+
+
 # -- ATIF -> tmpl records ----------------------------------------------------------------------------
 
 
@@ -527,7 +644,9 @@ def documents_to_records(
     for k, doc in enumerate(documents):
         where = wheres[k] if wheres is not None else f"{source} (trajectory {k + 1})"
         model = validate(doc, where)
-        out.append(_record(model, k, where))
+        record = _record(model, k, where)
+        record["atif_source"] = model.to_json_dict()  # for AtifResult.atif (tmpl.export.from_atif)
+        out.append(record)
     return out
 
 

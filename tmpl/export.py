@@ -509,7 +509,9 @@ def to_atif(
     """
     from . import atif
 
-    documents = atif.records_to_documents(to_records(results, metrics), agent=agent, tools=tools)
+    results = list(results)
+    sources = [getattr(r, "atif", None) for r in results]  # read from ATIF: its document's other fields
+    documents = atif.records_to_documents(to_records(results, metrics), agent=agent, tools=tools, sources=sources)
     if path is not None:
         atif.write_documents(documents, path)
     return documents
@@ -520,7 +522,9 @@ def from_atif(source: str | os.PathLike[str] | Any) -> list[RolloutResult]:
     by content), or documents (dicts or ``atif.Trajectory`` objects). Each is validated by the ``atif``
     package's model first; AtifError names the file, the step and the field at fault.
 
-    A trajectory tmpl wrote comes back with its arrays identical; one written by another program gives
+    Each result is a :class:`tmpl.atif.AtifResult` holding its document (``.atif``), so that :func:`to_atif`
+    writes back what tmpl does not model. A trajectory tmpl wrote comes back with its arrays identical; one
+    written by another program gives
     a sample whose sequence is its calls appended (when each step's prompt extends the one before, as
     an append-mode rollout's) or its calls merged into an episode (branches, sub-agents).
 
@@ -536,7 +540,7 @@ def from_atif(source: str | os.PathLike[str] | Any) -> list[RolloutResult]:
         documents = list(source) if isinstance(source, (list, tuple)) else [source]
         wheres = [f"documents[{k}]" for k in range(len(documents))]
     records = atif.documents_to_records(documents, wheres=wheres)
-    return [_result(record, where) for record, where in zip(records, wheres)]
+    return [atif.with_source(_result(r, w), r.pop("atif_source", None)) for r, w in zip(records, wheres)]
 
 
 # -- helpers -----------------------------------------------------------------------------------
