@@ -273,6 +273,19 @@ class TrajectoryClosedError(TrajectoryError):
         super().__init__(sample, f"cannot {what}: the trajectory is {name}{detail}; call reset() to retry")
 
 
+class RoutesError(TrajectoryError, ValueError):
+    """Mixture-of-experts routes (routing replay) that cannot be aligned with a sample's tokens: a count
+    that does not match the positions, an unknown dtype, a layer count or top-k that changes between turns.
+
+    The trajectory is left as it was; the rollout ends the sample with ``EndCode.BAD_ROUTES``.
+
+    >>> raise RoutesError("q1", "routes of 3 layers x top-2 after 2 layers x top-2")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.RoutesError: sample 'q1': routes of 3 layers x top-2 after 2 layers x top-2
+    """
+
+
 class CollateError(TrajectoryError, ValueError):
     """A batch cannot be collated; ``index`` is the trajectory's position in the batch (None for the batch)."""
 
@@ -518,6 +531,18 @@ class BackendError(TmplError):
     def __init__(self, *args: object, backend: str | None = None) -> None:
         self.backend = backend
         super().__init__(*args)
+
+
+class RoutesUnavailableError(BackendError, ValueError):
+    """Routes (mixture-of-experts routing replay) were asked of a backend that cannot give them.
+
+    Raised once, when ``Rollout(..., routes=True)`` is built on such a backend: routes are never faked.
+
+    >>> raise RoutesUnavailableError("Scripted gives no routes", backend="Scripted")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.RoutesUnavailableError: Scripted gives no routes
+    """
 
 
 class WeightUpdateError(BackendError):

@@ -69,6 +69,7 @@ from .rollout.loop import RolloutResult
 from .rollout.metrics import RolloutMetrics, SampleTimes
 from .tools.metrics import FAILURE_KINDS
 from .trajectory.images import INLINE_BYTES, from_record, has_images, restore_image_trajectory, to_record
+from .trajectory.routes import routes_from_record, routes_record
 from .trajectory.types import Status, restore_trajectory, state_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,6 +175,7 @@ def to_records(
             # the sample's calls when its sequences are not the trajectory alone (template mode, a hook,
             # sub-agents): read back, result.sequences are the same
             "episode": episode_to_record(r.episode) if r.from_calls else None,
+            **_routes_fields(r),
         }
         if run is not None:
             record["run_metrics"] = run
@@ -224,6 +226,8 @@ def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLik
         "tokens_cut": int(record.get("tokens_cut", 0)),
         "num_turns": int(record.get("num_turns", 0)),
     }
+    if record.get("routes") is not None:
+        state["routes"] = _routes_state(record["routes"], len(arrays["prompt_ids"]) + n, where)
     images = record.get("images")
     try:
         if images is None:
@@ -277,6 +281,7 @@ def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLik
         _loss_mask=loss_mask,
         _episode=episode,
         _sequence_images=_sequence_images(images, episode, where, images_from),
+        _sequence_routes=_sequence_routes(record.get("sequence_routes"), where),
     )
 
 
@@ -424,6 +429,8 @@ def to_dataset(
         record["sample_id"] = None if record["sample_id"] is None else str(record["sample_id"])
         record["images"] = None if record["images"] is None else json.dumps(record["images"])
         record["episode"] = None if record["episode"] is None else json.dumps(record["episode"])
+        for key in ("routes", "sequence_routes"):
+            record[key] = None if record[key] is None else json.dumps(record[key])
         rows.append(record)
     if not rows:
         return datasets.Dataset.from_dict({})
@@ -477,6 +484,8 @@ def _features(datasets: Any, first: Mapping[str, Any]) -> Any:
         "resumed": V("int64"),
         "images": V("string"),
         "episode": V("string"),
+        "routes": V("string"),
+        "sequence_routes": V("string"),
     }
     if "run_metrics" in first:
         features["run_metrics"] = {k: V("float64") for k in first["run_metrics"]}
@@ -584,6 +593,38 @@ class _ArraySaver:
             return os.path.relpath(target, self.base)
 
         return save
+
+
+def _routes_fields(r: RolloutResult) -> dict[str, Any]:
+    """``routes`` (the trajectory's, with known flags) and, in template mode, ``sequence_routes`` (per
+    sequence of the episode, None for one without): compact records (``routes.routes_record``)."""
+    routes = r.routes
+    record = None if routes is None else routes_record(routes, r.routes_known)
+    per_sequence = None
+    if r._sequence_routes:
+        per_sequence = {str(k): routes_record(*held) for k, held in sorted(r._sequence_routes.items())}
+    return {"routes": record, "sequence_routes": per_sequence}
+
+
+def _routes_state(carried: Any, length: int, where: str) -> dict[str, Any]:
+    """A record's routes as a trajectory state holds them (checked against the sample's ``length``)."""
+    try:
+        routes, known = routes_from_record(json.loads(carried) if isinstance(carried, str) else carried)
+    except TmplError as exc:
+        raise ExportError(where, f"routes: {exc}") from exc
+    if len(routes) != length:
+        raise ExportError(where, f"routes cover {len(routes)} positions, the sample has {length}")
+    return {"routes": routes, "known": known}
+
+
+def _sequence_routes(carried: Any, where: str) -> dict[int, tuple[Any, Any]] | None:
+    if carried is None:
+        return None
+    try:
+        plain = json.loads(carried) if isinstance(carried, str) else carried
+        return {int(k): routes_from_record(v) for k, v in plain.items()}
+    except (TmplError, AttributeError, ValueError) as exc:
+        raise ExportError(where, f"sequence_routes: {exc}") from exc
 
 
 def _images_field(r: RolloutResult, k: int, saver: _ArraySaver | None, inline_bytes: int) -> dict[str, Any] | None:

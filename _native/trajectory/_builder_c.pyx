@@ -25,6 +25,7 @@ from libc.math cimport isnan, isinf
 import numpy as np
 
 from tmpl.trajectory import _validate
+from tmpl.trajectory.routes import RouteStore
 from tmpl.errors import CollateError, LogprobError, TokenIdError, TrajectoryClosedError
 from tmpl.trajectory.types import (
     COMPLETION,
@@ -152,6 +153,7 @@ cdef class Trajectory:
     cdef SpanRec* _spans
     cdef Py_ssize_t _nspans
     cdef Py_ssize_t _span_cap
+    cdef object _routes       # tmpl.trajectory.routes.RouteStore, or None: no routes added
 
     def __cinit__(self):
         self._spans = NULL
@@ -193,6 +195,7 @@ cdef class Trajectory:
         self._cut = 0
         self._turns = 0
         self._nspans = 0
+        self._routes = None
 
     cdef _set_block(self, object block, Py_ssize_t alloc):
         self._block = block
@@ -338,6 +341,33 @@ cdef class Trajectory:
                 s.end,
             ))
         return out
+
+    @property
+    def routes(self):
+        """Mixture-of-experts routes of every position of ``prompt_ids + completion_ids``:
+        ``[length, layers, top_k]`` (uint8 up to 256 experts, read-only; rows whose route is not known
+        are 0, see :attr:`routes_known`), or None when no routes were added (docs/rollouts.md,
+        "Routing replay")."""
+        return None if self._routes is None else self._routes.routes(self._p + self._n)
+
+    @property
+    def routes_known(self):
+        """1 where :attr:`routes` holds the position's route, 0 where it is not known (uint8 ``[length]``)."""
+        if self._routes is None:
+            return np.zeros(self._p + self._n, dtype=np.uint8)
+        return self._routes.known(self._p + self._n)
+
+    def add_routes(self, start, routes):
+        """Set the routes of positions ``start .. start + len(routes)`` of ``prompt_ids + completion_ids``.
+
+        ``routes``: ``[positions, layers, top_k]`` numpy array, uint8, uint16 or int32, every position
+        already appended, the same layers and top-k as earlier routes. Anything else raises
+        :class:`tmpl.errors.RoutesError` and leaves the trajectory unchanged. Works whatever the status
+        (a finished sample's last routes arrive with its last turn).
+        """
+        store = self._routes if self._routes is not None else RouteStore(self._sample_id)
+        store.add(int(start), routes, self._p + self._n)
+        self._routes = store
 
     def __repr__(self):
         return (
@@ -563,6 +593,7 @@ cdef class Trajectory:
         traj._reason = state["reason"]
         traj._cut = state["tokens_cut"]
         traj._turns = state["num_turns"]
+        traj._routes = RouteStore.from_state(state.get("routes"), state["sample_id"])
         return traj
 
 

@@ -17,6 +17,13 @@ dtype) with its token-type keys (``mm_token_type_ids``: 1 on placeholders) left-
 Tested on a tiny Qwen2.5-VL (tests/test_vision_backends.py): the same tokens as ``model.generate``
 on the processor's own full render of the conversation.
 
+Mixture-of-experts routing replay: a request with ``routes_from`` gets the experts the model routed
+each position to (``GenerationResult.routes``, ``[positions, layers, top_k]``), read from the model's
+own router outputs while ``generate`` runs (``output_router_logits=True``; each step's router logits,
+top-k of their softmax as the router takes it, see :class:`_StepRoutes`), from ``routes_from`` to the
+last sampled token, which is left out (no forward pass ran it), as vLLM reports them. ``gives_routes``
+is True only for a model whose forward takes ``output_router_logits`` and whose config names its top-k.
+
 The logprob of each sampled token is taken at the step it is sampled (see
 :class:`_StepLogprobs`): ``generate`` never keeps a vocabulary row per generated token
 (``output_logits`` / ``output_scores`` would hold ``batch x steps x vocab`` floats, 79 GB
@@ -31,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from ..trajectory.routes import compact_dtype
 from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling, image_misfit
 
 #: the model generation_config's sampling warpers that Sampling does not name: switched off,
@@ -164,6 +172,69 @@ class _StepLogprobs:
         self.hold(logits[:, -1].to(torch.float32, copy=True))
 
 
+def _router_top_k(model: Any) -> int | None:
+    """The experts per token of a mixture-of-experts model whose forward reports router logits, else None."""
+    import inspect
+
+    config = getattr(model, "config", None)
+    top_k = getattr(config, "num_experts_per_tok", None) or getattr(config, "moe_topk", None)
+    try:
+        takes = "output_router_logits" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return int(top_k) if top_k and takes else None
+
+
+def _expert_count(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    for name in ("num_experts", "num_local_experts", "n_routed_experts"):
+        n = getattr(config, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+class _StepRoutes:
+    """The experts of every position, taken from the router logits of each forward pass of ``generate``.
+
+    :meth:`forward_hook` reads ``outputs.router_logits`` (one ``[batch * positions, experts]`` tensor per
+    MoE layer: the prefill's, then one position per decoding step) and keeps the top-k of their softmax,
+    in float32, as Qwen3-MoE's and Mixtral's routers choose (``topk(softmax(logits))``): ``[batch,
+    positions, layers, top_k]`` per step. Layers without a router (dense layers) are not in the outputs.
+    """
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self.steps: list[Any] = []
+        self._thread = threading.get_ident()
+
+    def forward_hook(self, module: Any, args: Any, output: Any) -> None:  # noqa: ARG002 - torch hook signature
+        if threading.get_ident() != self._thread:
+            return
+        logits = getattr(output, "router_logits", None)
+        if not logits:
+            raise BackendError(f"Torch backend: {type(module).__name__} returned no router_logits for routes")
+        import torch
+
+        batch = output.logits.shape[0]
+        layers = []
+        for layer in logits:
+            probs = torch.softmax(layer.detach(), dim=-1, dtype=torch.float)
+            layers.append(torch.topk(probs, self.top_k, dim=-1).indices.reshape(batch, -1, self.top_k))
+        self.steps.append(torch.stack(layers, dim=2))
+
+    def of(self, row: int, width: int, prompt: int, start: int, sampled: int, dtype: Any) -> Any:
+        """Routes of one request (batch ``row``, prompt of ``prompt`` tokens left-padded to ``width``):
+        positions ``start ..`` of prompt + sampled, up to the last sampled token (left out)."""
+        import numpy as np
+        import torch
+
+        pieces = [self.steps[0][row, width - prompt + start :]]
+        pieces += [step[row] for step in self.steps[1:sampled]]
+        routes = torch.cat(pieces, dim=0).cpu().numpy()
+        return np.ascontiguousarray(routes.astype(dtype))
+
+
 def _warpers(sampling: Sampling) -> list[Any]:
     """Sampling's temperature, top-k and top-p as transformers warpers, in ``generate``'s order."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -204,6 +275,9 @@ class Torch(Backend):
         self.model = model
         self.pad_token_id = _pad_token(pad_token_id, tokenizer, getattr(model, "config", None))
         self.max_batch_size = max_batch_size
+        self._top_k = _router_top_k(model)
+        #: routes for a mixture-of-experts model that reports its router logits (see the module docstring)
+        self.gives_routes = self._top_k is not None
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         out: dict[str, GenerationResult] = {}
@@ -278,14 +352,23 @@ class Torch(Backend):
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         hook = self.model.register_forward_hook(steps.forward_hook) if sampling.logprobs == "raw" else None
+        routing = None
+        if self._top_k is not None and any(r.routes_from is not None for r in group):
+            routing = _StepRoutes(self._top_k)
+            kwargs["output_router_logits"] = True
+            route_hook = self.model.register_forward_hook(routing.forward_hook)
         try:
             with torch.no_grad():
                 gen = self.model.generate(**kwargs)
         finally:
             if hook is not None:
                 hook.remove()
+            if routing is not None:
+                route_hook.remove()
         new = gen.sequences[:, width:]
         chosen = steps.matrix(new.shape[1])
+        experts = _expert_count(self.model)
+        route_dtype = compact_dtype(experts - 1 if experts else 2**31 - 1)
         stop_set = set(stops)
         results = []
         for i, req in enumerate(group):
@@ -297,9 +380,12 @@ class Torch(Backend):
                 if ids[t] in stop_set:
                     end, reason = t + 1, "stop"
                     break
-            results.append(
-                GenerationResult(req.request_id, ids[:end], lps[:end], reason, logprobs_mode=sampling.logprobs)
-            )
+            result = GenerationResult(req.request_id, ids[:end], lps[:end], reason, logprobs_mode=sampling.logprobs)
+            start = req.routes_from
+            if routing is not None and start is not None and 0 <= start <= len(req.prompt_ids) - 1:
+                result.routes = routing.of(i, width, len(req.prompt_ids), start, end, route_dtype)
+                result.routes_start = start
+            results.append(result)
         return results
 
 

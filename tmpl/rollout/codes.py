@@ -62,6 +62,10 @@ class EndCode(str, enum.Enum):
     #: ``history="template"``: the template could not render the history, or the prompt spliced from
     #: sampled IDs and encoded text did not decode to its render (``tmpl.errors.HistorySpliceError``)
     RENDER_FAILED = "render_failed"
+    #: ``routes=True``: the engine's mixture-of-experts routes could not be aligned with the tokens (a
+    #: count that does not match, an unknown dtype, a layer count that changed, none given); nothing misaligned
+    #: is kept (``tmpl.errors.RoutesError`` names what)
+    BAD_ROUTES = "bad_routes"
 
     @property
     def status(self) -> Status:
@@ -102,6 +106,7 @@ _STATUS = {
             EndCode.EDIT_FAILED,
             EndCode.EDIT_REJECTED,
             EndCode.RENDER_FAILED,
+            EndCode.BAD_ROUTES,
         ),
         Status.ABORTED,
     ),

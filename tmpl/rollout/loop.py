@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import Backend, GenerationRequest, GenerationResult, Sampling
 from ..chat_template import ChatTemplate
 from ..episode import Call, Episode
-from ..errors import HistorySpliceError, TmplError
+from ..errors import HistorySpliceError, RoutesError, RoutesUnavailableError, TmplError
 from ..messages import validate_messages
 from ..toolcalls.api import CompletionReader, parser_for
 from ..tools.toolbox import as_toolbox
@@ -43,6 +43,7 @@ from .envs import EpisodeEnv, check_factory, env_turn, finish_episode, run_episo
 from .history import HISTORY_MODES, HistoryContext, SampledTurn, splice, view
 from .metrics import RolloutMetrics
 from .result import RolloutResult
+from .routes import RoutePiece, stitch
 from .sample import SampleRun
 from .scheduler import Scheduler
 from .stream import stream_groups, stream_groups_in_thread
@@ -141,6 +142,7 @@ class Rollout(WeightUpdates):
         stale: StalePolicy = "withhold",
         history: str = "append",
         edit_history: Callable[[list[dict[str, Any]], HistoryContext], Any] | None = None,
+        routes: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -148,6 +150,11 @@ class Rollout(WeightUpdates):
             raise ValueError(f"history must be one of {', '.join(map(repr, HISTORY_MODES))}, not {history!r}")
         if edit_history is not None and not callable(edit_history):
             raise TypeError(f"edit_history must be callable, not {type(edit_history).__name__}")
+        if routes and not backend.gives_routes:  # said once, here: routes are never faked
+            name = type(backend).__name__
+            raise RoutesUnavailableError(f"routes=True: {name} gives no mixture-of-experts routes", backend=name)
+        #: routing replay (docs/rollouts.md, "Routing replay"): every turn asks for the routes of its new positions
+        self.routes = routes
         self._init_weights(version, max_staleness, stale)
         # a tmpl.vision.VisionTemplate: its text template, and the images hooks (images.py)
         self.tpl, self.vision = _images.unwrap(template)
@@ -431,6 +438,8 @@ class Rollout(WeightUpdates):
         lps: list[float] = []
         versions: array[int] = array("i")
         request_id = rid
+        asked = run.routed if self.routes else None  # routing replay: the first position not yet routed
+        run.route_pieces = []
         while True:
             if self._gate is not None:  # a weight update holds new requests back
                 await self._open()
@@ -449,8 +458,16 @@ class Rollout(WeightUpdates):
                     sample=f"{run.index}/{run.sample}",
                     images=run.images,
                     image_sources=None if run.images is None else _images.sources(run),
+                    routes_from=asked,
                 )
             )
+            if asked is not None:  # checked and joined by the turn (routes.stitch)
+                sent = len(run.sequence) + len(ids)
+                run.route_pieces.append(
+                    RoutePiece(asked, sent, len(result.token_ids), result.routes, result.routes_start)
+                )
+                if result.routes is not None:
+                    asked = result.routes_start + len(result.routes)
             ceiling = self._label_check()
             own = token_versions(result, submitted, ceiling)
             if ceiling is not None and own and own[-1] > ceiling:
@@ -499,6 +516,9 @@ class Rollout(WeightUpdates):
             return run.end(EndCode.GENERATION_FAILED, f"generation failed: {result.error}")
         if result.finish_reason == "abort":
             return run.end(EndCode.BACKEND_ABORTED, "the backend aborted the request")
+        routes = self._turn_routes(run) if self.routes else None
+        if routes is False:
+            return False
         with run.clock("bookkeeping"):
             ids = result.token_ids
             sent = len(run.sequence)
@@ -506,6 +526,11 @@ class Rollout(WeightUpdates):
             whole = kept == len(ids)  # most turns: no copy of the slice
             run.sequence += ids if whole else ids[:kept]
             run.versions += versions if whole else versions[:kept]
+            if routes is not None:  # the positions kept (a completion cut at the budget takes its routes along)
+                start = routes[1]
+                cut = routes[0][: max(0, traj.length - start)]
+                traj.add_routes(start, cut)
+                run.routed = start + len(cut)
         call = self._call(run, turn, sent, kept, result) if self._rendered and kept else None
         if not traj.running:  # cut at the budget, or no usable logprobs
             if call is not None:
@@ -534,6 +559,16 @@ class Rollout(WeightUpdates):
         if turn == self.max_turns - 1:
             return run.end(EndCode.MAX_TURNS, f"reached max_turns={self.max_turns} with tool calls pending")
         return await self._tool_round(run, parsed, assistant, result.token_ids, scheduler, rounds)
+
+    def _turn_routes(self, run: SampleRun) -> Any:
+        """This turn's routes, checked against its tokens and the sample's earlier routes: ``(routes, start)``;
+        False when they cannot be aligned (the sample ended ``EndCode.BAD_ROUTES``, nothing of them kept)."""
+        held = run.traj.routes
+        shape = None if held is None else (int(held.shape[1]), int(held.shape[2]))
+        try:
+            return stitch(run.route_pieces, sample=f"{run.index}/{run.sample}", shape=shape)
+        except RoutesError as exc:
+            return run.end(EndCode.BAD_ROUTES, exc.reason)
 
     async def _tool_round(
         self,
@@ -629,6 +664,10 @@ class Rollout(WeightUpdates):
         assert run.episode is not None and run.view is not None
         messages = run.view + ([assistant] if assistant is not None else [])
         index = run.episode.add_call(call, edit=run.edit, messages=messages, apart=run.apart)
+        if self.routes:  # the routes of the sequence it went to: its trajectory's (the same positions)
+            held = run.traj.routes
+            if held is not None:
+                run.seq_routes[index] = (held.copy(), run.traj.routes_known.copy())
         if self.vision is not None:  # the images its prompt was sent: the sequence's (a merge sends the same)
             run.seq_images[index] = run.images
             run.current, run.apart = index, {}
@@ -728,6 +767,7 @@ class Rollout(WeightUpdates):
             run.traj = self._trajectory(run.index, run.sample, prompt)
             run.sequence = list(prompt)
             run.versions = array("i")
+            run.routed = 0  # a new sequence: routed from its first position
             if rendered is not None:  # a branch holds the images of its own prompt
                 run.images = _images.images_of(run.traj)
                 run.image_sources = rendered.sources[: run.images.count]

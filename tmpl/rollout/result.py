@@ -96,6 +96,9 @@ class RolloutResult:
     #: vision template mode (history="template" / edit_history): per episode sequence, the images of its
     #: last call's prompt (None: append mode or a text template)
     _sequence_images: dict[int, Any] | None = field(default=None, repr=False)
+    #: routing replay in template mode: per episode sequence, ``(routes, known)`` of its positions (None:
+    #: append mode, whose one sequence is the trajectory, or no routes)
+    _sequence_routes: dict[int, tuple[Any, Any]] | None = field(default=None, repr=False)
 
     @property
     def episode(self) -> Episode:
@@ -171,6 +174,11 @@ class RolloutResult:
         >>> batch = tmpl.collate([row for r in results for row in r.rows()], pad_id=0)   # doctest: +SKIP
         """
         rows = [sequence_row(seq, (self.index, self.sample), self.trajectory.max_length) for seq in self.sequences]
+        if self.routes is not None or self._sequence_routes:  # each row's trajectory holds its sequence's routes
+            rows = [
+                row if routes is None else dataclasses.replace(row, trajectory=with_routes(row.trajectory, *routes))
+                for row, routes in zip(rows, self.sequence_routes)
+            ]
         if self._sequence_images is None and self.images is None:
             return rows
         return [
@@ -212,6 +220,41 @@ class RolloutResult:
         sequence positions), or None for a text-only sample."""
         traj: Any = self.trajectory
         return traj.images if has_images(traj) else None
+
+    @property
+    def routes(self) -> np.ndarray | None:
+        """Mixture-of-experts routes of every position of ``prompt_ids + completion_ids``, ``[length, layers,
+        top_k]`` (``Rollout(routes=True)``; None otherwise); :attr:`routes_known` marks the positions whose route
+        is known (the last sampled token of a finished sample has none: the engine never ran it).
+
+        >>> r.routes.shape, r.routes_known.sum() == len(r.routes) - 1   # doctest: +SKIP
+        ((812, 48, 8), True)
+        """
+        routes: np.ndarray | None = self.trajectory.routes
+        return routes
+
+    @property
+    def routes_known(self) -> np.ndarray:
+        """1 where :attr:`routes` holds the position's route, else 0 (uint8, one per position)."""
+        known: np.ndarray = self.trajectory.routes_known
+        return known
+
+    @property
+    def sequence_routes(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """``(routes, known)`` of each of :attr:`sequences`, aligned with its ``ids``; None for a sequence
+        without routes (a sub-agent's, or no ``routes=True``). Append mode: the trajectory's for sequence 0;
+        template mode: each sequence's own, from the calls that went to it."""
+        sequences = self.episode.sequences
+        recorded = self._sequence_routes
+        if recorded is None:
+            if self.routes is None or self.from_calls and self._episode is not None and not self._built:
+                return [None] * len(sequences)
+            recorded = {0: (self.routes, self.routes_known)}
+        out: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for k, seq in enumerate(sequences):
+            held = recorded.get(k)
+            out.append(None if held is None else fit_routes(held[0], held[1], len(seq.ids)))
+        return out
 
     @property
     def versions(self) -> np.ndarray:
@@ -300,6 +343,25 @@ def _with_mask(seq: TrainingSequence, mask: np.ndarray) -> TrainingSequence:
     """``seq`` with another (read-only) mask: a snapshot of its own, the episode's left as it is."""
     mask.setflags(write=False)
     return dataclasses.replace(seq, mask=mask)
+
+
+def fit_routes(routes: np.ndarray, known: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Routes and known flags cut or padded (unknown) to ``length`` positions."""
+    if len(routes) >= length:
+        return routes[:length], known[:length]
+    pad = length - len(routes)
+    return (
+        np.concatenate([routes, np.zeros((pad, *routes.shape[1:]), dtype=routes.dtype)]),
+        np.concatenate([known, np.zeros(pad, dtype=np.uint8)]),
+    )
+
+
+def with_routes(trajectory: Trajectory, routes: np.ndarray, known: np.ndarray) -> Trajectory:
+    """A row's trajectory holding the routes of its sequence (``known`` flags kept)."""
+    state = state_of(trajectory)
+    state["routes"] = {"routes": routes, "known": known}
+    out: Trajectory = type(trajectory)._from_state(state)
+    return out
 
 
 def with_images(trajectory: Trajectory, images: Any) -> Trajectory:

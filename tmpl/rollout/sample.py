@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..episode import Episode
     from ..trajectory import Trajectory
     from .history import KeptSpan, SampledTurn
+    from .routes import RoutePiece
     from .subagent import SubAgentRun
 
 
@@ -72,6 +73,11 @@ class SampleRun:
     # sub-agents (rollout/subagent.py) its tool calls ran, with the turn of the parent call, in append mode
     # (in template mode their calls go to ``episode`` as they finish)
     subagents: list[tuple[int, SubAgentRun]] = field(default_factory=list)
+    # routing replay (Rollout(routes=True), rollout/routes.py): the first position of ``sequence`` not yet
+    # routed, the pieces of the current turn's routes, and (template mode) each episode sequence's routes
+    routed: int = 0
+    route_pieces: list[RoutePiece] = field(default_factory=list)
+    seq_routes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.clock = PhaseClock(self.times)
@@ -134,6 +140,7 @@ class SampleRun:
             kept=self.kept,
             _subagents=self.subagents,
             _sequence_images=self.seq_images if self.episode is not None and self.images is not None else None,
+            _sequence_routes=self.seq_routes if self.episode is not None and self.seq_routes else None,
         )
         if dropped:
             result._mark_dropped()

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import CollateError, TrajectoryClosedError
 from . import _validate
+from .routes import RouteStore
 from .types import (
     COMPLETION,
     MIN_ALLOC,
@@ -80,6 +81,7 @@ class Trajectory:
         "_cut",
         "_turns",
         "_spans",
+        "_routes",
     )
 
     def __init__(
@@ -115,6 +117,7 @@ class Trajectory:
         self._cut = 0
         self._turns = 0
         self._spans: list[Span] = []
+        self._routes: RouteStore | None = None
 
     # -- what it holds -------------------------------------------------------------------------
     @property
@@ -205,6 +208,40 @@ class Trajectory:
     def spans(self) -> list[Span]:
         """Where each range of the completion came from, in order."""
         return list(self._spans)
+
+    @property
+    def routes(self) -> np.ndarray | None:
+        """Mixture-of-experts routes of every position of ``prompt_ids + completion_ids``:
+        ``[length, layers, top_k]`` (uint8 up to 256 experts, read-only; rows whose route is not known
+        are 0, see :attr:`routes_known`), or None when no routes were added (docs/rollouts.md,
+        "Routing replay")."""
+        return None if self._routes is None else self._routes.routes(self.length)
+
+    @property
+    def routes_known(self) -> np.ndarray:
+        """1 where :attr:`routes` holds the position's route, 0 where it is not known (uint8 ``[length]``)."""
+        if self._routes is None:
+            return np.zeros(self.length, dtype=np.uint8)
+        return self._routes.known(self.length)
+
+    def add_routes(self, start: int, routes: Any) -> None:
+        """Set the routes of positions ``start .. start + len(routes)`` of ``prompt_ids + completion_ids``.
+
+        ``routes``: ``[positions, layers, top_k]`` numpy array, uint8, uint16 or int32, every position
+        already appended, the same layers and top-k as earlier routes. Anything else raises
+        :class:`tmpl.errors.RoutesError` and leaves the trajectory unchanged. Works whatever the status
+        (a finished sample's last routes arrive with its last turn).
+
+        >>> t = Trajectory([1, 2], max_length=8)
+        >>> t.add_completion([3], [-0.1])
+        1
+        >>> t.add_routes(0, np.array([[[4, 1]], [[0, 7]]], dtype=np.uint8))
+        >>> t.routes.shape, t.routes_known.tolist()
+        ((3, 1, 2), [1, 1, 0])
+        """
+        store = self._routes if self._routes is not None else RouteStore(self._sample_id)
+        store.add(int(start), routes, self.length)
+        self._routes = store
 
     def __repr__(self) -> str:
         return (
@@ -375,6 +412,7 @@ class Trajectory:
         traj._reason = state["reason"]
         traj._cut = state["tokens_cut"]
         traj._turns = state["num_turns"]
+        traj._routes = RouteStore.from_state(state.get("routes"), state["sample_id"])
         return traj
 
 

@@ -20,6 +20,10 @@ Trajectories with images (:class:`tmpl.trajectory.images.ImageTrajectory`) add `
 the image arrays (``pixel_values``, ``image_grid_thw``...: every row's, concatenated in order);
 :func:`tmpl.trajectory.images.batch_model_inputs` rebuilds the model inputs from such a batch.
 
+Trajectories with mixture-of-experts routes (``Trajectory.add_routes``, ``Rollout(routes=True)``) add
+``routes`` (``[B, P + C, layers, top_k]`` over ``cat(prompt_ids, completion_ids)``) and ``routes_mask``
+(1 where a route is known; padding and unrouted positions 0).
+
 Given :class:`tmpl.RolloutResult` objects instead, the batch also has ``versions`` (the policy
 version of each token, -1 on appended tokens and padding) and ``tool_mask`` is each result's
 ``loss_mask`` (the rollout's staleness policy applied: a withheld sample has no token in the loss).
@@ -53,6 +57,9 @@ BATCH_KEYS: tuple[str, ...] = (
 
 #: The extra key of a batch collated from results.
 VERSIONS_KEY = "versions"
+#: The keys of a batch whose trajectories hold mixture-of-experts routes (routing replay).
+ROUTES_KEY = "routes"
+ROUTES_MASK_KEY = "routes_mask"
 
 
 def _is_result(item: Any) -> bool:
@@ -77,7 +84,7 @@ def collate_arrays(
     items = list(trajectories) if not isinstance(trajectories, list) else trajectories
     results = [_is_result(item) for item in items]
     if not any(results):
-        return _images(
+        return _routes(
             items,
             _twin.builder.collate_arrays(
                 items,
@@ -107,7 +114,41 @@ def collate_arrays(
         if arrays["completion_mask"][row, :n].any():  # a row not masked whole by mask_truncated/mask_aborted
             arrays["tool_mask"][row, :n] = result.loss_mask[:n]
     arrays[VERSIONS_KEY] = versions
-    return _images([r.trajectory for r in items], arrays)
+    return _routes([r.trajectory for r in items], _images([r.trajectory for r in items], arrays))
+
+
+def _routes(trajectories: list[Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with ``routes`` and ``routes_mask`` when a trajectory holds mixture-of-experts routes.
+
+    ``routes`` is ``[batch, P + C, layers, top_k]`` in the positions of ``cat(prompt_ids, completion_ids)``
+    (prompt left-padded, completion right-padded), in the batch's widest route dtype; ``routes_mask``
+    (int64, ``[batch, P + C]``) is 1 where a route is known, 0 on padding and on positions without one
+    (a trajectory without routes: all 0).
+    """
+    held = [getattr(t, "routes", None) for t in trajectories]
+    if all(r is None for r in held):
+        return arrays
+    from ..errors import CollateError
+
+    shapes = {r.shape[1:] for r in held if r is not None}
+    if len(shapes) > 1:
+        first = next(r.shape[1:] for r in held if r is not None)
+        k, odd = next((i, r) for i, r in enumerate(held) if r is not None and r.shape[1:] != first)
+        raise CollateError(k, trajectories[k].sample_id, f"routes of {odd.shape[1:]} (layers, top_k); row 0 has {first}")
+    dtype = np.result_type(*(r.dtype for r in held if r is not None))
+    width_p = arrays["prompt_ids"].shape[1]
+    width = width_p + arrays["completion_ids"].shape[1]
+    routes = np.zeros((len(held), width, *next(iter(shapes))), dtype=dtype)
+    mask = np.zeros((len(held), width), dtype=np.int64)
+    for row, (traj, r) in enumerate(zip(trajectories, held)):
+        if r is None:
+            continue
+        at = width_p - traj.prompt_length  # where position 0 sits: after the prompt's left padding
+        routes[row, at : at + len(r)] = r
+        mask[row, at : at + len(r)] = traj.routes_known
+    arrays[ROUTES_KEY] = routes
+    arrays[ROUTES_MASK_KEY] = mask
+    return arrays
 
 
 def _images(trajectories: list[Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -123,6 +123,8 @@ def state_of(traj: Any) -> dict[str, Any]:
         "reason": traj.reason,
         "tokens_cut": traj.tokens_cut,
         "num_turns": traj.num_turns,
+        # mixture-of-experts routes with their known flags (None: none added); routes.RouteStore.state
+        "routes": None if traj.routes is None else {"routes": traj.routes.copy(), "known": traj.routes_known.copy()},
     }
 
 
