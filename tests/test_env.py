@@ -646,3 +646,19 @@ def test_a_worker_stopped_by_sigterm_closes_its_environments(tmp_path):
         assert os.listdir(tmp_path) == []  # each environment closed before the worker ended
     finally:
         runner.close()
+
+
+def test_a_retried_sample_gets_a_fresh_environment(counted, tokenizer_of):
+    tpl = tmpl.ChatTemplate(tokenizer_of("qwen2.5-instruct"), name="q")
+    done = tpl.codec.encode("Done.<|im_end|>")
+
+    def policy(request):  # the first attempt's generation fails; the retry answers
+        if request.request_id.endswith("-r1"):
+            return tmpl.backends.GenerationResult(request.request_id, done, [-0.1] * len(done), "stop")
+        return tmpl.backends.GenerationResult.failed(request.request_id, "server restarted")
+
+    answer = EnvStep(messages=[], reward=1.0, done=True)
+    rollout = tmpl.Rollout(tpl, Scripted(policy), env_factory=lambda: Counted(answer=answer), sample_retries=1)
+    [r] = rollout.run([0])
+    assert r.code is EndCode.ENV_DONE and r._attempts == 2 and r.env_reward == 1.0
+    assert counted.closed == 2  # the failed attempt's environment was closed, the retry had its own
