@@ -523,3 +523,18 @@ def _without_tmpl(x):
     if isinstance(x, list):
         return [_without_tmpl(v) for v in x]
     return x
+
+
+def test_atif_is_known_by_content_wherever_schema_version_sits(qwen, tmp_path, capsys):
+    from tmpl.atif import looks_like_atif
+
+    tok, _ = qwen
+    d = weather_document(tok).to_json_dict()
+    version = d.pop("schema_version")
+    d["steps"][1]["extra"] = {"log": "x" * 70_000}  # the version after 64 KiB of steps
+    d["schema_version"] = version
+    lines = tmp_path / "export.jsonl"
+    lines.write_text(json.dumps(d) + "\n", encoding="utf-8")
+    assert looks_like_atif(lines) and not looks_like_atif(tmp_path / "nothing")
+    assert main(["replay", str(lines)]) == 0  # read as ATIF (a tmpl reader would refuse its format)
+    assert "1 samples, 0 measured" in capsys.readouterr().out
