@@ -16,16 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from .backends import VLLMClientBackend, server_url, trainer_backend
-from .rollout_func import REWARD_KEYS, TmplRolloutFunc, make_rollout_func, to_trl_output
+from .rollout_func import ENV_KEYS, REWARD_KEYS, TmplRolloutFunc, env_reward, make_rollout_func, to_trl_output
 from .version import SUPPORTED_TRL, check_trl_version, require_trl, supported
 
 __all__ = [
+    "ENV_KEYS",
     "REWARD_KEYS",
     "SUPPORTED_TRL",
     "TmplRolloutFunc",
     "ToolRLOOTrainer",
     "VLLMClientBackend",
     "check_trl_version",
+    "env_reward",
     "make_rollout_func",
     "require_trl",
     "server_url",

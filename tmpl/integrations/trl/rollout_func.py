@@ -27,6 +27,15 @@ per sequence, with ``sample_index`` (each row's prompt slot) and the reward keys
 any other (``GRPOTrainer``, whose rewards, groups and slices count one row per prompt) such a sample raises
 :class:`tmpl.errors.TrainerConfigError` naming it, rather than training one sequence and losing the rest.
 
+Environments (``make_rollout_func(env_factory=...)`` for tmpl environments, ``environment_factory=...`` for
+objects written for TRL's own ``environment_factory``, wrapped by :func:`tmpl.env.trl.from_trl_environment`):
+one environment per completion, reset with the completion's dataset row (``ToolRLOOTrainer`` passes the
+whole row; ``GRPOTrainer`` gives a ``rollout_func`` only the prompts, so the row is ``{"prompt": ...}``),
+its turns appended with tmpl's exact suffix. Two more keys reach the reward functions: ``environments``
+(each completion's ``RolloutResult.env_state``: for a TRL environment the instance itself, as TRL passes
+``environments``) and ``env_reward`` (the sum of the environment's step rewards: TRL ``get_reward`` is
+the last one; :func:`env_reward` is a reward function that returns it).
+
 Prompts with images (a VLM; checked in TRL 1.16): TRL keeps only the three lists above and rebuilds the
 loss pass's image inputs itself, from the dataset's ``images``/``image`` column and
 ``processing_class(images=..., text=apply_chat_template(prompt, tools=trainer.tools,
@@ -73,6 +82,8 @@ REWARD_KEYS: tuple[str, ...] = (
     "tool_failures",
     "rollout_metrics",
 )
+#: Keys added with environments (``env_factory`` / ``environment_factory``), one value per sample.
+ENV_KEYS: tuple[str, ...] = ("environments", "env_reward")
 #: Rollout options that come from the trainer and cannot be overridden here.
 _FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)"}
 
@@ -102,6 +113,8 @@ class TmplRolloutFunc:
         mask_truncated: bool = False,
         log_metrics: bool = True,
         on_results: Callable[[list[RolloutResult], RolloutMetrics], None] | None = None,
+        env_factory: Callable[[], Any] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
         **rollout_kwargs: Any,
     ) -> None:
         require_trl()
@@ -112,6 +125,7 @@ class TmplRolloutFunc:
             "tools",
             "max_turns",
             "sampling",
+            "env_factory",
         }
         for key in rollout_kwargs:
             if key in _FROM_TRAINER:
@@ -130,6 +144,17 @@ class TmplRolloutFunc:
             )
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if env_factory is not None and environment_factory is not None:
+            raise TypeError(
+                "make_rollout_func: pass env_factory (tmpl environments) or environment_factory (TRL's), not both"
+            )
+        if environment_factory is not None:
+            from ...env.trl import from_trl_environment
+
+            env_factory = from_trl_environment(environment_factory)
+        if env_factory is not None and not callable(env_factory):
+            raise TypeError(f"make_rollout_func: env_factory must be callable, not {type(env_factory).__name__}")
+        self.env_factory = env_factory
         self.toolbox = as_toolbox(tools)
         self.max_turns = max_turns
         self.backend = backend
@@ -163,6 +188,13 @@ class TmplRolloutFunc:
         else:
             tpl = self.chat_template(trainer)
         sampling = self.sampling or sampling_of(trainer)
+        if self.env_factory is not None and with_images:
+            raise TrainerConfigError(
+                trainer_name(trainer),
+                "rollout_func",
+                "environments append text turns: prompts with images are not supported",
+            )
+        env = self.env_factory is not None
         with _backend(self.backend, trainer) as backend:
             rollout = Rollout(
                 tpl,
@@ -171,9 +203,12 @@ class TmplRolloutFunc:
                 max_turns=self.max_turns,
                 max_completion_length=int(trainer.max_completion_length),
                 sampling=sampling,
+                env_factory=self.env_factory,
                 **self._length_kwargs(trainer),
             )
-            results = _run(rollout, conversations)
+            results = _run(rollout, env_tasks(conversations, trainer) if env else conversations)
+        if env:  # each sample's opening conversation is its environment's
+            conversations = [r.messages[: _first_assistant(r.messages)] for r in results]
         metrics = rollout.metrics
         assert metrics is not None
         check_no_tool_images(results, conversations, trainer)
@@ -184,7 +219,7 @@ class TmplRolloutFunc:
             _log(trainer, metrics)
         if self.on_results is not None:
             self.on_results(results, metrics)
-        return to_trl_output(
+        out = to_trl_output(
             results,
             metrics,
             conversations,
@@ -194,6 +229,10 @@ class TmplRolloutFunc:
             rows=bool(getattr(trainer, "takes_sequence_rows", False)),
             trainer=trainer_name(trainer),
         )
+        if env:
+            out["environments"] = [r.env_state for r in results]
+            out["env_reward"] = [r.env_reward for r in results]
+        return out
 
     def chat_template(self, trainer: Any) -> ChatTemplate:
         """The :class:`tmpl.ChatTemplate` used with ``trainer`` (built once per trainer)."""
@@ -224,6 +263,8 @@ def make_rollout_func(
     backend: Backend | None = None,
     sampling: Sampling | None = None,
     template: ChatTemplate | str | None = None,
+    env_factory: Callable[[], Any] | None = None,
+    environment_factory: Callable[[], Any] | None = None,
     **rollout_kwargs: Any,
 ) -> TmplRolloutFunc:
     """A drop-in ``rollout_func`` for TRL's ``GRPOTrainer`` (and :class:`ToolRLOOTrainer`).
@@ -241,14 +282,50 @@ def make_rollout_func(
     ``on_results(results, metrics)`` (called after each rollout, e.g. to export it), and
     :class:`tmpl.Rollout` options (``max_length``, ``max_tokens_per_turn``, ``verify_every``,
     ``measure_drift``, ...). ``max_completion_length`` comes from the trainer's config.
+    ``env_factory``: a tmpl environment per completion (:mod:`tmpl.env`); ``environment_factory``: the same
+    from an object written for TRL's ``environment_factory`` (give it here, never to the trainer); the
+    reward functions then also get ``environments`` and ``env_reward`` (see the module docstring).
 
     >>> rollout_func = make_rollout_func(tools=[get_weather, get_time], max_turns=4)  # doctest: +SKIP
     >>> GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=ds,
     ...             rollout_func=rollout_func).train()                                # doctest: +SKIP
+    >>> GRPOTrainer(model, reward_funcs=env_reward, args=args, train_dataset=ds,
+    ...             rollout_func=make_rollout_func(environment_factory=WordleEnv)).train()  # doctest: +SKIP
     """
     return TmplRolloutFunc(
-        tools=tools, max_turns=max_turns, backend=backend, sampling=sampling, template=template, **rollout_kwargs
+        tools=tools,
+        max_turns=max_turns,
+        backend=backend,
+        sampling=sampling,
+        template=template,
+        env_factory=env_factory,
+        environment_factory=environment_factory,
+        **rollout_kwargs,
     )
+
+
+def env_reward(env_reward: Sequence[float | None], **kwargs: Any) -> list[float | None]:  # noqa: ARG001 - TRL passes every column
+    """A TRL reward function: each completion's environment reward (None where its environment gave none,
+    which TRL leaves out of that completion's reward). Use with ``make_rollout_func(env_factory=...)`` or
+    ``environment_factory=...``.
+
+    >>> env_reward([1.0, None], completions=["a", "b"])
+    [1.0, None]
+    """
+    return [None if r is None else float(r) for r in env_reward]
+
+
+def env_tasks(conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any) -> list[dict[str, Any]]:
+    """Each completion's environment task: its dataset row where the trainer gives it (ToolRLOOTrainer keeps
+    the batch's rows), else ``{"prompt": conversation}`` (GRPOTrainer hands a rollout_func the prompts only)."""
+    rows = getattr(trainer, "_tmpl_inputs", None)
+    if isinstance(rows, list) and len(rows) == len(conversations):
+        return [{**row, "prompt": list(conv)} for row, conv in zip(rows, conversations)]
+    return [{"prompt": list(conv)} for conv in conversations]
+
+
+def _first_assistant(messages: Sequence[Mapping[str, Any]]) -> int:
+    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
 
 
 # -- what comes from the trainer -----------------------------------------------------------------
@@ -269,8 +346,8 @@ def check_trainer(trainer: Any) -> None:
         raise TrainerConfigError(
             trainer_name(trainer),
             "environment_factory",
-            "environments run TRL's own tool loop; with tmpl's rollout_func pass the environment's methods "
-            "as make_rollout_func(tools=...)",
+            "environments run TRL's own tool loop; with tmpl's rollout_func pass the factory as "
+            "make_rollout_func(environment_factory=...) instead (tmpl runs it with exact suffixes)",
         )
     for setting, default in (("repetition_penalty", 1.0), ("min_p", 0.0)):
         value = getattr(trainer, setting, None)
@@ -570,7 +647,7 @@ def _backend(forced: Backend | None, trainer: Any) -> Iterator[Backend]:
         yield backend
 
 
-def _run(rollout: Rollout, conversations: list[list[dict[str, Any]]]) -> list[RolloutResult]:
+def _run(rollout: Rollout, conversations: Sequence[Any]) -> list[RolloutResult]:
     """``rollout.run``, also from a thread that already runs an event loop (notebooks)."""
     try:
         asyncio.get_running_loop()
