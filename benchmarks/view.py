@@ -1,6 +1,6 @@
 """tmpl view at scale: a 10,000-sample export written as a page, opened in Chromium, made interactive.
 
-    python benchmarks/view.py [--samples 10000] [--screenshots docs/] [--export real.jsonl]
+    python benchmarks/view.py [--samples 10000] [--screenshots docs/] [--export real.jsonl --tools tools.json]
 
 The export is built from Qwen2.5 rollouts (a scripted policy through the real tokenizer and template, as
 tests/test_view.py makes them: tool rounds, direct answers, aborts), replicated to ``--samples`` samples with
@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--screenshots", type=Path, default=None)
     ap.add_argument("--export", type=Path, default=None, help="an export to screenshot a sample of")
+    ap.add_argument("--tools", type=Path, default=None, help="the tool schemas --export's rollout rendered with")
     args = ap.parse_args()
     from tmpl.view import write_page
 
@@ -134,16 +135,15 @@ def main() -> None:
                 sample_page = page
                 if args.export is not None:
                     sample_page = folder / "export.html"
-                    write_page(args.export, sample_page, tpl=tpl)
+                    tools = json.loads(args.tools.read_text()) if args.tools else None
+                    write_page(args.export, sample_page, tpl=tpl, tools=tools)
                 driver.get(sample_page.as_uri())
                 first = driver.execute_script(
                     "for (var i = 0; i < window.tmplColumns.drift.length; i++) if (window.tmplColumns.drift[i]) return i;"
                     " return 0;"
                 )
                 driver.execute_script("location.hash = arguments[0]", f"sample={first}")
-                driver.execute_script(
-                    "var m = document.getElementById('drift-marker'); (m || document.body).scrollIntoView({block: 'center'});"
-                )
+                driver.execute_script("window.scrollTo(0, 0)")
                 driver.save_screenshot(str(args.screenshots / "view-sample.png"))
                 print(f"screenshots: {args.screenshots / 'view-table.png'}, {args.screenshots / 'view-sample.png'}")
         finally:

@@ -8,8 +8,11 @@ The browser tests (what a person sees) are in tests/test_view_browser.py.
 from __future__ import annotations
 
 import base64
+import copy
+import functools
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -98,9 +101,16 @@ def make_export(folder: Path) -> tuple[Path, list[dict], object]:
     return path, records, tpl
 
 
+@functools.lru_cache(maxsize=1)
+def shared_export() -> tuple[Path, list[dict], object]:
+    """:func:`make_export` once per process (this module and the browser tests read the same file)."""
+    return make_export(Path(tempfile.mkdtemp(prefix="tmpl-view-")))
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return make_export(tmp_path_factory.mktemp("view"))
+def exported():
+    path, records, tpl = shared_export()
+    return path, copy.deepcopy(records), tpl
 
 
 def details(page: Path) -> dict[int, dict]:
@@ -354,3 +364,21 @@ def test_matrix_html_links_each_failed_verdict_to_its_counterexample(tmp_path):
     from tmpl.cli import build_parser
 
     assert build_parser().parse_args(["matrix", "--html"]).format == "html"  # --html is --format html
+
+
+def test_the_gateways_episode_lines_are_shown_as_samples(tmp_path):
+    """``tmpl.export.episodes_to_jsonl`` lines: one sample per episode, every sequence's IDs and mask carried."""
+    ep = Episode(sample_id="s1")
+    ep.add_call(Call([1, 2, 3], [4, 5], [-0.5, -0.2], id="a"))
+    ep.add_call(Call([1, 2, 3, 4, 5, 6], [7], [-0.1], id="b"))
+    ep.add_call(Call([1, 9], [8], [-0.1], id="c"), edit="compaction")
+    path = export.episodes_to_jsonl([ep], tmp_path / "episodes.jsonl")
+    page = tmp_path / "episodes.html"
+    assert main(["view", str(path), "-o", str(page)]) == 0
+    [d] = details(page).values()
+    seqs = d["episode"]["sequences"]
+    assert [unb64(s["ids"], "<i4") for s in seqs] == [s.ids.tolist() for s in ep.sequences]
+    assert [unb64(s["mask"], "<u1") for s in seqs] == [s.mask.tolist() for s in ep.sequences]
+    assert [s["branch"]["edit"] for s in seqs] == [None, "compaction"]
+    assert unb64(d["ids"], "<i4") == ep.sequences[-1].ids.tolist()
+    assert summary_of(page)["columns"]["sequences"] == [2]

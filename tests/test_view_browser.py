@@ -10,6 +10,7 @@ fixture model), and no console errors on any page. The 10,000-sample timing is b
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from tmpl.view import write_page
 
-from .test_view import HOSTILE, SCHEMAS, make_export
+from .test_view import HOSTILE, SCHEMAS, shared_export
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -57,7 +58,8 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pages")
-    path, records, tpl = make_export(folder)
+    path, records, tpl = shared_export()
+    records = copy.deepcopy(records)
     main = folder / "main.html"
     write_page(path, main, tpl=tpl, tools=SCHEMAS)
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -315,6 +317,18 @@ def test_the_export_of_a_real_rollout(browser, tmp_path):
     path = tmpl.export.to_jsonl(results, tmp_path / "real.jsonl", metrics=rollout.metrics)
     page = tmp_path / "real.html"
     write_page(path, page, tpl=tpl)
+    check_real_page(browser, page, results, tpl)
+    # the same samples as ATIF trajectories (tmpl.export.to_atif, validated by the atif package's models)
+    pytest.importorskip("atif")
+    atif = tmp_path / "real.atif.jsonl"
+    tmpl.export.to_atif(results, atif, tools=tmpl.Toolbox(list(FUNCTIONS.values())).schemas)
+    atif_page = tmp_path / "atif.html"
+    summary = write_page(atif, atif_page, tpl=tpl)
+    assert summary.format == "atif" and summary.problem_count == 0
+    check_real_page(browser, atif_page, results, tpl)
+
+
+def check_real_page(browser, page, results, tpl) -> None:
     open_page(browser, page)
     assert count_text(browser) == f"{len(results)} of {len(results)} samples"
     assert sum(r.tool_calls for r in results) > 0  # the model called its tools

@@ -415,7 +415,8 @@ def _view(args: argparse.Namespace) -> int:
     if summary.note:
         print(f"tmpl view: {summary.note}", file=sys.stderr)
     print(
-        f"wrote {output} ({summary.shown} of {summary.total} samples, {summary.bytes / 1e6:.1f} MB"
+        f"wrote {output} ({summary.shown} of {summary.total} records, {summary.bytes / 1e6:.1f} MB"
+        f"{f', {summary.unreadable} unreadable' if summary.unreadable else ''}"
         f"{f', {summary.problem_count} problem(s)' if summary.problem_count else ''})",
         file=sys.stderr,
     )

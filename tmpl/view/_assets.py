@@ -104,7 +104,8 @@ function fmt(v) {
 
 // -- header ---------------------------------------------------------------------------------------
 $('title').textContent = META.title;
-$('meta-line').textContent = META.source + ' (' + META.format + '): ' + N + ' sample(s) shown of ' + META.total +
+$('meta-line').textContent = META.source + ' (' + META.format + '): ' + N + ' of ' + META.total + ' record(s) shown' +
+  (META.unreadable ? ' (' + META.unreadable + ' unreadable)' : '') +
   (META.tokenizer ? '; token text from ' + META.tokenizer : '; no --tokenizer: tokens shown as IDs') +
   (META.verdict ? '; template verdict (tool loop): ' + META.verdict : '');
 if (META.note) { $('note').textContent = META.note; $('note').hidden = false; }
@@ -410,7 +411,8 @@ function driftPanel(d, T) {
   r1.appendChild(el('td', null, JSON.stringify(dr.ours)));
   var r2 = el('tr'); r2.id = 'drift-rendered';
   r2.appendChild(el('th', null, 're-rendered'));
-  r2.appendChild(el('td', null, dr.rendered_ids ? dr.rendered_ids.join(' ') : '(pass --tokenizer to re-render the IDs)'));
+  r2.appendChild(el('td', null, dr.rendered_ids ? (dr.rendered_ids.length ? dr.rendered_ids.join(' ') : '(the re-render ends before this token)') :
+    '(tmpl view --tokenizer re-renders the IDs)'));
   r2.appendChild(el('td', null, JSON.stringify(dr.rendered)));
   tbl.appendChild(r1); tbl.appendChild(r2); box.appendChild(tbl);
 }

@@ -38,7 +38,8 @@ PICKS = ("spread", "first")
 
 @dataclass
 class ViewSummary:
-    """What a page holds: ``shown`` of ``total`` samples, the problems found (first :data:`MAX_PROBLEMS`)."""
+    """What a page holds: ``shown`` of ``total`` records (``unreadable`` of them could not be shown), the
+    problems found (the first :data:`MAX_PROBLEMS`; ``problem_count`` all)."""
 
     path: Path
     source: str
@@ -47,6 +48,7 @@ class ViewSummary:
     total: int
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
+    unreadable: int = 0
     note: str = ""
     bytes: int = 0
 
@@ -148,12 +150,14 @@ def write_page(
             if item.record is None:
                 assert item.problem is not None
                 problem(item.problem)
+                summary.unreadable += 1
                 continue
             row = summary.shown
             try:
                 cells, detail, problems = compact(item.record, item.where, row)
             except Exception as exc:  # noqa: BLE001 - one unreadable record must not hide the rest
                 problem(Problem(item.where, None, f"cannot be shown: {type(exc).__name__}: {exc}"))
+                summary.unreadable += 1
                 continue
             for p in problems:
                 problem(p)
@@ -172,20 +176,19 @@ def write_page(
                 columns[key].append(cells.get(key))
             out.write(f'<script type="application/json" id="s{row}">{_safe_json(detail)}</script>\n')
             summary.shown += 1
-        if summary.shown < total:
+        if summary.shown + summary.unreadable < total:
             how = f"every {stride}th sample" if stride > 1 else f"the first {summary.shown}"
             summary.note = (
                 f"This page shows {summary.shown} of the {total} samples in the file ({how}; "
                 f"--max-samples {max_samples}). Use --max-samples or --pick to choose others."
             )
-            if summary.problem_count and summary.shown + summary.problem_count >= total:
-                summary.note = ""
         meta = {
             "title": title or f"tmpl view: {src.name}",
             "source": src.name,
             "format": fmt,
             "shown": summary.shown,
             "total": total,
+            "unreadable": summary.unreadable,
             "note": summary.note,
             "tokenizer": getattr(tpl, "name", None) if tpl is not None else None,
             "verdict": verdict,

@@ -136,7 +136,7 @@ def _jsonl(path: Path) -> Iterator[Item]:
                     continue
                 where = f"{path.name}:{line_no}"
                 try:
-                    record = json.loads(raw)
+                    record = json.loads(raw.rstrip(b"\r\n"))
                 except UnicodeDecodeError as exc:
                     yield Item(where, None, Problem(where, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})"))
                     continue
