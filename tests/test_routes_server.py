@@ -16,10 +16,12 @@ import sys
 import numpy as np
 import pytest
 
+import tmpl
 from tmpl.backends import VLLM, GenerationRequest, Sampling, Scripted, VLLMServer
 from tmpl.backends.routes import RoutesDecodeError, decode_flat, decode_npy, from_position
 from tmpl.backends.server import merge_stream
 
+from .conftest import load_tokenizer
 from .vllm_standin import FakeLLM, StandinServer, SyntheticRoutes, fake_vllm_module, npy_base64, synthetic_routes
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # any IDs: the synthetic routes hash them
@@ -154,6 +156,101 @@ def test_offline_vllm_asks_for_routes_and_returns_them(monkeypatch):
     assert asked.routes_start == 5
     assert np.array_equal(asked.routes, synthetic_routes(PROMPT + REPLY)[5 : len(PROMPT) + len(REPLY) - 1])
     assert not VLLM(FakeLLM(_routed())).gives_routes  # an engine built without enable_return_routed_experts
+
+
+# -- multi-turn rollouts through VLLMServer ------------------------------------------------------
+
+
+def get_time(city: str) -> str:
+    """Current local time in a city.
+
+    Args:
+        city: City name
+    """
+    return f"It is 10:00 in {city}."
+
+
+class TwoCalls:
+    """A scripted policy on the real Qwen3 template: two turns of tool calls, then an answer; each
+    completion is the template's own render of that assistant turn."""
+
+    def __init__(self, tpl):
+        self.tpl = tpl
+        self.tools = tmpl.Toolbox([get_time]).schemas
+
+    def _render(self, messages, gen):
+        out = self.tpl.tokenizer.apply_chat_template(
+            messages, tools=self.tools, chat_template=self.tpl.template, tokenize=True, add_generation_prompt=gen
+        )
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def completion(self, message) -> list[int]:
+        history = [{"role": "user", "content": "x"}]
+        prompt, full = self._render(history, True), self._render(history + [message], False)
+        stops = self.tpl.stop_token_ids
+        end = next(t for t in range(len(prompt), len(full)) if full[t] in stops)
+        return full[len(prompt) : end + 1]
+
+    def __call__(self, req):
+        calls = self.tpl.tokenizer.decode(req.prompt_ids).count("<tool_response>")
+        if calls < 2:
+            call = {
+                "type": "function",
+                "function": {"name": "get_time", "arguments": {"city": ["Paris", "Oslo"][calls]}},
+            }
+            return self.completion({"role": "assistant", "content": "", "tool_calls": [call]})
+        return self.completion({"role": "assistant", "content": "It is 10:00 in both."})
+
+
+def _rollout(url: str, *, stream: bool = False, n: int = 2, api: str = "generate"):
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"))
+    backend = VLLMServer(url, api=api, timeout=60, routes=True, stream=stream)
+    rollout = tmpl.Rollout(
+        tpl, backend, tools=[get_time], max_turns=5, max_length=2048, sampling=Sampling(n=n), routes=True
+    )
+    return tpl, rollout.run([[{"role": "user", "content": "Time in Paris and Oslo?"}]])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_rollout_stitches_the_servers_routes_over_every_turn(stream):
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"))
+    with StandinServer(SyntheticRoutes(Scripted(TwoCalls(tpl))), routes=True, chunk=4) as server:
+        _, results = _rollout(server.url, stream=stream)
+    assert len(results) == 2 and all(r.code is tmpl.rollout.EndCode.FINISHED for r in results)
+    for result in results:
+        traj = result.trajectory
+        ids = np.concatenate([traj.prompt_ids, traj.completion_ids]).tolist()
+        assert result.turns == 3
+        # one forward pass over the final sequence routes every position as the turns did
+        full = synthetic_routes(ids)
+        known = traj.routes_known.astype(bool)
+        assert known.tolist() == [True] * (len(ids) - 1) + [False]  # the last sampled token: never forwarded
+        assert np.array_equal(traj.routes[known], full[known]) and not traj.routes[~known].any()
+    # each turn asked for the routes from the first position not yet routed: 0 on the first turn, then the
+    # position of the previous turn's last sampled token (routed by this turn's prefill)
+    assert len(server.answered) == 6
+    for i, (prompt, _, start) in enumerate(server.answered):
+        before = [p + t for p, t, _ in server.answered[:i] if prompt[: len(p) + len(t)] == p + t]
+        assert start == (len(max(before, key=len)) - 1 if before else 0)
+    assert not stream or all(n > 1 for n in server.streamed)
+
+
+@pytest.mark.parametrize(
+    ("fault", "what"),
+    [("length", "position"), ("dtype", "float32"), ("layers", "layers")],
+)
+def test_bad_routes_end_the_sample_with_a_named_code(fault, what):
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"))
+    with StandinServer(SyntheticRoutes(Scripted(TwoCalls(tpl))), routes=True, routes_fault=fault) as server:
+        _, results = _rollout(server.url, n=1)
+    [result] = results
+    assert result.code is tmpl.rollout.EndCode.BAD_ROUTES and what in result.reason
+    traj = result.trajectory
+    if traj.routes is not None:  # whatever was kept before the bad turn is still exact
+        ids = np.concatenate([traj.prompt_ids, traj.completion_ids]).tolist()
+        known = traj.routes_known.astype(bool)
+        assert np.array_equal(traj.routes[known], synthetic_routes(ids)[known])
+    assert len(server.answered) == (1 if fault != "layers" else 2)
 
 
 # -- SGLang -------------------------------------------------------------------------------------
