@@ -590,7 +590,7 @@ def test_closing_a_stream_early_closes_the_environments_of_its_running_samples(c
     assert Counted.live == 0 and Counted.closed == 5
 
 
-# -- a worker stopped by SIGTERM closes its samples' environments ------------------------------------
+# -- DistributedRollout: environments in the workers; a worker stopped by SIGTERM closes its own ----------
 class Marked:
     """An environment that leaves a file while open (it lives in a worker process)."""
 
@@ -602,10 +602,10 @@ class Marked:
 
         self.path = os.path.join(self.folder, f"{os.getpid()}-{task}-{id(self)}")
         open(self.path, "w").close()
-        return EnvReset(messages=[{"role": "user", "content": str(task)}])
+        return EnvReset(messages=[{"role": "user", "content": str(task)}], state={"pid": os.getpid(), "task": task})
 
     def step(self, assistant):
-        return EnvStep(messages=[], done=True)
+        return EnvStep(messages=[], reward=0.5, done=True)
 
     def close(self):
         import os
@@ -613,37 +613,68 @@ class Marked:
         os.remove(self.path)
 
 
-def make_marked_rollout(folder):
+class HoldWhileFile(Backend):
+    """Answers "Done." once ``hold`` is gone; until then every request waits."""
+
+    batching = False
+
+    def __init__(self, hold, answer):
+        self.hold, self.answer = hold, answer
+
+    async def agenerate(self, request):
+        import os
+
+        while os.path.exists(self.hold):
+            await asyncio.sleep(0.05)
+        return tmpl.backends.GenerationResult(request.request_id, self.answer, [-0.1] * len(self.answer), "stop")
+
+
+def make_marked_rollout(folder, hold):
     """A worker's Rollout (module level: pickled by reference to the worker)."""
     from .conftest import load_tokenizer
 
     tpl = tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"), name="q")
-    return tmpl.Rollout(tpl, Slow(), env_factory=functools.partial(Marked, folder), progress=False)
+    backend = HoldWhileFile(hold, tpl.codec.encode("Done.<|im_end|>"))
+    return tmpl.Rollout(tpl, backend, env_factory=functools.partial(Marked, folder), progress=False)
 
 
-def test_a_worker_stopped_by_sigterm_closes_its_environments(tmp_path):
+def test_distributed_environments_close_when_a_worker_is_stopped_and_run_again(tmp_path):
+    """Six episodes open in a worker; SIGTERM: the worker cancels its shard, closing all six, and dies; the
+    shard runs again on a fresh worker, whose environments end the episodes (results with their rewards
+    and states come back) and close."""
     import os
     import signal
     import time
 
-    runner = tmpl.DistributedRollout(
-        functools.partial(make_marked_rollout, str(tmp_path)), workers=1, mode="process", max_restarts=0, shard_size=6
-    )
+    envs, hold = tmp_path / "envs", tmp_path / "hold"
+    envs.mkdir()
+    hold.touch()
+    factory = functools.partial(make_marked_rollout, str(envs), str(hold))
+    runner = tmpl.DistributedRollout(factory, workers=1, mode="process", max_restarts=1, shard_size=6)
     try:
 
         async def go():
             task = asyncio.create_task(runner.run_async(list(range(6))))
             deadline = time.monotonic() + 120
-            while len(os.listdir(tmp_path)) < 6:  # all six episodes open, waiting on the backend
+            while len(os.listdir(envs)) < 6:  # all six episodes open, waiting on the backend
                 assert time.monotonic() < deadline and not task.done(), "the worker did not open its environments"
                 await asyncio.sleep(0.05)
             [pid] = runner.pids()
             os.kill(pid, signal.SIGTERM)
-            with pytest.raises(tmpl.errors.WorkerLostError):
-                await task
+            while runner.pids()[0] in (pid, None) or os.listdir(envs):  # closed before it ended; a new one opens
+                assert time.monotonic() < deadline and not task.done(), os.listdir(envs)
+                if not os.listdir(envs) and runner.pids()[0] not in (pid, None):
+                    break
+                await asyncio.sleep(0.05)
+            assert not [f for f in os.listdir(envs) if f.startswith(f"{pid}-")]  # the stopped worker's: closed
+            hold.unlink()
+            return pid, await task
 
-        asyncio.run(go())
-        assert os.listdir(tmp_path) == []  # each environment closed before the worker ended
+        stopped, results = asyncio.run(go())
+        assert runner.deaths and runner.attempts == [2]
+        assert [r.code for r in results] == [EndCode.ENV_DONE] * 6
+        assert all(r.env_reward == 0.5 and r.env_state["pid"] != stopped for r in results)
+        assert os.listdir(envs) == []  # the second worker's environments closed too
     finally:
         runner.close()
 
