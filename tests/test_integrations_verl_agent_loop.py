@@ -758,3 +758,92 @@ def ray_worker_class(manager_class):
     config.actor_rollout_ref.model = {}
     manager_class.__init__(manager, config=config, llm_client=None)
     return manager.agent_loop_workers_class.__ray_actor_class__
+
+
+# -- routing replay (issue 40): routes in verl's own field -------------------------------------------
+
+
+class RoutedServerManager(ScriptedServerManager):
+    """The scripted manager with R3 on: each ``TokenOutput`` carries ``routed_experts`` as verl's servers
+    return them, from position 0 over the prompt and every sampled token but the last (the stand-in's
+    prefix-dependent synthetic routes, tests/vllm_standin.py)."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from .vllm_standin import synthetic_routes
+
+        out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+        ids = list(prompt_ids) + list(out.token_ids)
+        out.routed_experts = synthetic_routes(ids)[: len(ids) - 1]
+        return out
+
+
+def test_routing_replay_fills_verls_routed_experts_through_its_legacy_worker(tokenizer_of):
+    """``rollout.enable_rollout_routing_replay=True``: the loop asks for routes, and verl's own worker pads
+    the output's ``routed_experts`` into the batch aligned with ``input_ids``: every position's route is the
+    engine's for that prefix (the stitched turns equal one pass over the sequence), the last sampled token
+    (never forwarded) a row of zeros."""
+    import numpy as np
+    from verl import DataProto
+
+    from tmpl.integrations.verl import register_tool_agent
+
+    from .test_history_modes import USER
+    from .test_rollout import FUNCS
+    from .vllm_standin import synthetic_routes
+
+    tok = tokenizer_of("qwen3")
+    register_tool_agent(FUNCS, name="tmpl_routes_qwen3", max_turns=8)
+    manager = RoutedServerManager(qwen3_script(tok)[:2])  # a tool call, then the answer: two turns
+    worker = make_worker(manager, tok, prompt_length=1024, response_length=1024)
+    worker.rollout_config.enable_rollout_routing_replay = True
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([[{"role": "user", "content": USER}], None], dtype=object)[:-1],
+            "agent_name": np.array(["tmpl_routes_qwen3"], dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+    assert len(manager.sampled) == 2 and out.non_tensor_batch["tmpl_status"][0] == "DONE"
+    routes = out.batch["routed_experts"]
+    assert tuple(routes.shape) == (1, 2048, 2, 2)
+    valid = out.batch["attention_mask"][0].bool()
+    ids = out.batch["input_ids"][0][valid].tolist()
+    got = routes[0][valid].numpy()
+    want = synthetic_routes(ids)
+    assert np.array_equal(got[:-1], want[:-1]) and not got[-1].any()
+    assert not routes[0][~valid].any()  # padding: no routes
+    # the second turn asked only for its new positions: verl's server sent the whole prefix again, tmpl kept
+    # the rows from the first turn's last sampled token on
+    assert (
+        manager.prompts[1][: len(manager.prompts[0]) + len(manager.sampled[0])]
+        == manager.prompts[0] + manager.sampled[0]
+    )
+
+
+def test_routing_replay_gives_each_sequence_of_an_episode_its_own_routes(tokenizer_of, monkeypatch):
+    """Template mode, Qwen3 with three user turns (three sequences): each ``AgentLoopOutput`` carries the
+    routes of its own sequence, aligned with its ``prompt_ids + response_ids``. (tmpl's manager, which the
+    loop asks for, imports TransferQueue; the loop's check of its name is taken as passed here.)"""
+    import numpy as np
+
+    from tmpl.integrations.verl import agent_loop
+
+    monkeypatch.setattr(agent_loop, "_is_tmpl_manager", lambda fqn: True)
+
+    from .test_history_modes import USER
+    from .vllm_standin import synthetic_routes
+
+    tok = tokenizer_of("qwen3")
+    register("tmpl_routes_seq_qwen3", users=("And in Tokyo?", "Thanks!"))
+    manager = RoutedServerManager(qwen3_script(tok))
+    loop = make_loop("tmpl_routes_seq_qwen3", manager, tok, trainer=V1, algorithm=GRPO, manager_class=TMPL_MANAGER)
+    loop.rollout_config.enable_rollout_routing_replay = True
+    outputs = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": USER}], uid="u0"))
+    assert isinstance(outputs, list) and len(outputs) == 3
+    for out in outputs:
+        ids = list(out.prompt_ids) + list(out.response_ids)
+        routes = np.asarray(out.routed_experts)
+        assert routes.shape == (len(ids), 2, 2)
+        known = routes.reshape(len(ids), -1).any(axis=1)  # synthetic routes never pick expert 0 twice
+        assert known[:-1].all() and not known[-1]
+        assert np.array_equal(routes[:-1], synthetic_routes(ids)[:-1])

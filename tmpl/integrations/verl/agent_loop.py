@@ -20,6 +20,15 @@ images. The server manager gets the expanded IDs with ``image_data`` (every imag
 far, in placeholder order), and ``AgentLoopOutput.multi_modal_data`` is ``{"images": [...]}``, the
 images of the whole sequence in placeholder order, from which verl recomputes the model inputs.
 
+Routing replay (R3, verl's ``actor_rollout_ref.rollout.enable_rollout_routing_replay=True``): the loop's
+rollout asks every turn for the routes of its new positions (``Rollout(routes=True)``, through
+:class:`~tmpl.integrations.verl.VerlServerBackend`) and each ``AgentLoopOutput`` carries
+``routed_experts``, verl's own field: ``[len(prompt_ids) + len(response_ids), layers, top_k]``, one row
+per token of the output, aligned with its IDs (verl 0.9.1's ``_agent_loop_postprocess`` pads it with the
+prompt into the batch's ``routed_experts``, int16). A position whose route is not known (the last
+sampled token, which no forward pass routed) is a row of zeros, as verl's own loops leave the rows they
+did not record. A sequence of a template-mode episode carries its own sequence's routes.
+
 Episodes of several training sequences (``Rollout(history="template")``, an ``edit_history`` hook,
 sub-agents: ``RolloutResult.sequences``): ``run`` returns one ``AgentLoopOutput`` per sequence that
 trains a token, the sample's main sequence (its last answer) last, as verl 0.9.1's V1 trainer takes
@@ -156,9 +165,11 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
         messages = list(kwargs["raw_prompt"])
         if self.vision:
             messages = await self._prompt_images(messages)
+        if bool(_setting(config, "enable_rollout_routing_replay", False)):
+            options.setdefault("routes", True)  # R3: verl's servers return routed experts
         rollout = Rollout(
             self.template,
-            VerlServerBackend(self.server_manager, sampling_params),
+            VerlServerBackend(self.server_manager, sampling_params, routes=bool(options.get("routes", False))),
             tools=self.tools or None,
             max_length=int(config.prompt_length) + int(config.response_length),
             max_completion_length=int(config.response_length),
@@ -213,6 +224,7 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
             multi_modal_data=multi_modal if self.vision else None,
             mm_processor_kwargs={} if self.vision else None,
             extra_fields=extra,
+            **_routes_field(result.trajectory.routes),  # the output is the trajectory's IDs
         )
 
     def _sequence_output(self, result: RolloutResult, seq: TrainingSequence, row: int, rows: int) -> AgentLoopOutput:
@@ -233,6 +245,7 @@ class TmplToolAgentLoop(AgentLoopBase):  # type: ignore[misc]
             multi_modal_data={} if self.vision else None,
             mm_processor_kwargs={} if self.vision else None,
             extra_fields=extra,
+            **_routes_field(_sequence_routes(seq, result)),
         )
 
     def _check_rows(self, result: RolloutResult, rows: list[TrainingSequence], kwargs: Mapping[str, Any]) -> None:
@@ -311,6 +324,19 @@ def training_rows(result: RolloutResult) -> list[TrainingSequence]:
     own = [s for s in seqs if s.agent is None and s.parent is None] or seqs
     main = max(own, key=lambda s: (max(s.turns, default=-1), s.index))
     return [s for s in seqs if s is not main and int(s.mask.sum())] + [main]
+
+
+def _routes_field(routes: Any) -> dict[str, Any]:
+    """``{"routed_experts": routes}`` for an ``AgentLoopOutput`` (a copy: verl writes into what it gets),
+    or nothing when the rollout has no routes."""
+    return {} if routes is None else {"routed_experts": routes.copy()}
+
+
+def _sequence_routes(seq: TrainingSequence, result: RolloutResult) -> Any:
+    """The routes of one training sequence of ``result`` (aligned with its IDs), None without routes."""
+    at = next(i for i, s in enumerate(result.sequences) if s.index == seq.index)
+    held = result.sequence_routes[at]
+    return None if held is None else held[0]
 
 
 def _setting(config: Any, path: str, default: Any) -> Any:

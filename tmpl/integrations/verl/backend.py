@@ -8,6 +8,13 @@ with images also sends ``image_data`` (``GenerationRequest.image_sources``, the 
 placeholder order) with the expanded IDs, as verl's own agent loops do (verl 0.9's vLLM server
 collapses Qwen2.5-VL's expanded ``<|image_pad|>`` runs itself and passes ``multi_modal_data``).
 
+Routing replay (``VerlServerBackend(..., routes=True)``, verl's ``rollout.enable_rollout_routing_replay``):
+verl's servers start their engine with ``enable_return_routed_experts`` and return
+``TokenOutput.routed_experts``, a ``[positions, layers, top_k]`` array over the prompt and the generated
+tokens but the last (vLLM's ``CompletionOutput.routed_experts``; SGLang's, reshaped by verl), always
+from position 0: verl sends no prompt start. The rows before the request's ``routes_from`` are dropped
+(:func:`tmpl.backends.routes.from_position`), so each turn keeps the routes of its new positions only.
+
 >>> backend = VerlServerBackend(agent_loop.server_manager, {"temperature": 1.0})  # doctest: +SKIP
 """
 
@@ -17,7 +24,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ...backends.base import Backend, GenerationRequest, GenerationResult
+from ...backends.routes import from_position
 
 __all__ = ["VerlServerBackend", "verl_sampling_params"]
 
@@ -43,10 +53,19 @@ class VerlServerBackend(Backend):
 
     batching = False
 
-    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any], sticky_id: str | None = None) -> None:
+    def __init__(
+        self,
+        server_manager: Any,
+        sampling_params: Mapping[str, Any],
+        sticky_id: str | None = None,
+        *,
+        routes: bool = False,
+    ) -> None:
         self.server_manager = server_manager
         self.params = dict(sampling_params)
         self.sticky_id = sticky_id or uuid.uuid4().hex
+        #: verl's servers return routed experts (``rollout.enable_rollout_routing_replay``)
+        self.gives_routes = routes
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         """One turn on verl's server; the result is cut at the request's budget."""
@@ -78,4 +97,23 @@ class VerlServerBackend(Backend):
             reason = "stop"
         else:
             reason = "length"
-        return GenerationResult(request.request_id, ids, lps, reason)  # type: ignore[arg-type]
+        routes, start = self._routes(request, out, len(ids))
+        return GenerationResult(
+            request.request_id,
+            ids,
+            lps,
+            reason,  # type: ignore[arg-type]
+            routes=routes,
+            routes_start=start,
+        )
+
+    def _routes(self, request: GenerationRequest, out: Any, kept: int) -> tuple[Any, int]:
+        """The turn's routes from ``out.routed_experts`` (from position 0), from ``routes_from`` to the last
+        token kept (a completion cut at the request's budget takes only its kept tokens' routes)."""
+        sent = getattr(out, "routed_experts", None)
+        if request.routes_from is None or sent is None:
+            return None, 0
+        if hasattr(sent, "detach"):  # a torch tensor
+            sent = sent.detach().cpu().numpy()
+        routes, start = from_position(np.asarray(sent), 0, request.routes_from)
+        return routes[: max(0, len(request.prompt_ids) + kept - start)], start
