@@ -24,6 +24,7 @@ from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import tmpl
@@ -516,3 +517,86 @@ def test_slimes_own_rollout_and_training_data_take_the_sample_lists(slime, twin)
     plain = [slime.Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2)) for i in range(GROUP)]
     _, default = slime.Manager._post_process_rewards(manager, plain)
     assert post_process_rewards(args, plain)[1] == pytest.approx(default, abs=1e-6)
+
+
+# -- routing replay (issue 40): routes in slime's own field ------------------------------------------
+
+
+def _replay_args(**kw):
+    args = _args(**kw)
+    args.use_rollout_routing_replay, args.num_layers, args.moe_router_topk = True, 2, 2
+    return args
+
+
+def test_routing_replay_over_sglang_fills_rollout_routed_experts(twin):
+    """``--use-rollout-routing-replay``: the default engine is tmpl's SGLang client asking for routes
+    (``return_routed_experts``, ``routed_experts_start_len`` of each turn's new positions); the Sample's
+    ``rollout_routed_experts`` is slime's shape, ``[len(tokens) - 1, num_layers, moe_router_topk]`` int32,
+    every row the engine's route of that prefix (stitched over the turns, equal to one pass)."""
+    from .test_routes_server import SGLangRoutes
+    from .vllm_standin import SyntheticRoutes, synthetic_routes
+
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    rec = Recorder(_qwen3_script(tpl)[:2])  # a tool call, then the answer
+    with SGLangRoutes(SyntheticRoutes(Scripted(rec))) as server:
+        args = _replay_args()
+        host, port = server.url.rsplit(":", 1)
+        args.sglang_router_ip, args.sglang_router_port = host[len("http://") :], int(port)
+        generate = make_generate(tools=FUNCS, template=tpl, max_turns=8)
+        sample = asyncio.run(generate(args, Sample(index=0, prompt=[{"role": "user", "content": USER}]), dict(PARAMS)))
+    assert sample.status is Sample.Status.COMPLETED and len(rec.sampled) == 2
+    routes = sample.rollout_routed_experts
+    assert routes.dtype == np.int32 and routes.shape == (len(sample.tokens) - 1, 2, 2)
+    assert np.array_equal(routes, synthetic_routes(sample.tokens)[:-1])
+    first, second = server.bodies
+    assert first["return_routed_experts"] and first["routed_experts_start_len"] == 0
+    # the second turn asks from the first turn's last sampled token (its route comes with this prefill)
+    assert second["routed_experts_start_len"] == len(rec.prompts[0]) + len(rec.sampled[0]) - 1
+
+
+def test_routing_replay_gives_each_sample_of_an_episode_its_sequences_routes(twin):
+    from .vllm_standin import SyntheticRoutes, synthetic_routes
+
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    rec = Recorder(_qwen3_script(tpl))
+    generate = make_generate(
+        tools=FUNCS,
+        template=tpl,
+        backend=SyntheticRoutes(Scripted(rec)),
+        max_turns=8,
+        history="template",
+        edit_history=more_users(*QWEN3_QUESTIONS),
+    )
+    out = asyncio.run(
+        generate(_replay_args(), Sample(index=7, prompt=[{"role": "user", "content": USER}]), dict(PARAMS))
+    )
+    assert len(out) == 3
+    for s in out:
+        assert s.rollout_routed_experts.shape == (len(s.tokens) - 1, 2, 2)
+        assert np.array_equal(s.rollout_routed_experts, synthetic_routes(s.tokens)[:-1])
+    # without routing replay the field is None (a retried sample keeps nothing of an earlier attempt)
+    plain = asyncio.run(generate(_args(), out[0], dict(PARAMS)))
+    assert all(s.rollout_routed_experts is None for s in plain)
+
+
+def test_routing_replay_refuses_a_backend_without_routes():
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    generate = make_generate(tools=FUNCS, template=tpl, backend=Scripted(lambda req: [1]))
+    with pytest.raises(tmpl.errors.RoutesUnavailableError, match="Scripted"):
+        asyncio.run(generate(_replay_args(), Sample(index=0, prompt=[{"role": "user", "content": USER}]), PARAMS))
+
+
+@needs_slime
+def test_slimes_replay_validator_takes_the_routes(slime, twin):
+    """slime's own check before R3 consumes the routes (``validate_rollout_routed_experts_for_replay``)."""
+    import torch
+    from slime.observability.rollout_data_utils import validate_rollout_routed_experts_for_replay
+
+    from .vllm_standin import SyntheticRoutes
+
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"), name="qwen3")
+    generate = make_generate(
+        tools=FUNCS, template=tpl, backend=SyntheticRoutes(Scripted(Recorder(_qwen3_script(tpl)[:2])))
+    )
+    sample = asyncio.run(generate(_replay_args(), Sample(index=0, prompt=[{"role": "user", "content": USER}]), PARAMS))
+    validate_rollout_routed_experts_for_replay([torch.as_tensor(sample.rollout_routed_experts)], _replay_args())

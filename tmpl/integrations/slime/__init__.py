@@ -34,6 +34,15 @@ exactly that many rows per prompt, else normalizes the whole batch as one group:
 counts each episode once. The ``Sample`` fields used are those of slime/utils/types.py at that commit;
 slime is not on the package index, so the tests use a stand-in with those fields, and slime's own
 list handling where a checkout of it is given (tests/test_integrations_slime.py).
+
+**Routing replay** (R3, slime's ``--use-rollout-routing-replay``): the rollout asks every turn for the
+routes of its new positions (``Rollout(routes=True)``) on :class:`tmpl.backends.SGLang` with
+``routes=(args.num_layers, args.moe_router_topk)``, and each Sample carries slime's own field
+``rollout_routed_experts``: ``[len(tokens) - 1, num_layers, moe_router_topk]`` int32 (a numpy array),
+the routes of every token but the last, which slime's Megatron path pads itself
+(``prepare_routed_experts_for_routing_replay`` asserts ``len(tokens) - 1`` rows; slime's own SGLang path
+fills the field the same way, ``Sample.update_from_meta_info``). A position whose route is not known is
+a row of zeros. Without routing replay the field is None.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from ...backends.base import Backend, Sampling
 from ...chat_template import ChatTemplate
 from ...errors import TrainerConfigError
@@ -51,7 +62,15 @@ from ...rollout import Rollout, RolloutResult
 from ...rollout.subagent import subagents_of
 from ...trajectory.types import Status
 
-__all__ = ["episode_samples", "make_generate", "post_process_rewards", "sampling_from_slime", "several_sequences"]
+__all__ = [
+    "episode_samples",
+    "make_generate",
+    "post_process_rewards",
+    "replay_routes",
+    "sampling_from_slime",
+    "several_sequences",
+    "slime_routes",
+]
 
 STATUS = {"DONE": "COMPLETED", "TRUNCATED": "TRUNCATED", "ABORTED": "ABORTED"}
 
@@ -78,11 +97,32 @@ def _template(path: str) -> ChatTemplate:
 
 
 @functools.lru_cache(maxsize=8)
-def _sglang(url: str) -> Backend:
-    """One SGLang client (and its connection pools) per router URL and process, shared by every sample."""
+def _sglang(url: str, routes: tuple[int, int] | None = None) -> Backend:
+    """One SGLang client (and its connection pools) per router URL and process, shared by every sample
+    (``routes``: the model's ``(layers, top_k)`` under routing replay)."""
     from ...backends.sglang import SGLang
 
-    return SGLang(url)
+    return SGLang(url, routes=routes)
+
+
+def replay_routes(args: Any) -> tuple[int, int] | None:
+    """``(num_layers, moe_router_topk)`` when slime runs with ``--use-rollout-routing-replay``, else None.
+
+    >>> from types import SimpleNamespace
+    >>> replay_routes(SimpleNamespace(use_rollout_routing_replay=True, num_layers=48, moe_router_topk=8))
+    (48, 8)
+    """
+    if not getattr(args, "use_rollout_routing_replay", False):
+        return None
+    return int(args.num_layers), int(args.moe_router_topk)
+
+
+def slime_routes(routes: Any, tokens: int) -> Any:
+    """slime's ``rollout_routed_experts`` of a sequence of ``tokens`` IDs from its routes (None: None):
+    int32 ``[tokens - 1, layers, top_k]``, every token but the last."""
+    if routes is None:
+        return None
+    return np.ascontiguousarray(routes[: max(tokens - 1, 0)], dtype=np.int32)
 
 
 def make_generate(
@@ -122,7 +162,10 @@ def make_generate(
         elif backend is not None:
             engine = backend(args)
         else:
-            engine = _sglang(f"http://{args.sglang_router_ip}:{args.sglang_router_port}")
+            engine = _sglang(f"http://{args.sglang_router_ip}:{args.sglang_router_port}", replay_routes(args))
+        options = dict(rollout_options)
+        if replay_routes(args) is not None:
+            options.setdefault("routes", True)  # R3: every turn asks for the routes of its new positions
         max_response = int(
             getattr(args, "rollout_max_response_len", None) or sampling_params.get("max_new_tokens", 1024)
         )
@@ -137,7 +180,7 @@ def make_generate(
             max_tokens_per_turn=int(sampling_params.get("max_new_tokens", max_response)),
             sampling=sampling_from_slime(sampling_params),
             progress=False,
-            **rollout_options,
+            **options,
         )
         if not max_context:  # the prompt (with the tools' schemas) plus the response budget
             rollout.max_length = len(tpl.prompt_ids(list(prompt), tools=rollout.tool_schemas)) + max_response
@@ -164,6 +207,7 @@ def _fill(tpl: ChatTemplate, sample: Any, result: RolloutResult) -> Any:
     sample.response_length = len(response)
     sample.loss_mask = [int(m) for m in result.mask.tolist()]
     sample.rollout_log_probs = [float(x) for x in result.logprobs.tolist()]
+    sample.rollout_routed_experts = slime_routes(result.routes, len(sample.tokens))
     sample.response = tpl.tokenizer.decode(response)  # text for rewards and logs only
     sample.status = getattr(type(sample).Status, STATUS[result.status.name])
     sample.metadata = {**(getattr(sample, "metadata", None) or {}), **_episode_metadata(result)}
@@ -231,6 +275,7 @@ def episode_samples(tpl: ChatTemplate, sample: Any, result: RolloutResult) -> li
         "rollout_id": rollout_id,
     }
     siblings = [copy.deepcopy(sample) for _ in sequences[1:]]  # before ``sample`` is written
+    routes = {s.index: held for s, held in zip(result.sequences, result.sequence_routes)}
     out = []
     for seq, target in zip(sequences, [sample, *siblings]):
         start = seq.prompt_length
@@ -238,6 +283,8 @@ def episode_samples(tpl: ChatTemplate, sample: Any, result: RolloutResult) -> li
         target.response_length = len(seq.ids) - start
         target.loss_mask = [int(m) for m in seq.mask[start:].tolist()]
         target.rollout_log_probs = [float(x) for x in seq.logprobs[start:].tolist()]
+        held = routes.get(seq.index)
+        target.rollout_routed_experts = slime_routes(None if held is None else held[0], len(seq.ids))
         target.response = response
         if aborted:
             name = "ABORTED"
