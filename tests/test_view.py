@@ -64,7 +64,7 @@ def make_export(folder: Path) -> tuple[Path, list[dict], object]:
     """A JSONL export of Qwen2.5 rollouts (scripted completions, real tokenizer and template):
 
     row 0: a tool round with the hostile result, then an answer; row 1: a call written without spaces (the
-    template re-serializes it: drift); row 2: a direct answer; row 3: an aborted generation; row 4: a sample
+    template re-serializes it: drift); row 2: a direct answer (masked out of the loss as stale); row 3: an aborted generation; row 4: a sample
     with an episode of three calls (a; b, a sub-agent of a; c, a branch from a: a compaction). Returns (path, records, template).
     """
     tpl = _tpl()
@@ -94,6 +94,10 @@ def make_export(folder: Path) -> tuple[Path, list[dict], object]:
     ep.add_call(Call(ids[:10] + summary, [11, 12, 13], [-0.1, -0.2, -0.3], id="c"), edit="compaction")
     records.append({**base, "index": 4, "episode": to_record(ep), "reward": 0.75})
     records[0]["reward"], records[1]["reward"] = 1.0, 0.0
+    # row 2 sampled by version 1 and ended under version 3: max_staleness masked it out of the loss
+    r2 = records[2]
+    r2.update(version=3, staleness=2, stale_action="mask", loss_mask=[0] * len(r2["mask"]))
+    r2["versions"] = [1 if m else -1 for m in r2["mask"]]
     path = folder / "rollouts.jsonl"
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
@@ -141,6 +145,8 @@ def test_page_carries_every_sample_exactly(exported, tmp_path):
         assert unb64(d["ids"], "<i4") == r["prompt_ids"] + r["completion_ids"]
         assert d["np"] == len(r["prompt_ids"])
         assert unb64(d["mask"], "<u1") == r["mask"]
+        assert d["loss"] is None if r["loss_mask"] == r["mask"] else unb64(d["loss"], "<u1") == r["loss_mask"]
+        assert d["ver"] is None if max(r["versions"], default=-1) < 0 else unb64(d["ver"], "<i4") == r["versions"]
         assert unb64(d["lp"], "<f4") == pytest.approx(r["logprobs"], abs=0)  # float32 both sides
         assert d["messages"] == r["messages"]
         assert d["spans"] == [[s["kind"], s["turn"], s["message"], s["start"], s["end"]] for s in r["spans"]]
@@ -149,6 +155,10 @@ def test_page_carries_every_sample_exactly(exported, tmp_path):
     assert cols["drift"] == [r["drift"] for r in records]
     assert cols["length"] == [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records]
     assert cols["reward"][:2] == [1.0, 0.0] and cols["reward"][4] == 0.75
+    assert cols["staleness"][2] == 2 and cols["version"][2] == 3
+    assert summary_of(page)["version_tokens"] == {"1": sum(records[2]["mask"])} | (
+        {"0": sum(sum(r["mask"]) for k, r in enumerate(records) if k != 2 and max(r["versions"], default=-1) == 0)}
+    )
     # the hostile tool result is carried (as data) but never as markup the HTML parser would read
     assert any(HOSTILE in str(m.get("content")) for m in got[0]["messages"] if m["role"] == "tool")
     text = page.read_text(encoding="utf-8")

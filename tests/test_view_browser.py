@@ -148,6 +148,27 @@ def test_tokens_are_coloured_by_origin_at_the_exports_mask_positions(browser, pa
     assert_no_console_errors(browser)
 
 
+def test_a_stale_sample_masked_out_of_the_loss_shows_its_versions(browser, pages):
+    record = pages["records"][2]
+    open_page(browser, pages["main"], "sample=2")
+    head = browser.find_element("id", "s-head").text
+    assert "policy version 3 \u00b7 staleness 2 (mask)" in head
+    toks = tokens(browser)
+    n_prompt = len(record["prompt_ids"])
+    sampled = [t for t in toks if t["bg"] == SAMPLED]
+    assert [t["p"] - n_prompt for t in sampled] == [k for k, m in enumerate(record["mask"]) if m]
+    assert sampled and all(t["style"] == "dashed" and t["under"] != LOSS for t in sampled)  # not in the loss
+    browser.execute_script(
+        "var s = document.getElementById('s-colour'); s.value = 'version'; s.dispatchEvent(new Event('change'));"
+    )
+    by_version = {t["bg"] for t in tokens(browser) if t["p"] - n_prompt in {s["p"] - n_prompt for s in sampled}}
+    assert by_version == {"rgb(255, 209, 220)"}  # version 1's colour in the page's palette
+    browser.execute_script(
+        "var s = document.getElementById('s-colour'); s.value = 'origin'; s.dispatchEvent(new Event('change'));"
+    )
+    assert_no_console_errors(browser)
+
+
 def test_a_tool_result_holding_script_is_shown_as_text_and_never_run(browser, pages):
     open_page(browser, pages["main"], "sample=0")
     folds = browser.find_elements("css selector", "#s-tokens details.fold")
