@@ -294,6 +294,11 @@ EXTRA_STEPS = {
     "datasets": [],
     "sglang": [],
     "verl": [],
+    # the atif models, imported lazily, validate a document (pydantic comes with atif)
+    "atif": [
+        "import tmpl.atif as a; a.validate({'schema_version': 'ATIF-v1.8', 'agent': {'name': 'x', 'version': '1'}, "
+        "'steps': []})"
+    ],
 }
 
 
