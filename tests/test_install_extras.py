@@ -37,6 +37,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.vision.parts": ("vision",),
     "tmpl.export": ("datasets",),  # to_dataset
     "tmpl.atif": ("atif",),  # to_atif / from_atif validate with its models
+    "tmpl.view.read": ("datasets",),  # tmpl view reads Parquet through datasets
     "tmpl.rollout.scale": ("ray",),
     "tmpl.integrations.trl": ("trl",),
     "tmpl.integrations.verl": ("verl",),

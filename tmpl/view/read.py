@@ -2,7 +2,7 @@
 
 Reads tmpl's JSON Lines (``.jsonl``, ``.jsonl.gz``: :func:`tmpl.export.to_jsonl`, and the gateway's episode
 lines of :func:`tmpl.export.episodes_to_jsonl`), Parquet files of the same records
-(:func:`tmpl.export.to_dataset` ``.to_parquet``, read batch by batch with pyarrow) and ATIF trajectories
+(:func:`tmpl.export.to_dataset` ``.to_parquet``, read batch by batch through ``datasets``, memory-mapped) and ATIF trajectories
 (through :mod:`tmpl.atif`, as ``tmpl.export.from_atif`` reads them). Nothing is read whole: a 1 GB export is streamed.
 
 A line that is not JSON, or a record that is not a mapping, is yielded as a :class:`Problem` and reading
@@ -15,10 +15,14 @@ rollouts.jsonl:1 DONE
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gzip
 import io
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +113,7 @@ def count_items(path: str | os.PathLike[str], fmt: str | None = None) -> int:
     fmt = fmt or detect_format(path)
     p = Path(path)
     if fmt == "parquet":
-        return int(_parquet_file(p).metadata.num_rows)
+        return len(_parquet_file(p))
     if fmt == "atif":
         from ..atif import read_documents
 
@@ -153,22 +157,44 @@ def _jsonl(path: Path) -> Iterator[Item]:
             yield Item(where, None, Problem(where, None, f"the compressed file cannot be read on: {exc}"))
 
 
+@functools.lru_cache(maxsize=2)
+def _parquet_dataset(path: str, mtime: float) -> Any:  # noqa: ARG001 - mtime: part of the cache key
+    """The Parquet file as a ``datasets.Dataset`` (the ``datasets`` extra): an Arrow cache file in a temporary
+    folder (removed at exit), memory-mapped, so rows are read in batches, never the file whole into memory.
+    Cached per file and modification time: the count and the rows convert once."""
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - the datasets extra
+        raise ViewError(path, "reading Parquet needs the datasets library: pip install datasets") from exc
+    cache = tempfile.mkdtemp(prefix="tmpl-view-parquet-")
+    atexit.register(shutil.rmtree, cache, True)
+    quiet = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        return datasets.Dataset.from_parquet(path, cache_dir=cache, keep_in_memory=False)
+    except Exception as exc:  # noqa: BLE001 - pyarrow and datasets raise their own kinds for a broken file
+        raise ViewError(path, f"not a readable Parquet file: {_first_line(exc)}") from exc
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+
+
 def _parquet_file(path: Path) -> Any:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - pyarrow comes with datasets
-        raise ViewError(str(path), "reading Parquet needs pyarrow: pip install pyarrow") from exc
-    try:
-        return pq.ParquetFile(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own kinds for a broken footer
-        raise ViewError(str(path), f"not a readable Parquet file: {exc}") from exc
+    return _parquet_dataset(str(path), path.stat().st_mtime)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _parquet(path: Path, batch_size: int = 256) -> Iterator[Item]:
-    pf = _parquet_file(path)
+    dataset = _parquet_file(path)
     row = 0
-    for batch in pf.iter_batches(batch_size=batch_size):
-        for record in batch.to_pylist():
+    for batch in dataset.iter(batch_size=batch_size):
+        keys = list(batch)
+        for values in zip(*(batch[k] for k in keys)):
+            record = dict(zip(keys, values))
             row += 1
             where = f"{path.name}:row {row}"
             bad = None
