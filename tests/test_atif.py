@@ -191,7 +191,7 @@ def test_tmpl_replay_rerenders_atif_and_finds_drift(qwen, tmp_path, capsys):
     path = tmp_path / "run.jsonl"  # ATIF as JSON lines, under a name that says nothing: known by content
     path.write_text("".join(json.dumps(d.to_json_dict()) + "\n" for d in docs), encoding="utf-8")
     # tools: each trajectory's agent.tool_definitions
-    assert main(["replay", str(path), "--model", str(DATA / "qwen2.5-instruct")]) == 1
+    assert main(["replay", str(path), "--tokenizer", str(DATA / "qwen2.5-instruct")]) == 1
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
     assert "| false |" in rows[0]

@@ -539,7 +539,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "file", help="a .jsonl or .jsonl.gz file written by tmpl.export.to_jsonl, or an ATIF trajectory file"
     )
-    rep.add_argument("--model", metavar="SOURCE", help="re-render with this tokenizer's template (a folder or hub id)")
+    rep.add_argument(
+        "--model",
+        "--tokenizer",
+        dest="model",
+        metavar="SOURCE",
+        help="re-render with this tokenizer's template (a folder or hub id; --tokenizer as in tmpl view)",
+    )
     rep.add_argument("--template", metavar="FILE", help="a chat template file to use instead of the tokenizer's")
     rep.add_argument("--tools", metavar="FILE", help="a JSON file with the tool schemas the rollout rendered with")
     _hub(rep)
