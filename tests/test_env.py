@@ -552,7 +552,7 @@ def test_a_crash_in_the_loop_closes_the_environment(counted, tokenizer_of, monke
     def boom(*args, **kwargs):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr("tmpl.rollout.envs.turn_suffix", boom)
+    monkeypatch.setattr("tmpl.rollout.envs.turn_suffix_text", boom)
     [r] = rollout.run([0])
     assert r.code is EndCode.CRASHED and "ZeroDivisionError: bug" in r.trajectory.reason
     assert counted.closed == 1

@@ -38,12 +38,28 @@ def turn_suffix(
     completion_ids: Sequence[int],
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Any] | None = None,
+    prompt_text: str | None = None,
 ) -> list[int]:
     """The IDs to append after ``completion_ids`` (the assistant turn ``assistant``, after ``history``) for
-    ``messages``, ending with the next generation prompt. ``tools``: the schemas the prompt rendered."""
+    ``messages``, ending with the next generation prompt. ``tools``: the schemas the prompt rendered;
+    ``prompt_text``: the render of ``history`` with the generation prompt, where the caller has it."""
+    return turn_suffix_text(tpl, history, assistant, completion_ids, messages, tools, prompt_text)[0]
+
+
+def turn_suffix_text(
+    tpl: ChatTemplate,
+    history: Sequence[Mapping[str, Any]],
+    assistant: Mapping[str, Any],
+    completion_ids: Sequence[int],
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    prompt_text: str | None = None,
+) -> tuple[list[int], str | None]:
+    """:func:`turn_suffix` and the render of the conversation it ends (the next prompt's text; None where
+    the suffix engine answered without a render)."""
     if all(m.get("role") in TOOL_ROLES for m in messages):
-        return tpl.suffix_ids(messages, completion_ids=completion_ids, tools=tools, history=history)
-    return render_suffix(tpl, history, assistant, completion_ids, messages, tools)
+        return tpl.suffix_ids(messages, completion_ids=completion_ids, tools=tools, history=history), None
+    return _render_suffix(tpl, history, assistant, completion_ids, messages, tools, prompt_text)
 
 
 def render_suffix(
@@ -59,6 +75,18 @@ def render_suffix(
 
     ``prompt_text``: the render of ``history`` with the generation prompt (rendered when not given).
     """
+    return _render_suffix(tpl, history, assistant, completion_ids, messages, tools, prompt_text)[0]
+
+
+def _render_suffix(
+    tpl: ChatTemplate,
+    history: Sequence[Mapping[str, Any]],
+    assistant: Mapping[str, Any],
+    completion_ids: Sequence[int],
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None,
+    prompt_text: str | None,
+) -> tuple[list[int], str]:
     roles = "/".join(sorted({str(m.get("role")) for m in messages if m.get("role") not in TOOL_ROLES}))
     if not completion_ids or completion_ids[-1] not in tpl.stop_token_ids:
         raise UnsupportedTemplateError(
@@ -91,7 +119,7 @@ def render_suffix(
         raise UnsupportedTemplateError(
             tpl.name, f"the text after the stop token {stop_text!r} does not tokenize apart from it"
         )
-    return ids[1:]
+    return ids[1:], after
 
 
 def _differs(tpl: ChatTemplate, roles: str, what: str, was: str, now: str) -> UnsupportedTemplateError:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..env.checks import check_reset, check_step
 from ..env.protocol import call_env
-from ..env.turns import turn_suffix
+from ..env.turns import turn_suffix_text
 from ..episode import Call, Episode
 from ..errors import EnvError, TmplError
 from ..toolcalls.api import parser_for
@@ -48,7 +48,20 @@ class EpisodeEnv:
     held (:meth:`tmpl.rollout.sample.SampleRun.end`) so that a ``close`` that raises still names it.
     """
 
-    __slots__ = ("env", "name", "sample", "schemas", "state", "reward", "info", "error", "closed", "pending", "_seen")
+    __slots__ = (
+        "env",
+        "name",
+        "sample",
+        "schemas",
+        "state",
+        "reward",
+        "info",
+        "error",
+        "closed",
+        "pending",
+        "text",
+        "_seen",
+    )
 
     def __init__(self, sample: str) -> None:
         self.env: Any = None
@@ -61,6 +74,7 @@ class EpisodeEnv:
         self.error: str | None = None
         self.closed = False
         self.pending: str | None = None  # the reason of the end held until close
+        self.text: str | None = None  # the render of the conversation so far, where known (saves a render)
         self._seen = 0  # simulator calls taken so far
 
     async def close(self) -> EnvError | None:
@@ -160,6 +174,7 @@ async def run_episode(rollout: Rollout, i: int, s: int, task: Any, scheduler: Sc
             )
             return await _closed_after(rollout, i, s, ep, messages, prompt, EndCode.ENV_REJECTED, err)
         prompt = rollout.tpl.codec.encode(text)
+        ep.text = text
         if len(prompt) >= rollout.max_length:
             err = EnvError(
                 ep.sample,
@@ -291,7 +306,9 @@ async def env_turn(
     schemas = schemas_of(rollout, ep)
     try:
         with run.clock("suffix"):
-            suffix = turn_suffix(rollout.tpl, before, assistant, completion, step.messages, schemas)
+            suffix, ep.text = turn_suffix_text(
+                rollout.tpl, before, assistant, completion, step.messages, schemas, ep.text
+            )
     except TmplError as exc:
         run.history += step.messages
         return run.end(EndCode.SUFFIX_FAILED, f"cannot build the suffix of the environment's turns: {exc}")
