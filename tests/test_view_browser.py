@@ -330,8 +330,8 @@ def test_the_export_of_a_real_rollout(browser, tmp_path):
         tools=list(FUNCTIONS.values()),
         max_turns=2,
         max_length=1024,
-        max_tokens_per_turn=48,
-        sampling=Sampling(temperature=1.0, n=2, seed=5),
+        max_tokens_per_turn=40,
+        sampling=Sampling(temperature=1.0, n=1, seed=5),
         measure_drift=True,
     )
     results = rollout.run(QUESTIONS[:1])
