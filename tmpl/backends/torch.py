@@ -19,7 +19,7 @@ on the processor's own full render of the conversation.
 
 Mixture-of-experts routing replay: a request with ``routes_from`` gets the experts the model routed
 each position to (``GenerationResult.routes``, ``[positions, layers, top_k]``), read from the model's
-own router outputs while ``generate`` runs (``output_router_logits=True``; each step's router logits,
+own router outputs while ``generate`` runs (``output_router_logits=True`` on its base model; each step's router logits,
 top-k of their softmax as the router takes it, see :class:`_StepRoutes`), from ``routes_from`` to the
 last sampled token, which is left out (no forward pass ran it), as vLLM reports them. ``gives_routes``
 is True only for a model whose forward takes ``output_router_logits`` and whose config names its top-k.
@@ -197,16 +197,33 @@ def _expert_count(model: Any) -> int | None:
 class _StepRoutes:
     """The experts of every position, taken from the router logits of each forward pass of ``generate``.
 
-    :meth:`forward_hook` reads ``outputs.router_logits`` (one ``[batch * positions, experts]`` tensor per
-    MoE layer: the prefill's, then one position per decoding step) and keeps the top-k of their softmax,
-    in float32, as Qwen3-MoE's and Mixtral's routers choose (``topk(softmax(logits))``): ``[batch,
-    positions, layers, top_k]`` per step. Layers without a router (dense layers) are not in the outputs.
+    Hooked on the model's base model (``model.base_model``): :meth:`ask` (a forward pre-hook) passes it
+    ``output_router_logits=True`` (on the causal-LM wrapper that would also compute the auxiliary
+    load-balancing loss, which fails on ``generate``'s decoding steps), :meth:`forward_hook` reads
+    ``outputs.router_logits`` (one ``[batch * positions, experts]`` tensor per MoE layer: the prefill's,
+    then one position per decoding step) and keeps the top-k of their softmax, in float32, as Qwen3-MoE's
+    and Mixtral's routers choose (``topk(softmax(logits))``): ``[batch, positions, layers, top_k]`` per
+    step. Layers without a router (dense layers) are not in the outputs.
     """
 
     def __init__(self, top_k: int) -> None:
         self.top_k = top_k
         self.steps: list[Any] = []
         self._thread = threading.get_ident()
+
+    def ask(self, module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:  # noqa: ARG002
+        """Forward pre-hook (``with_kwargs=True``): ask the base model for its router logits."""
+        if threading.get_ident() == self._thread:
+            kwargs["output_router_logits"] = True
+        return args, kwargs
+
+    def hook(self, model: Any) -> list[Any]:
+        """Hook onto ``model``'s base model; returns the handles to remove."""
+        base = getattr(model, "base_model", model)
+        return [
+            base.register_forward_pre_hook(self.ask, with_kwargs=True),
+            base.register_forward_hook(self.forward_hook),
+        ]
 
     def forward_hook(self, module: Any, args: Any, output: Any) -> None:  # noqa: ARG002 - torch hook signature
         if threading.get_ident() != self._thread:
@@ -216,7 +233,7 @@ class _StepRoutes:
             raise BackendError(f"Torch backend: {type(module).__name__} returned no router_logits for routes")
         import torch
 
-        batch = output.logits.shape[0]
+        batch = output.last_hidden_state.shape[0]
         layers = []
         for layer in logits:
             probs = torch.softmax(layer.detach(), dim=-1, dtype=torch.float)
@@ -355,8 +372,7 @@ class Torch(Backend):
         routing = None
         if self._top_k is not None and any(r.routes_from is not None for r in group):
             routing = _StepRoutes(self._top_k)
-            kwargs["output_router_logits"] = True
-            route_hook = self.model.register_forward_hook(routing.forward_hook)
+            route_hooks = routing.hook(self.model)
         try:
             with torch.no_grad():
                 gen = self.model.generate(**kwargs)
@@ -364,7 +380,8 @@ class Torch(Backend):
             if hook is not None:
                 hook.remove()
             if routing is not None:
-                route_hook.remove()
+                for handle in route_hooks:
+                    handle.remove()
         new = gen.sequences[:, width:]
         chosen = steps.matrix(new.shape[1])
         experts = _expert_count(self.model)
