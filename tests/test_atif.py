@@ -567,3 +567,40 @@ def test_atif_is_known_by_content_wherever_schema_version_sits(qwen, tmp_path, c
     assert looks_like_atif(lines) and not looks_like_atif(tmp_path / "nothing")
     assert main(["replay", str(lines)]) == 0  # read as ATIF (a tmpl reader would refuse its format)
     assert "1 samples, 0 measured" in capsys.readouterr().out
+
+
+def _image_message(d):
+    d["steps"][0]["message"] = [
+        {"type": "text", "text": "What is the weather here?"},
+        {"type": "image", "source": {"media_type": "image/png", "path": "images/street.png"}},
+    ]
+
+
+def _file_ref(d):
+    d["steps"][2]["observation"] = {"results": [{"subagent_trajectory_ref": [{"trajectory_path": "sub.json"}]}]}
+
+
+def _text_only_step(d):
+    d["steps"].insert(2, {"step_id": 3, "source": "agent", "message": "Let me answer.", "llm_call_count": 0})
+    for k, step in enumerate(d["steps"]):
+        step["step_id"] = k + 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_image_message, _file_ref, _text_only_step, lambda d: d["steps"][1].update(is_copied_context=True)],
+    ids=["content-parts", "file-ref", "text-only-step", "copied-context"],
+)
+def test_other_writers_shapes_come_back_as_written(qwen, change):
+    tok, _ = qwen
+    d = weather_document(tok).to_json_dict()
+    change(d)
+    want = atif.Trajectory.model_validate(d).to_json_dict()
+    [r] = export.from_atif([d])
+    [out] = export.to_atif([r])
+    assert _without_tmpl(out.to_json_dict()) == want
+    sampled = [len(s["metrics"]["completion_token_ids"]) for s in d["steps"] if s.get("metrics")]
+    trained = [
+        n for s, n in zip([s for s in d["steps"] if s.get("metrics")], sampled) if not s.get("is_copied_context")
+    ]
+    assert [int(s.mask.sum()) for s in r.sequences] == [sum(trained)]  # a copied step is context, never trained

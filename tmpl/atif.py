@@ -588,6 +588,12 @@ def _restore_step(ours: dict[str, Any], source: Mapping[str, Any]) -> dict[str, 
             for a, b in zip(calls, scalls)
         ]
     obs, sobs = ours.get("observation"), source.get("observation")
+    if sobs:  # references to trajectories in other files are no message: tmpl keeps them only here
+        refs = [r for r in sobs["results"] if r.get("content") is None and _file_refs(r)]
+        if refs and not obs:
+            obs = out["observation"] = {"results": []}
+        if refs and obs is not None and len(obs["results"]) < len(sobs["results"]):
+            obs = out["observation"] = {"results": [*obs["results"], *refs]}
     if obs and sobs and len(obs["results"]) == len(sobs["results"]):
         out["observation"] = {
             "results": [
@@ -595,7 +601,15 @@ def _restore_step(ours: dict[str, Any], source: Mapping[str, Any]) -> dict[str, 
                 for a, b in zip(obs["results"], sobs["results"])
             ]
         }
+    if isinstance(source.get("message"), list):  # content parts: as written (tmpl's text is their text)
+        out["message"] = source["message"]
     return out
+
+
+def _file_refs(result: Mapping[str, Any]) -> bool:
+    """Whether an observation result references trajectories in other files only (no embedded one)."""
+    refs = result.get("subagent_trajectory_ref") or []
+    return bool(refs) and all(r.get("trajectory_id") is None for r in refs)
 
 
 def _merged_extra(ours: Mapping[str, Any] | None, source: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -909,7 +923,9 @@ def _their_record(
     another (append mode), else an episode of them."""
     call_records = _calls_record(calls, where)
     root = [c for c in call_records if c["parent"] is None and c["agent"] is None]
-    built = _appended(call_records) if len(root) == len(call_records) else None
+    # one appended sequence: every call the root's and trained (append mode trains every sampled token)
+    appendable = len(root) == len(call_records) and all(c["trained"] for c in call_records)
+    built = _appended(call_records) if appendable else None
     episode = None
     if built is None:
         episode = {
