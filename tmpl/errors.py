@@ -545,6 +545,20 @@ class RoutesUnavailableError(BackendError, ValueError):
     """
 
 
+class RoutesDecodeError(BackendError, ValueError):
+    """A routes payload that is not what its engine sends (routing replay): not base64, not ``.npy`` bytes,
+    an object array, flat expert IDs that are not a whole number of ``layers x top_k`` rows.
+
+    The backend fails the generation with the message (a malformed answer, like a missing ``token_ids``);
+    routes that decode but do not fit the sample end it with ``EndCode.BAD_ROUTES`` instead.
+
+    >>> raise RoutesDecodeError("routed_experts is not base64 of .npy bytes: ...")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.RoutesDecodeError: routed_experts is not base64 of .npy bytes: ...
+    """
+
+
 class WeightUpdateError(BackendError):
     """A weight update (``Rollout.update_weights``) failed on one engine; ``engine`` names it.
 

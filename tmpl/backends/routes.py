@@ -32,18 +32,16 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import RoutesDecodeError
+
 __all__ = ["RoutesDecodeError", "decode_flat", "decode_npy", "from_position"]
 
 #: SGLang's wire dtypes (``routed_experts_dtype``; absent: int32)
-_FLAT_DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype(np.int32), "uint16": np.dtype(np.uint16), "uint8": np.dtype(np.uint8)}
-
-
-class RoutesDecodeError(ValueError):
-    """A routes payload that is not what its engine sends (not base64, not ``.npy``, a ragged size).
-
-    The backend fails the generation with this message (the answer is malformed, like a missing
-    ``token_ids``); routes that decode but do not fit the sample end it with ``EndCode.BAD_ROUTES``.
-    """
+_FLAT_DTYPES: dict[str, np.dtype[Any]] = {
+    "int32": np.dtype(np.int32),
+    "uint16": np.dtype(np.uint16),
+    "uint8": np.dtype(np.uint8),
+}
 
 
 def decode_npy(payload: str) -> np.ndarray:
@@ -52,7 +50,7 @@ def decode_npy(payload: str) -> np.ndarray:
     >>> decode_npy("AAAA")  # base64, but not of .npy bytes
     Traceback (most recent call last):
     ...
-    tmpl.backends.routes.RoutesDecodeError: routed_experts is not base64 of .npy bytes: ...
+    tmpl.errors.RoutesDecodeError: routed_experts is not base64 of .npy bytes: ...
     """
     try:
         raw = base64.b64decode(payload, validate=False)
@@ -75,7 +73,7 @@ def decode_flat(payload: str, dtype: str | None, layers: int, top_k: int) -> np.
     >>> decode_flat(data, "float16", 2, 2)
     Traceback (most recent call last):
     ...
-    tmpl.backends.routes.RoutesDecodeError: routed_experts_dtype 'float16': SGLang sends int32, uint16 or uint8
+    tmpl.errors.RoutesDecodeError: routed_experts_dtype 'float16': SGLang sends int32, uint16 or uint8
     """
     name = "int32" if dtype is None else str(dtype).strip().lower()
     if name not in _FLAT_DTYPES:
