@@ -219,6 +219,49 @@ def test_interrupted_generation_pieces_stitch_to_the_whole(moe):
         stitch([pieces[0], dataclasses.replace(pieces[1], asked=asked + 1, start=asked + 1)], sample="a")
 
 
+class Interrupting(Backend):
+    """The Torch backend whose first generation is stopped after ``k`` tokens as an abort-mode weight update
+    stops it (finish "abort", the rollout's abort epoch moved on), so the loop continues it in a new request."""
+
+    gives_routes = True
+
+    def __init__(self, inner, k):
+        self.inner, self.k, self.rollout, self.asked = inner, k, None, []
+
+    def generate_batch(self, requests):
+        self.asked += [r.routes_from for r in requests]
+        if self.rollout is None or self.k is None:
+            return self.inner.generate_batch(requests)
+        cut = [dataclasses.replace(r, max_tokens=min(r.max_tokens, self.k)) for r in requests]
+        self.k = None
+        self.rollout._abort_epoch += 1
+        return [dataclasses.replace(res, finish_reason="abort") for res in self.inner.generate_batch(cut)]
+
+
+def test_a_generation_resumed_after_an_abort_keeps_exact_routes(moe):
+    """Partial rollouts end to end: the first turn is stopped after 4 tokens and continued; the pieces'
+    routes stitch into the sample's, equal to one forward pass over the final sequence."""
+    model, _, tpl = moe
+    backend = Interrupting(tmpl.backends.Torch(model), k=4)
+    ro = tmpl.Rollout(
+        tpl,
+        backend,
+        tools=[get_time],
+        max_turns=4,
+        max_length=1024,
+        measure_drift=False,
+        routes=True,
+        sampling=tmpl.Sampling(temperature=0.0),
+    )
+    backend.rollout = ro
+    (r,) = ro.run([QUESTIONS[0]])
+    assert r.code is EndCode.FINISHED and r.resumed == 1 and r.turns == 2, (r.code, r.reason)
+    p = len(r.prompt_ids)
+    assert backend.asked[:2] == [0, p + 4 - 1]  # the continuation asks from the piece's last sampled token
+    same, total = agreement(model, [r])
+    assert same == total == r.trajectory.length - 1
+
+
 class Corrupting(Backend):
     """The Torch backend with one turn's routes corrupted by ``bend(result, turn)``."""
 
