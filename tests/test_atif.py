@@ -604,3 +604,75 @@ def test_other_writers_shapes_come_back_as_written(qwen, change):
         n for s, n in zip([s for s in d["steps"] if s.get("metrics")], sampled) if not s.get("is_copied_context")
     ]
     assert [int(s.mask.sum()) for s in r.sequences] == [sum(trained)]  # a copied step is context, never trained
+
+
+# -- generated trajectories ----------------------------------------------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@st.composite
+def trajectories(draw):
+    """ATIF documents with calls that extend the context, branch off it, or run in an embedded sub-agent;
+    float64 logprobs; token IDs from the int32 range."""
+    ids = st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=6)
+    steps = [{"step_id": 1, "source": "user", "message": draw(st.text(max_size=8))}]
+    context: list[int] = draw(ids)
+    for _ in range(draw(st.integers(1, 4))):
+        how = draw(st.sampled_from(["extend", "branch"]))
+        prompt = context + draw(ids) if how == "extend" else draw(ids)
+        completion = draw(ids)
+        lps = draw(st.lists(st.floats(-30, 0, allow_nan=False), min_size=len(completion), max_size=len(completion)))
+        steps.append(
+            {
+                "step_id": len(steps) + 1,
+                "source": "agent",
+                "message": draw(st.text(max_size=8)),
+                "metrics": {"prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": lps},
+            }
+        )
+        context = prompt + completion
+    doc = {"schema_version": "ATIF-v1.8", "agent": {"name": "gen", "version": "0"}, "steps": steps}
+    if draw(st.booleans()):  # a sub-agent run by the first call
+        sub_ids = draw(ids)
+        doc["subagent_trajectories"] = [
+            {
+                "schema_version": "ATIF-v1.8",
+                "trajectory_id": "helper",
+                "agent": {"name": "helper", "version": "0"},
+                "steps": [
+                    {
+                        "step_id": 1,
+                        "source": "agent",
+                        "message": "",
+                        "metrics": {
+                            "prompt_token_ids": draw(ids),
+                            "completion_token_ids": sub_ids,
+                            "logprobs": [-1.5] * len(sub_ids),
+                        },
+                    }
+                ],
+            }
+        ]
+        steps[1]["observation"] = {"results": [{"subagent_trajectory_ref": [{"trajectory_id": "helper"}]}]}
+    return doc
+
+
+@hypothesis.settings(max_examples=60, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(trajectories())
+def test_generated_trajectories_round_trip_and_train_each_sampled_token_once(doc):
+    want = atif.Trajectory.model_validate(doc).to_json_dict()
+    [r] = export.from_atif([doc])
+    [out] = export.to_atif([r])
+    assert _without_tmpl(out.to_json_dict()) == want
+    arrays = step_arrays(want)
+    # every sampled token is in exactly one sequence's mask, with its logprob (at float32)
+    assert sum(int(s.mask.sum()) for s in r.sequences) == sum(len(a[3]) for a in arrays)
+    got = sorted(round(float(x), 4) for s in r.sequences for x in s.logprobs[s.mask.astype(bool)])
+    assert got == sorted(round(float(np.float32(x)), 4) for a in arrays for x in a[4])
+    # and tmpl's own document reads back to the same sequences
+    [again] = export.from_atif([out])
+    assert [(s.ids.tolist(), s.mask.tolist()) for s in again.sequences] == [
+        (s.ids.tolist(), s.mask.tolist()) for s in r.sequences
+    ]
