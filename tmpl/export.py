@@ -37,6 +37,11 @@ One record per sample (``to_records``), in the order given:
   mode (or an ``edit_history`` hook) with a ``VisionTemplate`` also has ``sequences``: per sequence of
   its episode, its own images in the same form (None for a sequence without), read back as
   ``result.sequence_images`` (each checked against its sequence's placeholders).
+- ``routes``: None without routing replay; for a sample of ``Rollout(routes=True)`` its mixture-of-experts
+  routes (:mod:`tmpl.trajectory.routes`): ``dtype``, ``shape`` (``[positions, layers, top_k]``), ``data``
+  (base64 of the array bytes) and ``known`` (base64 of the packed known flags), read back exactly into the
+  trajectory; ``sequence_routes``: in template mode, the same per training sequence (by index), read back as
+  ``result.sequence_routes``. JSON strings in a ``Dataset``.
 
 In a ``Dataset``, ``messages`` is a JSON string (tool-call arguments differ in shape from call to
 call, which a columnar schema cannot hold); :func:`from_dataset` parses it back. ``datasets``
