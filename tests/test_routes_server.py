@@ -253,6 +253,65 @@ def test_bad_routes_end_the_sample_with_a_named_code(fault, what):
     assert len(server.answered) == (1 if fault != "layers" else 2)
 
 
+# -- the server path on a real mixture-of-experts model -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    """The tiny Qwen3-MoE of tests/fixture_moe.py (built once for the module), float32, with its tokenizer."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .fixture_moe import build_tiny_moe, tokenizer_folder
+
+    if not tokenizer_folder().is_dir():
+        pytest.skip(f"the Qwen3 tokenizer is not at {tokenizer_folder()} (TMPL_TEST_DATA)")
+    path = build_tiny_moe(tmp_path_factory.mktemp("tiny-moe"))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(path))
+
+
+def test_moe_routes_through_the_server_equal_one_forward_pass(tiny_moe):
+    """The stand-in generates with the Torch backend on the tiny MoE (routes: the model's own router
+    outputs); a greedy two-call rollout through VLLMServer (streamed) stitches them; one transformers
+    forward pass over each final sequence routes every known position the same (fp32: 100%)."""
+    import torch
+
+    from tmpl.backends import Torch
+
+    from .fixture_moe import get_time, questions
+
+    model, tok = tiny_moe
+    tpl = tmpl.ChatTemplate(tok, name="qwen3")
+    with StandinServer(Torch(model, tokenizer=tok), routes=True) as server:
+        backend = VLLMServer(server.url, timeout=120, routes=True, stream=True)
+        rollout = tmpl.Rollout(
+            tpl,
+            backend,
+            tools=[get_time],
+            max_turns=4,
+            max_length=1024,
+            max_tokens_per_turn=48,
+            sampling=Sampling(temperature=0),
+            routes=True,
+        )
+        results = rollout.run(questions()[6:8])  # two cities each: a call per city, then the answer
+    compared = 0
+    for r in results:
+        assert r.code is tmpl.rollout.EndCode.FINISHED and r.turns == 3, r.reason
+        ids = r.prompt_ids.tolist() + r.completion_ids.tolist()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), output_router_logits=True)
+        want = np.stack([torch.topk(torch.softmax(x, -1), 2, dim=-1).indices.numpy() for x in out.router_logits], 1)
+        known = r.routes_known.astype(bool)
+        assert known[:-1].all() and not known[-1]
+        assert r.routes.dtype == np.uint8 and np.array_equal(r.routes[known], want[known])
+        compared += int(known.sum())
+    assert compared > 300
+    firsts = [start for _, _, start in server.answered if start == 0]
+    assert len(firsts) == 2 and len(server.answered) == 6  # one prompt from 0 per sample, later turns from within
+
+
 # -- SGLang -------------------------------------------------------------------------------------
 
 
