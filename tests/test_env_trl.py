@@ -220,3 +220,53 @@ def test_rloo_resets_each_environment_with_its_dataset_row(tok, model_dir, tmp_p
     for env in out.seen[0].environments:
         assert env.row["secret"] == "1234" and env.row["prompt"][0]["content"].startswith("Open vault")
         assert env.tries == ["0000", "1234"]
+
+
+def test_calls_are_answered_as_trl_answers_them():
+    import asyncio
+    import pickle
+
+    from tmpl.env.trl import TrlEnvironment
+    from tmpl.errors import EnvAdapterError
+
+    class Broken(Vault):
+        def explode(self) -> str:
+            """Fail."""
+            raise RuntimeError("the vault is on fire")
+
+        async def later(self, code: str) -> str:
+            """An async tool.
+
+            Args:
+                code: Four digits.
+            """
+            return code[::-1]
+
+    env = TrlEnvironment(Broken())
+    opened = asyncio.run(env.reset([{"role": "user", "content": "Open."}]))  # a conversation: prompt=
+    assert opened.messages == [{"role": "user", "content": "Open. You have three tries."}]
+    assert [t["function"]["name"] for t in opened.tools] == ["explode", "later", "try_code"]  # TRL's order
+
+    def call(name, **arguments):
+        return {"id": f"id{name}"[:9], "type": "function", "function": {"name": name, "arguments": arguments}}
+
+    step = asyncio.run(
+        env.step({"role": "assistant", "tool_calls": [call("explode"), call("nope"), call("later", code="12")]})
+    )
+    assert [m["content"] for m in step.messages] == [
+        str({"error": "the vault is on fire"}),  # TRL: {"error": str(exc)} as the tool message's text
+        str({"error": "Tool nope not found."}),
+        "21",
+    ]
+    assert [m["tool_call_id"] for m in step.messages] == ["idexplode", "idnope", "idlater"] and not step.done
+    assert asyncio.run(env.step({"role": "assistant", "content": "I give up."})).reward == 0.0
+    assert pickle.loads(pickle.dumps(from_trl_environment(Vault)))().env.__class__ is Vault  # DistributedRollout
+    with pytest.raises(EnvAdapterError, match="no callable reset"):
+        from_trl_environment(object)()
+
+    class Chatty(Vault):
+        def reset(self, **row):
+            return 42
+
+    with pytest.raises(EnvAdapterError, match="returned int"):
+        asyncio.run(TrlEnvironment(Chatty()).reset({"prompt": [{"role": "user", "content": "x"}]}))
