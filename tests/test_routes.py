@@ -57,15 +57,9 @@ def forward_routes(model, ids) -> np.ndarray:
 
 def rollout(model, tpl, **kw):
     kw.setdefault("sampling", tmpl.Sampling(temperature=1.0, n=2, seed=7))
+    kw.setdefault("max_length", 1024)
     return tmpl.Rollout(
-        tpl,
-        tmpl.backends.Torch(model),
-        tools=[get_time],
-        max_turns=4,
-        max_length=1024,
-        measure_drift=False,
-        routes=True,
-        **kw,
+        tpl, tmpl.backends.Torch(model), tools=[get_time], max_turns=4, measure_drift=False, routes=True, **kw
     )
 
 
@@ -217,6 +211,25 @@ def test_interrupted_generation_pieces_stitch_to_the_whole(moe):
     assert start == 3 and np.array_equal(routes, whole.routes)
     with pytest.raises(RoutesError, match="asked from"):
         stitch([pieces[0], dataclasses.replace(pieces[1], asked=asked + 1, start=asked + 1)], sample="a")
+
+
+def test_a_suffix_cut_at_the_budget_leaves_its_positions_unrouted(moe):
+    """A tool suffix cut at max_length ends the sample: the cut suffix's positions and the last sampled token
+    have no route (no prefill ran them), every other position has the one-pass route."""
+    model, tok, tpl = moe
+    schemas = tmpl.Toolbox([get_time]).schemas
+    prompt = tok.apply_chat_template(QUESTIONS[0], tools=schemas, add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict) or hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    ro = rollout(model, tpl, sampling=tmpl.Sampling(temperature=0.0), max_length=len(prompt) + 40)
+    (r,) = ro.run([QUESTIONS[0]])
+    assert r.code is EndCode.BUDGET_CUT and r.tool_calls == 1, (r.code, r.reason)
+    (completion,) = [s for s in r.spans if s.kind == "completion"]
+    last_sampled = len(prompt) + completion.end - 1
+    known = r.routes_known.astype(bool)
+    assert known[:last_sampled].all() and not known[last_sampled:].any() and r.trajectory.length == len(prompt) + 40
+    same, total = agreement(model, [r])
+    assert same == total == last_sampled
 
 
 class Interrupting(Backend):
