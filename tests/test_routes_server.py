@@ -403,3 +403,19 @@ def test_sglang_fails_routes_of_another_shape():
         res = _run(SGLang(server.url, routes=(3, 2)).agenerate(_request()))  # the server's model has 2 layers
     rows = len(PROMPT) + len(REPLY) - 1
     assert res.finish_reason == "error" and f"holds {rows * 4} values" in res.error and "3 layers x top-2" in res.error
+
+
+# -- a backend without routes -----------------------------------------------------------------------
+
+
+def test_a_server_without_routes_is_refused_once_and_never_faked():
+    tpl = tmpl.ChatTemplate(load_tokenizer("qwen3"))
+    # a client not told its servers return routes: the rollout refuses routes=True when it is built
+    with pytest.raises(tmpl.errors.RoutesUnavailableError, match="VLLMServer"):
+        tmpl.Rollout(tpl, VLLMServer("http://127.0.0.1:9"), tools=[get_time], routes=True)
+    # told so, but the server sends none (started without --enable-return-routed-experts): the sample ends
+    # BAD_ROUTES, no route invented
+    with StandinServer(SyntheticRoutes(Scripted(TwoCalls(tpl))), routes=False) as server:
+        _, [result] = _rollout(server.url, n=1)
+    assert result.code is tmpl.rollout.EndCode.BAD_ROUTES and result.routes is None
+    assert server.route_starts == [0] and server.sent_routes == [None]
