@@ -2,7 +2,8 @@
 (after its answer, or after its tool results), as an environment or a simulated user appends one?
 
 Real templates: Mistral-Nemo's strictly alternates (a user turn after tool results, a system turn anywhere
-but first, raise): it is refused with a counterexample that is checked
+but first, raise) and Gemma 2's refuses system turns (its report, as ``tmpl check`` prints and gates it):
+each is refused with a counterexample that is checked
 against ``apply_chat_template`` itself (it raises on the counterexample, renders its control). Qwen2.5 and
 Llama 3.2 pass; Qwen2.5 renders no developer role, which the report says per role (checked: the developer's
 text is absent from the template's render). The search is seeded: a Hypothesis test runs it from other
@@ -34,16 +35,16 @@ def render(tpl, messages, **kwargs):
 @pytest.fixture(scope="module")
 def nemo():
     tpl = template_under_test("mistral-nemo-instruct-2407")
-    return tpl, build_report(tpl, shipped=False)  # what tmpl check reports, without trying shipped templates
+    return tpl, search_turns(tpl, space_for(tpl).space)
 
 
 def test_a_template_that_alternates_strictly_is_refused_with_its_counterexample(nemo):
-    tpl, report = nemo
-    verdict = report.verdicts["env_turns"]
+    tpl, found = nemo
+    verdict = found.verdict()
     assert verdict.level == "UNSUPPORTED"
     assert "a user turn after tool results raises" in verdict.reason
     assert "roles must alternate" in verdict.reason
-    ce = report.env_turns["counterexamples"]["user"]
+    ce = found.counterexamples["user"]
     roles = [m["role"] for m in ce["messages"]]
     at = roles.index("tool")
     assert roles[at + 1] == "user"  # the turn after the tool results
@@ -52,25 +53,33 @@ def test_a_template_that_alternates_strictly_is_refused_with_its_counterexample(
         render(tpl, ce["messages"])
     assert "TmPl" in render(tpl, ce["messages"][: at + 1])
     # a system turn after an answer: refused too, its own counterexample
-    system = report.env_turns["counterexamples"]["system"]
-    assert report.env_turns["roles"]["system"]["level"] == "UNSUPPORTED"
+    assert found.roles["system"].level == "UNSUPPORTED"
     with pytest.raises(Exception, match="alternate"):
-        render(tpl, system["messages"])
+        render(tpl, found.counterexamples["system"]["messages"])
 
 
-def test_tmpl_check_shows_the_verdict_and_gates_on_it(nemo, capsys):
-    tpl, report = nemo
+def test_tmpl_check_shows_the_verdict_and_gates_on_it(capsys):
+    """Gemma 2's template raises on a system turn anywhere but first: the report (what ``tmpl check``
+    prints) refuses it with the counterexample; ``--require env_turns`` exits 3."""
+    tpl = template_under_test("gemma-2-it")
+    report = build_report(tpl, shipped=False)  # what tmpl check reports, without trying shipped templates
+    verdict = report.verdicts["env_turns"]
+    assert verdict.level == "UNSUPPORTED" and "a system turn after an answer raises" in verdict.reason
+    assert report.env_turns["roles"]["user"]["level"] == "SAFE"  # a user turn after an answer renders
+    ce = report.env_turns["counterexamples"]["system"]
+    assert [m["role"] for m in ce["messages"]][:3] == ["user", "assistant", "system"]
+    with pytest.raises(Exception, match="alternate"):
+        render(tpl, ce["messages"])
     text = report.to_markdown()
     assert "user and system turns after an assistant turn (environments): UNSUPPORTED" in text
-    assert "## Counterexample: a user turn after an assistant turn" in text
+    assert "## Counterexample: a system turn after an assistant turn" in text and ce["error"] in text
     assert report.to_dict()["verdicts"]["env_turns"]["level"] == "UNSUPPORTED"
 
     from tmpl.cli import _gate
 
     assert _gate("check", report, ("env_turns",)) == 3  # tmpl check --require env_turns: UNSUPPORTED exits 3
-    err = capsys.readouterr().err
-    assert "env_turns is UNSUPPORTED (a user turn after tool results raises" in err
-    assert _gate("check", report, ("multi_user",)) == 1  # the other verdicts are as before (UNSAFE)
+    assert "env_turns is UNSUPPORTED (a system turn after an answer raises" in capsys.readouterr().err
+    assert _gate("check", report, ("multi_user",)) == 3  # the other verdicts as before (no tool calls: UNSUPPORTED)
 
 
 @pytest.mark.parametrize("family", ["qwen2.5-instruct", "llama-3.2-instruct"])

@@ -191,6 +191,7 @@ class TemplateReport:
             f"- assistant mask (`{{% generation %}}`): {yn(self.assistant_mask)}",
         ]
         lines += self._search_lines()
+        lines += self._env_lines()
         if self.images is not None:
             im = self.images
             lines += [
@@ -252,6 +253,11 @@ class TemplateReport:
             lines.append(f"- could not check: {u}")
         for name, ce in self.counterexamples().items():
             lines += ["", f"## Counterexample: {name}", "", "```", counterexample_text(ce), "```"]
+        return lines
+
+    def _env_lines(self) -> list[str]:
+        """The counterexample of each role that cannot follow an assistant turn (with or without tools)."""
+        lines = []
         for role, ce in self.env_turns.get("counterexamples", {}).items():
             lines += ["", f"## Counterexample: a {role} turn after an assistant turn", "", "```"]
             lines += counterexample_lines(ce) + ["```"]
