@@ -5,6 +5,7 @@ Run over stdio (``python tests/mcp_server.py``) or streamable HTTP on 127.0.0.1
 (``python tests/mcp_server.py http PORT``, uvicorn, as ``MCPServer.run("streamable-http")`` serves it).
 
 - ``add(a, b)``: an int (structured content ``{"result": a + b}`` and its text);
+- ``weather(city)``: the fixture model's weather answer, ``Sunny in <city>, 21 C.``;
 - ``whoami()``: this process's id and how many calls it has answered (one session, one process);
 - ``chart(width, height)``: a caption and a PNG image of that size, red;
 - ``fail(reason)``: an ``isError`` result with the reason;
@@ -34,6 +35,12 @@ ANSWERED = [0]
 def add(a: int, b: int) -> int:
     """Add two integers."""
     return a + b
+
+
+@server.tool()
+def weather(city: str) -> str:
+    """Current weather in a city (what the fixture model's get_weather was trained on)."""
+    return f"Sunny in {city}, 21 C."
 
 
 @server.tool()
