@@ -142,8 +142,12 @@ def test_an_openenv_server_runs_as_an_environment_with_exact_suffixes(tpl, echo_
     def policy(request):
         return completion(tpl, {"role": "assistant", "content": f"Hello number {next(said)}"})
 
-    def factory():
-        return OpenEnvEnv(GenericEnvClient(base_url=echo_server), action=lambda m: {"message": m["content"]})
+    made = []
+
+    def factory():  # the async client, and every other sample its blocking .sync() form
+        client = GenericEnvClient(base_url=echo_server)
+        made.append(client if len(made) % 2 == 0 else client.sync())
+        return OpenEnvEnv(made[-1], action=lambda m: {"message": m["content"]})
 
     backend = Scripted(policy)
     rollout = tmpl.Rollout(tpl, backend, env_factory=factory, max_turns=6, max_length=2048, progress=False)
@@ -163,6 +167,7 @@ def test_an_openenv_server_runs_as_an_environment_with_exact_suffixes(tpl, echo_
         # the observations' tokens are appended, not trained
         assert int(r.mask.sum()) == sum(len(completion(tpl, {"role": "assistant", "content": t})) for t in said_texts)
     assert check_prompts(tpl, backend, results, None) == 9
+    assert [type(c).__name__ for c in made] == ["GenericEnvClient", "SyncEnvClient", "GenericEnvClient"]
 
 
 def _calculator():
