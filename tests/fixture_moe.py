@@ -7,7 +7,9 @@ routers, experts and attention route every token by its context. Only the (untie
 in about a second, so that on the training questions the model answers with one ``get_time`` call per city,
 then a sentence (every other token's head row is 0). The training sequences are tmpl's own: a scripted
 append-mode rollout of the Qwen3 template, so prompts, calls and tool suffixes are exactly what a rollout
-sends the model. Outside those questions it writes nonsense. Tests (tests/test_routes.py) and the GPU script
+sends the model. Outside those questions it writes nonsense. Checked on vLLM 0.32's CPU build
+(``LLM(path, dtype="float32")``, ``VLLM_CPU_KVCACHE_SPACE=1``): it loads, and greedy on "What time is it in
+Paris?" answers ``<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call>``. Tests (tests/test_routes.py) and the GPU script
 (benchmarks/) call it.
 
 >>> path = build_tiny_moe(tmp / "tiny-moe")          # doctest: +SKIP

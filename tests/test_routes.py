@@ -362,3 +362,18 @@ def test_trajectory_routes_on_both_twins(twin):
     assert np.array_equal(c.routes, t.routes) and c.routes.dtype == np.uint16
     t.reset()
     assert t.routes is None and t.routes_known.tolist() == [0, 0, 0]
+
+
+def test_collate_marks_rows_without_routes_and_refuses_other_shapes(twin):
+    a = twin.builder.Trajectory([1, 2], max_length=8, sample_id="a")
+    a.add_completion([3, 4], [-0.1, -0.2])
+    a.add_routes(0, np.array([[[1, 2]], [[3, 4]], [[5, 6]]], dtype=np.uint8))
+    b = twin.builder.Trajectory([7], max_length=8, sample_id="b")
+    b.add_completion([8], [-0.3])
+    batch = tmpl.collate_arrays([a, b], pad_id=0)
+    # positions of cat(prompt_ids, completion_ids): a's prompt fills the 2 prompt columns, b's is left-padded
+    assert batch["routes"][0, :, 0].tolist() == [[1, 2], [3, 4], [5, 6], [0, 0]]
+    assert batch["routes_mask"].tolist() == [[1, 1, 1, 0], [0, 0, 0, 0]]
+    b.add_routes(0, np.zeros((1, 2, 2), dtype=np.uint8))
+    with pytest.raises(tmpl.errors.CollateError, match="trajectories\\[1\\]"):
+        tmpl.collate_arrays([a, b], pad_id=0)
