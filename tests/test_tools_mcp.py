@@ -204,6 +204,54 @@ def test_an_image_result_goes_to_the_vision_path(box: Any) -> None:
     assert image["image"].size == (40, 30) and image["image"].convert("RGB").tobytes() == drawn.tobytes()
 
 
+def test_a_vision_rollout_with_an_mcp_image_equals_the_processors_render(box: Any) -> None:
+    """A scripted model on Qwen2.5-VL's processor calls ``chart``; the next prompt is the processor's own
+    full render of the conversation with an image drawn here (IDs and pixel arrays), with verify_every=1."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from PIL import Image
+
+    from tmpl.backends.scripted import Scripted
+
+    from .test_vision import assert_same_inputs
+    from .test_vision_rollout import QWEN, setup
+
+    processor, vt, kwargs = setup(QWEN)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Draw me a chart."}]
+    chart = {"type": "function", "id": "c0", "function": {"name": "chart", "arguments": {"width": 40, "height": 30}}}
+    turns = [{"role": "assistant", "content": "", "tool_calls": [chart]}, {"role": "assistant", "content": "Red."}]
+    drawn = Image.new("RGB", (40, 30), (220, 20, 20))  # what the server draws, drawn here
+    checked = []
+
+    def render(messages: list[dict[str, Any]], gen: bool) -> dict[str, Any]:
+        out = processor.apply_chat_template(
+            messages, tools=box.schemas, tokenize=True, return_dict=True, return_tensors="np",
+            add_generation_prompt=gen, **kwargs,
+        )  # fmt: skip
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def model(request: Any) -> list[int]:
+        turn = int(request.request_id.split("-")[2])
+        truth = render(history, True)
+        ids = truth["input_ids"][0].tolist()
+        assert list(request.prompt_ids) == ids, f"turn {turn}: the prompt is not the processor's render"
+        if turn:  # the image the server sent, in the prompt as the processor expands it, pixel for pixel
+            assert_same_inputs(request.images.model_inputs(list(request.prompt_ids)), truth, f"turn {turn}")
+        checked.append(turn)
+        whole = render(history + [turns[turn]], False)["input_ids"][0].tolist()
+        end = next(t for t in range(len(ids), len(whole)) if whole[t] in vt.stop_token_ids)
+        history.append(turns[turn])
+        if turn == 0:
+            content = [{"type": "text", "text": "chart 40x30:"}, {"type": "image", "image": drawn}]
+            history.append({"role": "tool", "tool_call_id": "c0", "name": "chart", "content": content})
+        return whole[len(ids) : end + 1]
+
+    rollout = tmpl.Rollout(vt, Scripted(model), tools=box, max_turns=3, max_length=8000, verify_every=1, progress=False)
+    [r] = rollout.run([history[:1]])
+    assert r.code.name == "FINISHED" and r.tool_calls == 1 and r.tool_failures == 0, (r.code, r.reason)
+    assert checked == [0, 1] and r.unverified == 0 and r.images.count == 1
+
+
 # -- adapters and bad setups ----------------------------------------------------------------------------
 
 
