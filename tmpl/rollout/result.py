@@ -230,14 +230,14 @@ class RolloutResult:
         >>> r.routes.shape, r.routes_known.sum() == len(r.routes) - 1   # doctest: +SKIP
         ((812, 48, 8), True)
         """
-        routes: np.ndarray | None = self.trajectory.routes
+        routes: np.ndarray | None = getattr(self.trajectory, "routes", None)  # None: a trajectory without any
         return routes
 
     @property
     def routes_known(self) -> np.ndarray:
         """1 where :attr:`routes` holds the position's route, else 0 (uint8, one per position)."""
-        known: np.ndarray = self.trajectory.routes_known
-        return known
+        known = getattr(self.trajectory, "routes_known", None)
+        return np.zeros(len(self.prompt_ids) + len(self.completion_ids), dtype=np.uint8) if known is None else known
 
     @property
     def sequence_routes(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
