@@ -134,7 +134,9 @@ def _routes(trajectories: list[Any], arrays: dict[str, np.ndarray]) -> dict[str,
     if len(shapes) > 1:
         first = next(r.shape[1:] for r in held if r is not None)
         k, odd = next((i, r) for i, r in enumerate(held) if r is not None and r.shape[1:] != first)
-        raise CollateError(k, trajectories[k].sample_id, f"routes of {odd.shape[1:]} (layers, top_k); row 0 has {first}")
+        raise CollateError(
+            k, trajectories[k].sample_id, f"routes of {odd.shape[1:]} (layers, top_k), other rows {first}"
+        )
     dtype = np.result_type(*(r.dtype for r in held if r is not None))
     width_p = arrays["prompt_ids"].shape[1]
     width = width_p + arrays["completion_ids"].shape[1]
