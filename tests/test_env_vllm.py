@@ -71,32 +71,26 @@ class Clock:
         CLOSED.append(self.state)
 
 
-def test_a_stateful_environment_with_a_simulated_user_on_a_real_server(scale_out_server):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(QWEN))
-    tpl = tmpl.ChatTemplate(tok, name="qwen2.5-fixture")
-    backend = Recording(scale_out_server.url, api="generate", timeout=120)
-    rollout = tmpl.Rollout(
+def _rollout(tpl, backend, factory, **kw):
+    return tmpl.Rollout(
         tpl,
         backend,
-        env_factory=Clock,
+        env_factory=factory,
         max_turns=6,
         max_length=1536,
         verify_every=1,
         sampling=Sampling(temperature=1.0, seed=5),
         progress=False,
+        **kw,
     )
-    CLOSED.clear()
-    results = rollout.run(["Paris", "Rome", "Tokyo"])
-    schemas = tmpl.Toolbox([get_time]).schemas
-    assert len(CLOSED) == 3  # every episode closed
+
+
+def _check_prompts(tok, backend, results, schemas) -> tuple[int, int]:
+    """Every prompt the server ran is the template's full render of the messages so far (as text), and
+    what tmpl appended after each completion is the tail of the tokenizer's own tokenization of it.
+    Returns (suffixes checked, of which after user turns)."""
     users = suffixes = 0
     for r in results:
-        assert r.code in (tmpl.rollout.codes.EndCode.ENV_DONE, tmpl.rollout.codes.EndCode.MAX_TURNS), (r.code, r.reason)
-        assert r.env_state["calls"] * 0.1 + (1.0 if r.code.name == "ENV_DONE" else 0.0) == pytest.approx(
-            r.env_reward or 0.0
-        )
         starts = [i for i, m in enumerate(r.messages) if m["role"] == "assistant"]
         prev = None
         for t in range(r.turns):
@@ -114,7 +108,69 @@ def test_a_stateful_environment_with_a_simulated_user_on_a_real_server(scale_out
                 suffixes += 1
                 users += any(m["role"] == "user" for m in r.messages[starts[t - 1] + 1 : starts[t]])
             prev = (sent, sampled)
+    return suffixes, users
+
+
+def test_a_stateful_environment_with_a_simulated_user_on_a_real_server(scale_out_server):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(QWEN))
+    tpl = tmpl.ChatTemplate(tok, name="qwen2.5-fixture")
+    backend = Recording(scale_out_server.url, api="generate", timeout=120)
+    rollout = _rollout(tpl, backend, Clock)
+    CLOSED.clear()
+    results = rollout.run(["Paris", "Rome", "Tokyo"])
+    schemas = tmpl.Toolbox([get_time]).schemas
+    assert len(CLOSED) == 3  # every episode closed
+    for r in results:
+        assert r.code in (tmpl.rollout.codes.EndCode.ENV_DONE, tmpl.rollout.codes.EndCode.MAX_TURNS), (r.code, r.reason)
+        assert r.env_state["calls"] * 0.1 + (1.0 if r.code.name == "ENV_DONE" else 0.0) == pytest.approx(
+            r.env_reward or 0.0
+        )
+    suffixes, users = _check_prompts(tok, backend, results, schemas)
     assert suffixes > 0 and users > 0, "no appended turn was checked"
     print(
         f"\n{len(results)} samples, {sum(r.turns for r in results)} turns, {suffixes} suffixes ({users} after user turns) checked"
     )
+
+
+def test_sandboxed_code_tools_in_episodes_on_a_real_server(scale_out_server, tmp_path):
+    """Episodes whose tools run in the bubblewrap sandbox (``isolation="sandbox"``): the fixture model's
+    ``get_time`` calls answered from inside it, a simulated user turn after the first answer, every
+    suffix checked against the full render; each episode's sandbox workers are gone after its close."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tmpl.env import ToolEnv
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap (.ci/run does)")
+    tok = AutoTokenizer.from_pretrained(str(QWEN))
+    tpl = tmpl.ChatTemplate(tok, name="qwen2.5-fixture")
+    backend = Recording(scale_out_server.url, api="generate", timeout=120)
+    boxes: list[tmpl.Toolbox] = []
+
+    def user(messages):  # one more question after the first answer, then the episode ends
+        return "And in Lima?" if sum(m["role"] == "user" for m in messages) == 1 else None
+
+    def factory():
+        box = tmpl.Toolbox([get_time], isolation="sandbox", timeout=60, workers=1)
+        boxes.append(box)
+        return ToolEnv(box, user=user)
+
+    results = _rollout(tpl, backend, factory).run(["What time is it in Paris?", "What time is it in Rome?"])
+    called = sum(r.tool_calls for r in results)
+    assert sum(box.pool.started for box in boxes if box.pool is not None) >= 1  # a sandbox worker answered
+    assert called > 0, [r.messages for r in results]
+    for r in results:
+        for m in r.messages:
+            if m["role"] == "tool":  # answered by get_time inside the sandbox, not an error message
+                assert "Error" not in str(m["content"]), m
+    suffixes, users = _check_prompts(tok, backend, results, tmpl.Toolbox([get_time]).schemas)
+    assert suffixes > 0, "no appended turn was checked"
+    assert len(boxes) == 2
+    for box in boxes:  # the tools ran in sandboxed workers, and ToolEnv's close stopped them
+        assert box.pool is not None and box.pool.launcher is not None
+        assert box.pool.processes == 0, box
+    print(f"\n{len(results)} sandboxed episodes, {called} tool calls, {suffixes} suffixes ({users} after user turns)")

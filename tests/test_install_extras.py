@@ -46,6 +46,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.gateway.app": ("gateway",),
     "tmpl.gateway.serve": ("gateway",),
     "tmpl.env.openenv": ("openenv",),  # OpenEnvEnv: the SDK's MCP actions
+    "tmpl.tools.mcp": ("mcp",),  # Toolbox.from_mcp: the mcp SDK's clients
 }
 
 #: Import names of distributions that may not be installed here (the installed ones are read from
