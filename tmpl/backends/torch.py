@@ -179,8 +179,8 @@ def _router_top_k(model: Any) -> int | None:
     config = getattr(model, "config", None)
     top_k = getattr(config, "num_experts_per_tok", None) or getattr(config, "moe_topk", None)
     try:
-        takes = "output_router_logits" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
+        takes = "output_router_logits" in inspect.signature(getattr(model, "forward", None)).parameters
+    except (TypeError, ValueError):  # no forward (a stand-in object) or no signature
         takes = False
     return int(top_k) if top_k and takes else None
 
