@@ -308,14 +308,53 @@ def create_app(
             done = gateway.finish(session)
         except GatewayError as exc:
             return plain_error(exc)
-        return {"session": session, "reason": done.reason, "record": to_record(done.episode)}
+        return finished_entry(done)
+
+    @app.post("/s/{session}/env/reset")
+    async def env_reset(session: str, request: Request) -> Any:
+        """The session's environment, reset on the body's ``task``: its opening messages and tools."""
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise GatewayRequestError(session, 'the body must be {"task": <any JSON>}', param="task")
+            opened, tools = await gateway.env_reset(session, body.get("task"))
+            return {"session": session, "messages": opened.messages, "tools": tools}
+        except GatewayError as exc:
+            return plain_error(exc)
+
+    @app.post("/s/{session}/env/step")
+    async def env_step(session: str, request: Request) -> Any:
+        """The assistant message the harness got, to the session's environment: its turns, reward, done."""
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("message"), dict):
+                raise GatewayRequestError(
+                    session, 'the body must be {"message": <the assistant message>}', param="message"
+                )
+            out = await gateway.env_step(session, body["message"])
+            return {
+                "session": session,
+                "messages": out.messages,
+                "reward": out.reward,
+                "done": out.done,
+                "truncated": out.truncated,
+                "info": json.loads(json.dumps(out.info, default=str)),
+            }
+        except GatewayError as exc:
+            return plain_error(exc)
+
+    def finished_entry(done: Any) -> dict[str, Any]:
+        entry = {"session": done.key, "reason": done.reason, "record": to_record(done.episode)}
+        if done.env is not None:  # the environment's name, state, summed reward, info, error (as JSON)
+            entry["env"] = json.loads(json.dumps(done.env, default=str))
+        return entry
 
     @app.get("/episodes/drain")
     async def drain(request: Request, limit: int | None = None) -> Any:
         if (refused := trainer_only(request)) is not None:
             return refused
         out = gateway.drain(limit)
-        return {"episodes": [{"session": f.key, "reason": f.reason, "record": to_record(f.episode)} for f in out]}
+        return {"episodes": [finished_entry(f) for f in out]}
 
     @app.get("/episodes/stream")
     async def stream(request: Request, limit: int | None = None, idle: float = 30.0) -> Any:
@@ -326,8 +365,7 @@ def create_app(
 
         async def lines() -> AsyncIterator[bytes]:
             async for done in gateway.stream(limit=limit, idle=idle):
-                entry = {"session": done.key, "reason": done.reason, "record": to_record(done.episode)}
-                yield json.dumps(entry).encode() + b"\n"
+                yield json.dumps(finished_entry(done)).encode() + b"\n"
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 

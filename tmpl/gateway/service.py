@@ -15,19 +15,21 @@ True
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..backends.base import GenerationRequest, GenerationResult, Sampling, UpdateMode, WeightSource
 from ..errors import (
     BackendUnavailableError,
+    EnvError,
     GatewayError,
     GatewayRequestError,
     GatewayTimeoutError,
@@ -42,6 +44,7 @@ from .store import Finished, SessionStore
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..chat_template import ChatTemplate
+    from ..env.protocol import EnvReset, EnvStep
     from ..episode import Episode
 
 __all__ = ["CallParams", "Completion", "Gateway"]
@@ -93,6 +96,9 @@ class Gateway:
       call whose prompts (``n`` of them) would take the session past it is refused (400) before it reaches
       the engine, so a session ends at most one call's samples (``n * max_tokens``) over it; one agent
       cannot grow the gateway's memory without end (finish the session and start another).
+    - ``env_factory``: one :class:`tmpl.env.Env` per session, driven by the harness through
+      :meth:`env_reset` and :meth:`env_step` (``/s/{session}/env/reset``, ``/env/step``); see
+      :mod:`tmpl.gateway.envs`.
     """
 
     def __init__(
@@ -114,13 +120,18 @@ class Gateway:
         max_heads: int = 16,
         call_timeout: float | None = 600.0,
         max_session_tokens: int = 4_000_000,
+        env_factory: Callable[[], Any] | None = None,
     ) -> None:
         if call_timeout is not None and not call_timeout > 0:
             raise ValueError(f"call_timeout must be positive seconds or None, not {call_timeout!r}")
         if max_session_tokens < 1:
             raise ValueError(f"max_session_tokens must be positive, not {max_session_tokens!r}")
+        if env_factory is not None and not callable(env_factory):
+            raise TypeError(f"env_factory must be callable, not {type(env_factory).__name__}")
         self.call_timeout = call_timeout
         self.max_session_tokens = max_session_tokens
+        self.env_factory = env_factory
+        self._schemas: dict[str, list[dict[str, Any]]] = {}  # environments' tool schemas, one object per list
         self.tpl = tpl
         self.backend = backend
         self.model = model or tpl.name
@@ -384,6 +395,65 @@ class Gateway:
                 gate.set()
 
     # -- results ---------------------------------------------------------------------
+    # -- environments (envs.py) ------------------------------------------------------
+    async def env_reset(self, key: str, task: Any = None) -> tuple[EnvReset, list[dict[str, Any]] | None]:
+        """Open session ``key`` with a new environment reset on ``task``: its opening messages and the
+        schemas of its tools (None: no tools), for the harness to send with its first call.
+
+        Raises GatewayRequestError (400: no ``env_factory``), GatewayError (409: the session has an
+        environment or calls already; 502: the environment failed, the session then ended, the
+        environment closed).
+        """
+        from ..rollout.envs import episode_schemas
+        from .envs import make_env, reset
+
+        if self.env_factory is None:
+            raise GatewayRequestError(key, "this gateway has no environments (Gateway(env_factory=...))")
+        session = self.sessions.open(key)
+        if session.env is not None or session.episode.calls:
+            raise GatewayError(key, 409, "the session has an environment or calls already: reset opens a new session")
+        try:
+            session.env = make_env(self.env_factory, key)
+            opened = await reset(session.env, key, task)
+            schemas = episode_schemas(opened.tools, self._schemas)
+        except (EnvError, TypeError) as exc:
+            self._env_failed(key, exc)
+        return opened, schemas
+
+    async def env_step(self, key: str, assistant: Mapping[str, Any]) -> EnvStep:
+        """Send the session's environment the assistant message the harness got (``assistant``, tool call
+        arguments as JSON strings or dicts); its turns, reward and done. The reward is summed into the
+        session's episode; an environment that is done (or truncated) finishes the session.
+
+        Raises SessionNotFoundError (404), GatewayRequestError (400: no environment, not an assistant
+        message), GatewayError (502: the environment failed; the session then ended, the environment closed).
+        """
+        from .envs import assistant_for_env, step
+
+        session = self.session(key)
+        if session.env is None:
+            raise GatewayRequestError(key, "the session has no environment: POST /s/{session}/env/reset first")
+        message = assistant_for_env(assistant, key)
+        try:
+            out = await step(session.env, key, message)
+        except EnvError as exc:
+            self._env_failed(key, exc)
+        if session.env.reward is not None:
+            session.episode.reward = session.env.reward
+        if out.done or out.truncated:
+            how = "done" if out.done else "truncated"
+            self.sessions.finish(key, f"the environment ended the episode ({how})")
+        return out
+
+    def _env_failed(self, key: str, exc: Exception) -> NoReturn:
+        """End the session of an environment that failed (closing it) and answer 502, naming it."""
+        session = self.sessions.get(key, create=False)
+        if session.env is not None:
+            session.env.error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(GatewayError):
+            self.sessions.finish(key, f"its environment failed: {type(exc).__name__}")
+        raise GatewayError(key, 502, f"the session's environment failed: {type(exc).__name__}: {exc}") from exc
+
     def session(self, key: str) -> Session:
         """The open session of ``key`` (SessionNotFoundError when there is none)."""
         return self.sessions.get(key, create=False)

@@ -118,6 +118,8 @@ class Session:
         self.tpl = tpl
         self.strict = strict
         self.episode = Episode(sample_id=key)
+        #: the session's environment (``Gateway(env_factory=...)``, a :class:`tmpl.gateway.envs.SessionEnv`), or None
+        self.env: Any = None
         self.heads: deque[Head] = deque(maxlen=max_heads)
         #: every reply returned: (its canonical message, its call id, its sampled IDs), in order
         self.replies: list[tuple[dict[str, Any], str, tuple[int, ...]]] = []

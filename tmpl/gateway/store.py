@@ -14,10 +14,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..episode import Episode
 from ..errors import BackendUnavailableError, GatewayError, SessionNotFoundError
 from ..trajectory.types import Status
+from .envs import close_env
 from .session import Session
 
 __all__ = ["Finished", "SessionStore"]
@@ -32,6 +34,8 @@ class Finished:
     key: str
     episode: Episode
     reason: str
+    #: the session's environment's state, info and error (``Gateway(env_factory=...)``), else None
+    env: dict[str, Any] | None = None
 
 
 class SessionStore:
@@ -145,7 +149,18 @@ class SessionStore:
         episode = session.episode
         if not episode.finished:
             episode.finish(Status.DONE if episode.calls else Status.ABORTED, reason)
-        done = Finished(key, episode, reason)
+        held = session.env
+        close_env(held, reason)  # once, on every end of the session
+        env = None
+        if held is not None:
+            env = {
+                "name": held.name,
+                "state": held.state,
+                "reward": held.reward,
+                "info": held.info,
+                "error": held.error,
+            }
+        done = Finished(key, episode, reason, env)
         if episode.calls:
             if len(self._finished) >= self.max_finished:
                 lost = self._finished.popleft()
