@@ -9,6 +9,7 @@ that render, the arrays the documents were built from, and the real rollouts' ow
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -362,22 +363,33 @@ def rollouts(qwen):
     out["template"] = scripted.run(QUESTIONS[:2])
 
     # an edit_history hook that blanks all but the last tool result: branches with the edit's label
+    out["edit_history"] = edit_history_rollout(tpl)
+    return tpl, out, tmpl.Toolbox(tools).schemas
+
+
+def edit_history_rollout(tpl):
+    """A scripted rollout (the Qwen2.5 template) whose ``edit_history`` hook blanks all but the last tool
+    result (tests/test_history_modes.py's ``window``): two branches, each with the edit's label."""
+    from tmpl.backends import Scripted
+
+    from .fixture_models import QUESTIONS, get_time, get_weather
     from .test_history_modes import window
 
-    cities = ["Paris", "Tokyo", "Lima"]
+    answer = tpl.codec.encode("It is 10:00 in Paris.<|im_end|>")
     script = [
         tpl.codec.encode(f'<tool_call>\n{{"name": "get_time", "arguments": {{"city": "{c}"}}}}\n</tool_call><|im_end|>')
-        for c in cities
+        for c in ["Paris", "Tokyo", "Lima"]
     ] + [answer]
 
     def by_turn(req):
         ids = script[int(req.request_id.rsplit("-", 1)[1])]
         return ids, logprobs(len(ids), len(req.prompt_ids))
 
+    tools = [get_time, get_weather]
     edited = tmpl.Rollout(tpl, Scripted(by_turn), tools=tools, max_turns=6, edit_history=window(1))
-    out["edit_history"] = edited.run(QUESTIONS[:1])
-    assert {s.branch.edit for r in out["edit_history"] for s in r.sequences[1:]} == {"edit_history: window"}
-    return tpl, out, tmpl.Toolbox(tools).schemas
+    results = edited.run(QUESTIONS[:1])
+    assert {s.branch.edit for r in results for s in r.sequences[1:]} == {"edit_history: window"}
+    return results
 
 
 @pytest.mark.parametrize("history", ["append", "template", "edit_history"])
@@ -390,7 +402,10 @@ def test_a_real_rollout_to_atif_and_back_is_identical(rollouts, history, tmp_pat
     for r, d in zip(results, docs):
         # each agent step's prompt is the template's full render of the conversation before it
         agent = [s for s in d.steps if s.metrics is not None]
-        assert len(agent) == len(r.episode.calls) >= 1
+        # every call is an agent step: the first sequence's on the root, each branch's in its trajectory
+        assert len(step_arrays(d)) == len(r.episode.calls) >= 1
+        assert [s.extra["tmpl"]["call"] for s in agent] == list(r.sequences[0].calls)
+        assert len(d.subagent_trajectories or []) == len(r.sequences) - 1
         before = [i for i, m in enumerate(r.messages) if m["role"] == "assistant"]
         for step, i in zip(agent, before if history != "edit_history" else []):  # (edited: other histories)
             assert step.metrics.prompt_token_ids == render(tpl.tokenizer, r.messages[:i], schemas)
@@ -429,6 +444,181 @@ def test_a_subagent_rollout_embeds_its_trajectory(tmp_path):
     assert [s.metrics.completion_token_ids for s in sub.steps] == [c.completion_ids.tolist() for c in sub_calls]
     [back] = export.from_atif(tmp_path / "sub.json")
     _same_result(res, back)
+
+
+def _refs(step) -> list:
+    return [
+        ref for x in (step.observation.results if step.observation else []) for ref in x.subagent_trajectory_ref or []
+    ]
+
+
+def test_an_edit_history_rollouts_branches_are_embedded_trajectories(qwen, tmp_path):
+    _, tpl = qwen
+    [r] = edit_history_rollout(tpl)
+    first, *branches = r.sequences
+    assert len(branches) == 2
+    schemas = tmpl.Toolbox(_tools()).schemas
+    path = tmp_path / "edited.json"
+    [doc] = export.to_atif([r], path, tools=schemas)
+    # the file as written, validated by the atif package's models alone
+    model = atif.Trajectory.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    assert model.to_json_dict() == doc.to_json_dict()
+    calls = {c.id: c for c in r.episode.calls}
+    assistant = [m for m in r.messages if m["role"] == "assistant"]
+    # the root: the whole conversation, its agent steps' tokens the first sequence's calls only
+    assert [s.extra["tmpl"]["call"] for s in model.steps if s.metrics is not None] == list(first.calls)
+    assert [s.message for s in model.steps if s.source == "agent"] == [m["content"] for m in assistant]
+    # one embedded trajectory per branch, marked as a branch (not a sub-agent), holding the branch's calls
+    assert [t.trajectory_id for t in model.subagent_trajectories] == [f"branch-{s.index}" for s in branches]
+    for t, seq in zip(model.subagent_trajectories, branches):
+        assert t.extra["tmpl"]["branch"] == {
+            "sequence": seq.index,
+            "kind": "diverged",
+            "against": seq.branch.against,
+            "token": seq.branch.token,
+            "edit": "edit_history: window",
+        }
+        assert [s.extra["tmpl"]["call"] for s in t.steps] == list(seq.calls)
+        for s in t.steps:
+            c = calls[s.extra["tmpl"]["call"]]
+            assert s.metrics.prompt_token_ids == c.prompt_ids.tolist()
+            assert s.metrics.completion_token_ids == c.completion_ids.tolist()
+            assert s.metrics.logprobs == c.logprobs.tolist()
+            assert s.extra["tmpl"].get("edit") == ("edit_history: window" if c.id == seq.calls[0] else None)
+        # referenced from the root step where it diverged: its first call's message, without metrics
+        [holder] = [s for s in model.steps if any(ref.trajectory_id == t.trajectory_id for ref in _refs(s))]
+        opened = calls[seq.calls[0]]
+        assert holder.metrics is None and holder.message == assistant[opened.turn]["content"]
+        assert holder.extra["tmpl"] == {"call": opened.id, "in": t.trajectory_id}
+        [ref] = [ref for ref in _refs(holder) if ref.trajectory_id == t.trajectory_id]
+        assert ref.extra == {"tmpl": {"branch": True}}
+    # every call's sampled tokens in exactly one step of the document
+    assert sorted(a[3] for a in step_arrays(model)) == sorted(c.completion_ids.tolist() for c in calls.values())
+    # read back: the same sample, its branches the same branches (ids, masks, logprobs, versions, labels)
+    [back] = export.from_atif(path)
+    _same_result(r, back)
+    assert [(s.branch.kind, s.branch.edit, s.agent, s.parent) for s in back.sequences] == [
+        ("first", None, None, None),
+        ("diverged", "edit_history: window", None, None),
+        ("diverged", "edit_history: window", None, None),
+    ]
+    # and ATIF -> tmpl -> ATIF: the document
+    [again] = export.to_atif([back], tools=schemas)
+    assert again.to_json_dict() == model.to_json_dict()
+
+
+def _nested(trajectory) -> list:
+    """(trajectory id, its steps' call ids, its branch marker) of every embedded trajectory, depth first."""
+    out = []
+    for t in trajectory.subagent_trajectories or []:
+        calls = [s.extra["tmpl"]["call"] for s in t.steps]
+        out.append((t.trajectory_id, calls, bool((t.extra or {}).get("tmpl", {}).get("branch"))))
+        out += _nested(t)
+    return out
+
+
+def test_subagents_of_branches_and_branches_of_subagents_nest(qwen):
+    from tmpl.atif import records_to_documents
+
+    _, tpl = qwen
+    [r] = edit_history_rollout(tpl)
+    [record] = export.to_records([r])
+    calls = record["episode"]["calls"]
+
+    def call(cid, parent, prompt, completion, agent="helper"):
+        n = len(completion)
+        return dict(id=cid, prompt_ids=prompt, completion_ids=completion, logprobs=[-0.5] * n, versions=[0] * n,
+                    trained=True, parent=parent, agent=agent, turn=None, reward=None)  # fmt: skip
+
+    # a sub-agent run by the first branch's call, whose third call is a branch of its own (a compaction)
+    k = [c["id"] for c in calls].index("turn-2") + 1
+    calls[k:k] = [
+        call("h0", "turn-2", [1, 2], [3]),
+        call("h1", "turn-2", [1, 2, 3, 4], [5]),
+        call("h2", "turn-2", [1, 9], [6]),
+    ]
+    record["episode"]["edits"]["h2"] = "compaction"
+    calls.insert(1, call("g0", "turn-0", [7], [8], agent="other"))  # and one run by a root call
+    want = export.from_records([record])[0]
+    [doc] = records_to_documents([record])
+    assert _nested(doc) == [
+        ("other", ["g0"], False),
+        ("branch-2", ["turn-2"], True),
+        ("helper", ["h0", "h1"], False),
+        ("branch-4", ["h2"], True),
+        ("branch-5", ["turn-3"], True),
+    ]
+    branch = doc.subagent_trajectories[1]
+    assert [ref.trajectory_id for ref in _refs(branch.steps[0])] == ["helper"]  # referenced from its call's step
+    helper = branch.subagent_trajectories[0]
+    assert [ref.trajectory_id for ref in _refs(helper.steps[1])] == ["branch-4"]  # diverged after h1
+    [back] = export.from_atif([doc])
+    _same_result(want, back)
+    # another program's file, marked as docs/atif.md says (only ``extra.tmpl.branch`` on the branches):
+    # its branches read back as branches of the same agent, and the file comes back as written
+    d = _without_tmpl(export.to_atif([r])[0].to_json_dict())
+    for t in d["subagent_trajectories"]:
+        t["extra"] = {"tmpl": {"branch": True}}
+    [theirs] = export.from_atif([d])
+    assert [(s.agent, s.parent, s.branch.kind) for s in theirs.sequences] == [(None, None, "first")] + [
+        (None, None, "diverged")
+    ] * 2
+    assert [s.ids.tolist() for s in theirs.sequences] == [s.ids.tolist() for s in r.sequences]
+    assert _without_tmpl(export.to_atif([theirs])[0].to_json_dict()) == _without_tmpl(d)
+
+
+def _tools():
+    from .fixture_models import get_time, get_weather
+
+    return [get_time, get_weather]
+
+
+#: An ATIF file tmpl wrote before branches were embedded trajectories (the same edit_history rollout as
+#: :func:`edit_history_rollout`): every call an agent step of the root, a branch's edit label in its step.
+BEFORE = Path(__file__).parent / "data" / "atif_edit_history_before_branches_embedded.jsonl"
+
+
+def test_files_written_with_branches_as_root_steps_still_read():
+    [d] = [json.loads(line) for line in BEFORE.read_text(encoding="utf-8").splitlines()]
+    assert "subagent_trajectories" not in d
+    steps = [s for s in d["steps"] if "metrics" in s]
+    assert len(steps) == 4 and [s["extra"]["tmpl"].get("edit") for s in steps] == [
+        None,
+        None,
+        "edit_history: window",
+        "edit_history: window",
+    ]
+    [old] = export.from_atif(BEFORE)
+    # the sequences of the steps' IDs: the first two calls appended, then each branch its call alone
+    m = [s["metrics"] for s in steps]
+    p0, c0, p1, c1 = (
+        m[0]["prompt_token_ids"],
+        m[0]["completion_token_ids"],
+        m[1]["prompt_token_ids"],
+        m[1]["completion_token_ids"],
+    )
+    assert p1[: len(p0) + len(c0)] == p0 + c0
+    want = [p1 + c1, m[2]["prompt_token_ids"] + m[2]["completion_token_ids"]]
+    want.append(m[3]["prompt_token_ids"] + m[3]["completion_token_ids"])
+    assert [s.ids.tolist() for s in old.sequences] == want
+    assert [int(s.mask.sum()) for s in old.sequences] == [len(c0) + len(c1)] + [
+        len(x["completion_token_ids"]) for x in m[2:]
+    ]
+    assert [(s.branch.kind, s.branch.edit) for s in old.sequences] == [
+        ("first", None),
+        ("diverged", "edit_history: window"),
+        ("diverged", "edit_history: window"),
+    ]
+    # ATIF -> tmpl -> ATIF: the document back as it was written, branches still root steps
+    [same] = export.to_atif([old])
+    assert same.to_json_dict() == atif.Trajectory.model_validate(d).to_json_dict()
+    # the same sample written afresh (no source document): its branches embedded, read back the same
+    fresh = export.from_records(export.to_records([old]))
+    [new] = export.to_atif(fresh)
+    assert [t.trajectory_id for t in new.subagent_trajectories] == ["branch-1", "branch-2"]
+    assert len([s for s in new.steps if s.metrics is not None]) == 2
+    [back] = export.from_atif([new])
+    _same_result(old, back)
 
 
 # -- bad input -----------------------------------------------------------------------------------------

@@ -17,9 +17,12 @@ The mapping (docs/atif.md has it in full):
   prompt the engine was sent), ``completion_token_ids`` and ``logprobs`` (what it sampled);
 - a sub-agent's calls (a lineage ``(agent, parent)`` other than the root's) are an embedded trajectory
   (``subagent_trajectories``), referenced from the observation of the step whose call ran it;
-- a branch (a call whose prompt does not extend the sequence before it: compaction, a template that
-  drops reasoning) is an agent step like any other: ATIF steps carry their whole prompt, so the branch
-  is in the IDs; its edit label is kept in the step's ``extra``;
+- a branch (each training sequence after the first: compaction, a template that drops reasoning, an
+  ``edit_history`` hook) is an embedded trajectory too, marked ``extra["tmpl"]["branch"]`` (so it is read
+  back as a branch of the same agent, not a sub-agent), held by its lineage's trajectory and referenced
+  from the step where it diverged; the root keeps the whole conversation, its steps' tokens the first
+  sequence's calls (files written before, and other programs' files with branches as plain steps,
+  read as well, and are written back as they were);
 - what ATIF has no field for is kept under the key ``"tmpl"`` of ``extra``: per step the call's id,
   policy versions, ``trained`` (the mask: a step's completion tokens are in the loss mask exactly when
   it is trained), turn, reward and lineage; per trajectory the tmpl record less the arrays the steps
@@ -106,8 +109,10 @@ def records_to_documents(
     atif = _models()
     out = []
     for k, record in enumerate(records):
-        doc = _document(record, agent)
         source = sources[k] if sources is not None and k < len(sources) else None
+        # read from ATIF: each branch call stays where the source had it (a root step in files written
+        # before branches were embedded, and in other programs' files), so the document comes back as written
+        doc = _document(record, agent, None if source is None else _in_place(source))
         if source is not None:
             doc = _restore(doc, source)
         if tools is not None:
@@ -119,15 +124,11 @@ def records_to_documents(
     return out
 
 
-def _document(record: Mapping[str, Any], agent: str) -> dict[str, Any]:
+def _document(record: Mapping[str, Any], agent: str, in_place: set[Any] | None = None) -> dict[str, Any]:
     calls = _record_calls(record)
     messages = list(record.get("messages") or [])
-    steps, by_call = _steps(messages, [c for c in calls if c["parent"] is None and c["agent"] is None])
-    if _messages(steps) != messages:  # said exactly by the steps, or kept whole
-        carried_messages = False
-    else:
-        carried_messages = True
-    embedded = _embedded(calls, by_call, steps)
+    steps, embedded = _layout(record, calls, messages, agent, in_place)
+    carried_messages = _messages(steps) == messages  # said exactly by the steps, or kept whole
     keep = {k: v for k, v in record.items() if k not in _CARRIED}
     if keep.get("stale_action") is None:
         keep.pop("loss_mask", None)  # read back only under a staleness policy: else it is the mask
@@ -319,11 +320,17 @@ def _episode_sequence(record: Mapping[str, Any], arrays: Mapping[str, Any]) -> i
 
 
 def _steps(
-    messages: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]]
+    messages: Sequence[Mapping[str, Any]],
+    calls: Sequence[Mapping[str, Any]],
+    elsewhere: Mapping[Any, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """ATIF steps of the root's messages, the root's calls on its agent steps: a call of turn ``t`` on the
     ``t``-th assistant message (counted from 0), a call without one (or a second of the same turn) on an
-    agent step of its own, in call order. Returns the steps and each call's step index."""
+    agent step of its own, in call order. A call in ``elsewhere`` (call id -> the embedded trajectory
+    that holds its step: a branch) leaves its message a step without metrics (``extra.tmpl``: ``call``,
+    and ``in`` that trajectory's id), and no step where it has no message. Returns the steps and each
+    call's step index (the message's, for a call held elsewhere)."""
+    away = elsewhere or {}
     steps: list[dict[str, Any]] = []
     by_call: dict[str, int] = {}
     n_assistant = sum(1 for m in messages if m.get("role") == "assistant")
@@ -338,7 +345,7 @@ def _steps(
     def flush(upto: int) -> None:  # calls before ``upto`` (in call order) that no message holds
         nonlocal next_call
         while next_call < upto:
-            if next_call not in taken:
+            if next_call not in taken and calls[next_call]["id"] not in away:
                 steps.append(_agent_step(len(steps) + 1, None, calls[next_call]))
             next_call += 1
 
@@ -349,7 +356,15 @@ def _steps(
             held = placed.get(ordinal)
             if held is not None:
                 flush(held)
-            steps.append(_agent_step(len(steps) + 1, m, calls[held] if held is not None else None))
+            call = calls[held] if held is not None else None
+            if call is not None and call["id"] in away:  # its model call is a branch's step
+                step = _agent_step(len(steps) + 1, m, None)
+                step.setdefault("extra", {}).setdefault(EXTRA_KEY, {}).update(
+                    call=call["id"], **{"in": away[call["id"]]}
+                )
+                steps.append(step)
+            else:
+                steps.append(_agent_step(len(steps) + 1, m, call))
             ordinal += 1
         elif role == "tool":
             owner = steps[-1] if steps and steps[-1]["source"] == "agent" else None
@@ -478,52 +493,184 @@ def _result(m: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _embedded(
-    calls: Sequence[Mapping[str, Any]], by_call: Mapping[str, int], steps: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The embedded trajectories of the lineages other than the root's, nested under the trajectory of
-    the call that ran them, each referenced from that call's step."""
-    lineages: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+#: The lineage ``(agent, parent)`` of the root agent's calls.
+_ROOT = (None, None)
+
+
+def _lineage(call: Mapping[str, Any]) -> tuple[Any, Any]:
+    return (call["agent"], call["parent"])
+
+
+def _layout(
+    record: Mapping[str, Any],
+    calls: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
+    agent: str,
+    in_place: set[Any] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The root's steps and its embedded trajectories.
+
+    - The root's steps are the sample's messages, with the calls of its first sequence on them.
+    - Each other lineage (a sub-agent) is an embedded trajectory of its first sequence's calls, nested
+      under the trajectory of the call that ran it and referenced from that call's step.
+    - Each branch (a sequence after a lineage's first: compaction, a template that drops reasoning, an
+      ``edit_history`` hook, a resample) is an embedded trajectory of its calls, marked
+      ``extra.tmpl.branch``, held by its lineage's trajectory and referenced (the reference's
+      ``extra.tmpl.branch`` true) from the step where it diverged: the step of its first call's message
+      (the root's), else of the lineage's last call before it. Sub-agents its calls ran nest under it.
+
+    ``in_place``: the ids of calls to keep on their lineage's own steps even when they are a branch's
+    (what a source document read from ATIF had there); None: every branch embedded."""
+    branches = _branches(record, in_place)
+    by_lineage: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for c in calls:
-        if c["parent"] is not None or c["agent"] is not None:
-            lineages.setdefault((c["agent"], c["parent"]), []).append(c)
-    owner_of = {c["id"]: (c["agent"], c["parent"]) for c in calls}
-    docs: dict[tuple[Any, Any], dict[str, Any]] = {}
+        by_lineage.setdefault(_lineage(c), []).append(c)
+    by_id = {c["id"]: c for c in calls}
+    branches = [b for b in branches if all(cid in by_id for cid in b["calls"])]
+    # the trajectory ids: the agent's label names a sub-agent's (with the call that ran it when it ran
+    # more than once), ``branch-<sequence index>`` a branch's; unique in the document
     names: set[str] = set()
-    agents = [lineage[0] for lineage in lineages]
-    for lineage, members in lineages.items():
-        agent, parent = lineage
-        # the agent's label names its trajectory (with the call that ran it when it ran more than once)
-        name = str(agent) if agent is not None and agents.count(agent) == 1 else f"{agent or 'agent'}@{parent}"
+    name_of: dict[tuple[str, Any], str] = {}
+    agents = [lineage[0] for lineage in by_lineage if lineage != _ROOT]
+
+    def unique(name: str) -> str:
         while name in names:
             name += "'"
         names.add(name)
-        sub_steps, sub_by_call = _steps([], members)
-        docs[lineage] = {
+        return name
+
+    for lineage in by_lineage:
+        if lineage != _ROOT:
+            sub_agent, parent = lineage
+            name = (
+                str(sub_agent)
+                if sub_agent is not None and agents.count(sub_agent) == 1
+                else f"{sub_agent or 'agent'}@{parent}"
+            )
+            name_of[("lineage", lineage)] = unique(name)
+    for b in branches:
+        name_of[("branch", b["index"])] = unique(f"branch-{b['index']}")
+    home: dict[Any, tuple[str, Any]] = {c["id"]: ("lineage", _lineage(c)) for c in calls}
+    for b in branches:
+        for cid in b["calls"]:
+            home[cid] = ("branch", b["index"])
+    elsewhere = {cid: name_of[key] for cid, key in home.items() if key[0] == "branch"}
+
+    root_key = ("lineage", _ROOT)
+    containers: dict[tuple[str, Any], dict[str, Any]] = {}
+    steps, by_call = _steps(messages, by_lineage.get(_ROOT, []), elsewhere)
+    containers[root_key] = {"steps": steps, "_by_call": by_call}
+    first: dict[tuple[str, Any], int] = {}  # each embedded trajectory's first call, in the episode's order
+    position = {c["id"]: k for k, c in enumerate(calls)}
+    for lineage, members in by_lineage.items():
+        if lineage == _ROOT:
+            continue
+        key = ("lineage", lineage)
+        sub_steps, sub_by_call = _steps([], members, elsewhere)
+        containers[key] = {
             "schema_version": SCHEMA_VERSION,
-            "trajectory_id": name,
-            "agent": {"name": str(agent or "agent"), "version": _version()},
+            "trajectory_id": name_of[key],
+            "agent": {"name": str(lineage[0] or "agent"), "version": _version()},
             "steps": sub_steps,
             "_by_call": sub_by_call,
         }
+        first[key] = position[members[0]["id"]]
+    for b in branches:
+        key = ("branch", b["index"])
+        lineage = b["lineage"]
+        sub_steps, sub_by_call = _steps([], [by_id[cid] for cid in b["calls"]])
+        containers[key] = {
+            "schema_version": SCHEMA_VERSION,
+            "trajectory_id": name_of[key],
+            "agent": {"name": agent if lineage == _ROOT else str(lineage[0] or "agent"), "version": _version()},
+            "steps": sub_steps,
+            "extra": {EXTRA_KEY: {"branch": b["info"]}},
+            "_by_call": sub_by_call,
+        }
+        first[key] = position[b["calls"][0]]
+
     root: list[dict[str, Any]] = []
-    for lineage, doc in docs.items():
-        parent = lineage[1]
-        holder_lineage = owner_of.get(parent) if parent is not None else None
-        if holder_lineage is not None and holder_lineage != (None, None) and holder_lineage in docs:
-            holder = docs[holder_lineage]
-            holder.setdefault("subagent_trajectories", []).append(doc)
-            where, index = holder["steps"], holder["_by_call"].get(parent)
+    for key in sorted(first, key=first.__getitem__):
+        doc = containers[key]
+        if key[0] == "lineage":
+            parent = key[1][1]
+            holder_key = home.get(parent, root_key) if parent is not None else root_key
+            index = containers[holder_key]["_by_call"].get(parent) if parent is not None else None
+            ref: dict[str, Any] = {"trajectory_id": doc["trajectory_id"]}
         else:
+            holder_key = ("lineage", next(b["lineage"] for b in branches if b["index"] == key[1]))
+            opened = next(b["calls"][0] for b in branches if b["index"] == key[1])
+            index = _anchor(containers[holder_key]["_by_call"], by_lineage[holder_key[1]], opened)
+            ref = {"trajectory_id": doc["trajectory_id"], "extra": {EXTRA_KEY: {"branch": True}}}
+        if holder_key == root_key:
             root.append(doc)
-            where, index = steps, by_call.get(parent) if parent is not None else None
+        else:
+            containers[holder_key].setdefault("subagent_trajectories", []).append(doc)
         if index is not None:
-            step = where[index]
-            results = step.setdefault("observation", {"results": []})["results"]
-            results.append({"subagent_trajectory_ref": [{"trajectory_id": doc["trajectory_id"]}]})
-    for doc in docs.values():
+            step = containers[holder_key]["steps"][index]
+            step.setdefault("observation", {"results": []})["results"].append({"subagent_trajectory_ref": [ref]})
+    for doc in containers.values():
         doc.pop("_by_call")
-    return root
+    return steps, root
+
+
+def _anchor(by_call: Mapping[Any, int], lineage_calls: Sequence[Mapping[str, Any]], opened: Any) -> int | None:
+    """The step of the lineage's trajectory a branch is referenced from: the step of the call that
+    opened it (the message step it left, in the root), else the step of the lineage's last call before
+    it that has one; None: no such step."""
+    ids = [c["id"] for c in lineage_calls]
+    for cid in reversed(ids[: ids.index(opened) + 1]):
+        if cid in by_call:
+            return by_call[cid]
+    return None
+
+
+def _branches(record: Mapping[str, Any], in_place: set[Any] | None) -> list[dict[str, Any]]:
+    """The record's branches: each episode sequence after the first of its lineage, with the ids of its
+    calls (less those ``in_place`` keeps on their lineage's steps) and what started it."""
+    episode = record.get("episode")
+    if episode is None:
+        return []
+    try:
+        episode = json.loads(episode) if isinstance(episode, str) else episode
+        # unknown versions (a record of ATIF another program wrote: -1 throughout) as a Call takes them
+        unknown = [
+            {**c, "versions": None} if isinstance(c.get("versions"), list) and _unknown(c["versions"]) else c
+            for c in episode["calls"]
+        ]
+        ep = episode_from_record({**episode, "calls": unknown})
+    except (TmplError, ValueError, KeyError, TypeError):
+        return []
+    seen: set[tuple[Any, Any]] = set()
+    out = []
+    for seq in ep.sequences:
+        lineage = (seq.agent, seq.parent)
+        if lineage not in seen:
+            seen.add(lineage)
+            continue
+        ids = [cid for cid in seq.calls if in_place is None or cid not in in_place]
+        if not ids:
+            continue
+        info: dict[str, Any] = {"sequence": seq.index, "kind": seq.branch.kind}
+        for name in ("against", "token", "edit"):
+            value = getattr(seq.branch, name)
+            if value is not None:
+                info[name] = value
+        out.append({"index": seq.index, "lineage": lineage, "calls": ids, "info": info})
+    return out
+
+
+def _unknown(versions: Sequence[Any]) -> bool:
+    return bool(versions) and all(v == APPENDED_VERSION for v in versions)
+
+
+def _in_place(source: Mapping[str, Any]) -> set[Any] | None:
+    """The ids of the calls a document holds on its trajectories' own steps (every call outside a branch
+    trajectory), as :func:`documents_to_records` names them; None for a document it cannot read."""
+    try:
+        return {c["id"] for c in _document_calls(source) if not c["in_branch"]}
+    except (KeyError, TypeError, AttributeError):
+        return None
 
 
 def _restore(ours: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
@@ -774,14 +921,36 @@ def _record(model: Any, k: int, where: str) -> dict[str, Any]:
 
 def _document_calls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The model calls of a document and its embedded trajectories, in the order they ran: a step's,
-    then those of the sub-agents its observation references, then the next step's."""
+    then those of the trajectories its observation references, then the next step's. An embedded
+    trajectory marked as a branch (:func:`_is_branch`) goes on its holder's lineage (``in_branch``
+    true on its calls); any other is a sub-agent run by the call of the step that references it."""
     out: list[dict[str, Any]] = []
     subs = {s["trajectory_id"]: s for s in doc.get("subagent_trajectories") or []}
     seen: set[str] = set()
 
-    def walk(d: Mapping[str, Any], lineage: tuple[Any, Any], prefix: str, inner: Mapping[str, Any]) -> None:
+    def walk(
+        d: Mapping[str, Any],
+        lineage: tuple[Any, Any],
+        prefix: str,
+        inner: Mapping[str, Any],
+        in_branch: bool,
+        base: int = 0,
+    ) -> None:
         last = None
         ordinal = -1
+
+        def enter(name: str, sub: Mapping[str, Any], ref: Mapping[str, Any] | None, parent: Any, at: int) -> None:
+            seen.add(name)
+            branch = _is_branch(sub, ref)
+            walk(
+                sub,
+                lineage if branch else (name, parent),
+                f"{prefix}{name}/",
+                {s["trajectory_id"]: s for s in sub.get("subagent_trajectories") or []},
+                branch or in_branch,
+                at if branch else 0,
+            )
+
         for step in d["steps"]:
             m = step.get("metrics") or {}
             keep = ((step.get("extra") or {}).get(EXTRA_KEY)) or {}
@@ -801,38 +970,39 @@ def _document_calls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                         "parent": keep.get("parent", lineage[1]),
                         "agent": keep.get("agent", lineage[0]),
                         # a foreign step's turn: its assistant message's ordinal (what tmpl's turns are)
-                        "turn": keep.get("turn") if "call" in keep else ordinal,
+                        "turn": keep.get("turn") if "call" in keep else base + ordinal,
                         "reward": keep.get("reward"),
                         "edit": keep.get("edit"),
                         "where": f"{prefix}step {step['step_id']}",
+                        "in_branch": in_branch,
                     }
                 )
                 last = cid
+            # a branch referenced from an agent message without tokens holds that message's call: its
+            # calls' turns count on from it
+            at = ordinal if step["source"] == "agent" and m.get("completion_token_ids") is None else 0
             for result in (step.get("observation") or {}).get("results") or []:
                 for ref in result.get("subagent_trajectory_ref") or []:
                     name = ref.get("trajectory_id")
                     if name is None or name not in inner or name in seen:
                         continue
-                    seen.add(name)
-                    sub = inner[name]
-                    walk(
-                        sub,
-                        (name, last),
-                        f"{prefix}{name}/",
-                        {s["trajectory_id"]: s for s in sub.get("subagent_trajectories") or []},
-                    )
+                    enter(name, inner[name], ref, last, base + at)
         for name, sub in inner.items():  # embedded but never referenced: after the rest, no parent
             if name not in seen:
-                seen.add(name)
-                walk(
-                    sub,
-                    (name, None),
-                    f"{prefix}{name}/",
-                    {s["trajectory_id"]: s for s in sub.get("subagent_trajectories") or []},
-                )
+                enter(name, sub, None, None, 0)
 
-    walk(doc, (None, None), "", subs)
+    walk(doc, _ROOT, "", subs, False)
     return out
+
+
+def _is_branch(sub: Mapping[str, Any], ref: Mapping[str, Any] | None) -> bool:
+    """Whether an embedded trajectory is a branch of its holder's agent (``extra.tmpl.branch`` on the
+    trajectory or on the reference to it), not a sub-agent."""
+    for where in (sub, ref or {}):
+        keep = (where.get("extra") or {}).get(EXTRA_KEY)
+        if isinstance(keep, Mapping) and keep.get("branch"):
+            return True
+    return False
 
 
 def _calls_record(calls: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:

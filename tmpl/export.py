@@ -512,8 +512,9 @@ def to_atif(
     written to ``path`` when given (``.json``: one trajectory; ``.jsonl``/``.jsonl.gz``: one per line).
 
     Each model call is an agent step with its ``prompt_token_ids``, ``completion_token_ids`` and
-    ``logprobs``; sub-agents are embedded trajectories; what ATIF has no field for (versions, the mask,
-    status, spans...) is under ``extra["tmpl"]``, so :func:`from_atif` gives the same arrays back.
+    ``logprobs``; sub-agents and branches (marked ``extra["tmpl"]["branch"]``) are embedded trajectories;
+    what ATIF has no field for (versions, the mask, status, spans...) is under ``extra["tmpl"]``, so
+    :func:`from_atif` gives the same arrays back.
     ``tools``: the tool schemas the rollout rendered with (written as the agent's ``tool_definitions``, which
     ``tmpl replay`` re-renders with); ``agent``: the agent's name. Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
 
