@@ -84,16 +84,14 @@ def collate_arrays(
     items = list(trajectories) if not isinstance(trajectories, list) else trajectories
     results = [_is_result(item) for item in items]
     if not any(results):
-        return _routes(
+        arrays = _twin.builder.collate_arrays(
             items,
-            _twin.builder.collate_arrays(
-                items,
-                pad_id,
-                pad_to_multiple_of=pad_to_multiple_of,
-                mask_truncated=mask_truncated,
-                mask_aborted=mask_aborted,
-            ),
+            pad_id,
+            pad_to_multiple_of=pad_to_multiple_of,
+            mask_truncated=mask_truncated,
+            mask_aborted=mask_aborted,
         )
+        return _routes(items, _images(items, arrays))
     if not all(results):
         from ..errors import CollateError
 
