@@ -247,7 +247,8 @@ def test_a_fork_bomb_is_bounded_and_its_processes_die_with_the_sandbox(sandboxed
         prefix = "Error: fork_many raised BlockingIOError: [Errno 11] Resource temporarily unavailable after "
         assert message.startswith(prefix), message
         started = int(message[len(prefix) :].split()[0])
-        assert 0 < started < MAX_PROCESSES
+        # bounded: the fork bomb's own forks may still hold every slot (cold run 20: 0 started), never more
+        assert 0 <= started < MAX_PROCESSES
         init = box.pool._slots[0].proc.init
         inside = descendants(init)
         assert len(inside) >= started + 1  # the worker and its sleeping children, seen from here
