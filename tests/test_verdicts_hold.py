@@ -105,7 +105,8 @@ def conversation(draw: st.DrawFn, max_calls: int) -> tuple[list[dict[str, Any]],
 
 def assert_verdicts_hold(tpl: tmpl.ChatTemplate, examples: int) -> None:
     report = tmpl.report.check(tpl)
-    safe = {use for use, v in report.verdicts.items() if v.level == SAFE}
+    # the uses this search plays (first_failure): env_turns has its own search (tests/test_report_user_turns.py)
+    safe = {use for use, v in report.verdicts.items() if v.level == SAFE and use in ("tool_loop", "multi_user")}
     if not safe:
         pytest.skip(f"{tpl.name}: no SAFE verdict to test ({report.verdicts['tool_loop'].label})")
     refused = " | ".join(r["error"] for r in report.refused_shapes)
