@@ -261,6 +261,7 @@ SERIAL_GROUPS = {
     "test_vision_backends_server": "engines-2",
     "test_history_modes_vllm": "engines-2",  # on the session's scale-out server, with the two above
     "test_gateway_vllm": "engines-2",  # on the session's scale-out server too
+    "test_view_browser": "engines-2",  # its real rollout on the session's scale-out server
     "test_tools_mcp_vllm": "engines-2",  # on the session's scale-out server too
     "test_integrations_verl_agent_loop": "engines-1",
     "test_integrations_verl_vision": "engines-2",

