@@ -63,6 +63,7 @@ from typing import IO, Any, TypeVar
 
 from ..errors import MCPServerError, ToolboxError
 from ..toolcalls.schema import tool_name, tool_schema
+from .loopthread import start_loop_thread
 from .mcp_results import reply_of
 from .reply import ToolReply
 
@@ -434,18 +435,7 @@ class MCPToolset:
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-                    loop.close()
-
-                threading.Thread(target=serve, name="tmpl-mcp", daemon=True).start()
-                ready.wait()
-                self._loop = loop
+                self._loop = start_loop_thread("tmpl-mcp")
             return self._loop
 
     def run(self, work: Awaitable[T], timeout: float | None = None) -> T:

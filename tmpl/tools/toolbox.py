@@ -51,6 +51,7 @@ from ..errors import ToolboxError
 from ..toolcalls.arguments import coerce_arguments, read_arguments
 from ..toolcalls.schema import tool_name, tool_schema
 from ..toolcalls.types import CallProblem, ParsedCompletion, ToolCall, new_call_id
+from .loopthread import start_loop_thread
 from .metrics import CallOutcome, ToolMetrics
 from .outputs import cut_chars
 from .procpool import Answer, ProcessPool, pack_tools
@@ -359,17 +360,7 @@ class Toolbox:
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
             if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                threading.Thread(target=serve, name="tmpl-toolbox-loop", daemon=True).start()
-                ready.wait()
-                self._loop = loop
+                self._loop = start_loop_thread("tmpl-toolbox-loop", close=False)
             return self._loop
 
     # -- planning ---------------------------------------------------------------------
