@@ -414,8 +414,10 @@ class Gateway:
             raise GatewayError(key, 409, "the session has an environment or calls already: reset opens a new session")
         try:
             session.env = make_env(self.env_factory, key)
-            opened = await reset(session.env, key, task)
+            opened = await asyncio.wait_for(reset(session.env, key, task), self.call_timeout)
             schemas = episode_schemas(opened.tools, self._schemas)
+        except TimeoutError:
+            self._env_failed(key, EnvError(key, f"reset took over call_timeout={self.call_timeout:g} s", phase="reset"))
         except (EnvError, TypeError) as exc:
             self._env_failed(key, exc)
         return opened, schemas
@@ -426,7 +428,8 @@ class Gateway:
         session's episode; an environment that is done (or truncated) finishes the session.
 
         Raises SessionNotFoundError (404), GatewayRequestError (400: no environment, not an assistant
-        message), GatewayError (502: the environment failed; the session then ended, the environment closed).
+        message), GatewayError (502: the environment failed or took over ``call_timeout``; the session then
+        ended, the environment closed).
         """
         from .envs import assistant_for_env, step
 
@@ -434,8 +437,13 @@ class Gateway:
         if session.env is None:
             raise GatewayRequestError(key, "the session has no environment: POST /s/{session}/env/reset first")
         message = assistant_for_env(assistant, key)
-        try:
-            out = await step(session.env, key, message)
+        try:  # an environment's step is bounded like an engine call (call_timeout)
+            out = await asyncio.wait_for(step(session.env, key, message), self.call_timeout)
+        except TimeoutError:
+            late = EnvError(
+                key, f"step took over call_timeout={self.call_timeout:g} s", env=session.env.name, phase="step"
+            )
+            self._env_failed(key, late)
         except EnvError as exc:
             self._env_failed(key, exc)
         if session.env.reward is not None:
