@@ -36,9 +36,9 @@ Measured here, ``--dry-run`` (2 CPU cores shared with other work, 162 s with the
     dry-run float32 whole: 12 samples, 12 finished, 3045 positions x 2 layers compared: exact 100.00%, set 100.00%
     dry-run float32 streamed: 12 samples, 12 finished, 3045 positions x 2 layers compared: exact 100.00%, set 100.00%
 
-Expected on a GPU (not run yet: no machine with vLLM's GPU build was lent to this task; the lent H200's
-image has no vLLM, and its wheel is over the 64 MiB a call can carry), the same shape, one pair of lines
-per dtype (the positions differ where vLLM's greedy tokens do)::
+Expected on a GPU (a prediction, not run: no GPU machine was lent to this task; it needs vLLM's GPU build
+installed there, since vLLM's wheel is over the 64 MiB a device call carries), the same shape, one pair of
+lines per dtype (the positions differ where vLLM's greedy tokens do)::
 
     float32 whole: 12 samples, 12 finished, ~3045 positions x 2 layers compared: exact 100.00%, set 100.00%
     float32 streamed: 12 samples, 12 finished, ~3045 positions x 2 layers compared: exact 100.00%, set 100.00%
