@@ -31,7 +31,7 @@ from typing import Any
 
 from ..env.checks import check_reset, check_step
 from ..env.protocol import EnvReset, EnvStep, call_env
-from ..errors import EnvError
+from ..errors import EnvError, GatewayRequestError
 
 log = logging.getLogger("tmpl.gateway")
 
@@ -104,8 +104,6 @@ def assistant_for_env(message: Mapping[str, Any], key: str) -> dict[str, Any]:
     ...     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}, "s")["tool_calls"]
     [{'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}]
     """
-    from ..errors import GatewayRequestError
-
     if not isinstance(message, Mapping) or message.get("role") != "assistant":
         raise GatewayRequestError(key, "the body's 'message' must be the assistant message the gateway returned")
     out = dict(message)
