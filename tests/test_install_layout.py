@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def copy_sources(dest: Path) -> None:
     )
 
 
+def venv_seeing_this_environment(venv: Path) -> Path:
+    """A new venv whose packages are its own, then this environment's (never the base interpreter's).
+
+    ``--system-site-packages`` would reach the *base* interpreter's site-packages, not this environment's
+    when it is itself a venv (CI's is): on a fresh machine the base has only the image's packages (issue
+    49). This environment's site directories are added as plain paths by a ``.pth`` file, so its ``.pth``
+    files (an editable install's finder of the checkout's tmpl) do not run there. Returns its python.
+    """
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    ours = dict.fromkeys(p for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib")) if p)
+    (Path(purelib) / "zz-this-environment.pth").write_text("".join(f"{p}\n" for p in ours))
+    return python
+
+
 @pytest.mark.slow
 def test_a_wheel_holds_the_compiled_core_and_the_templates_and_runs_on_them(tmp_path: Path) -> None:
     source = tmp_path / "src"
@@ -122,8 +145,7 @@ def test_a_wheel_holds_the_compiled_core_and_the_templates_and_runs_on_them(tmp_
     assert not [n for n in names if n.endswith((".pyx", ".c")) or n.startswith(("_native/", "templates/"))]
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
+    python = venv_seeing_this_environment(venv)
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
