@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tmpl.env",),
     ("tmpl.rollout",),
     ("tmpl.gateway",),
+    ("tmpl.harness",),
     ("tmpl.export", "tmpl.atif", "tmpl.view", "tmpl.integrations", "tmpl.cli", "tmpl.__main__"),
 ]
 
@@ -161,6 +162,7 @@ FAMILIES = (
     errors.WorkerError,
     errors.TokenizerChangedError,
     errors.GatewayError,
+    errors.HarnessError,
 )
 
 
@@ -269,6 +271,12 @@ def test_backend_error_reexported() -> None:
             errors.GatewayError,
             {"session": "s1", "status": 409, "param": "messages", "kind": "conflict_error"},
             "session 's1': messages[1]: an assistant turn the gateway never returned",
+        ),
+        (
+            errors.HarnessSpecError("codex", "argv must be a non-empty sequence of strings"),
+            errors.HarnessError,
+            {"harness": "codex", "reason": "argv must be a non-empty sequence of strings"},
+            "harness 'codex': argv must be a non-empty sequence of strings",
         ),
     ],
 )

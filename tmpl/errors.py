@@ -1,6 +1,6 @@
 """Typed errors of tmpl. Each one says what went wrong and where.
 
-Every error tmpl raises is defined here and belongs to one of eleven catchable families:
+Every error tmpl raises is defined here and belongs to one of twelve catchable families:
 
 ==================== ===================================================== ===========================
 family               what went wrong                                       attributes
@@ -16,6 +16,7 @@ family               what went wrong                                       attri
 :class:`WorkerError` a rollout worker (a process or a Ray actor)           ``worker``, ``reason``
 :class:`TokenizerChangedError` a tokenizer changed after tmpl read it      ``tokenizer``, ``changes``
 :class:`GatewayError` a request to the gateway (``tmpl serve``)            ``session``, ``status``, ``reason``
+:class:`HarnessError` an agent harness run (:mod:`tmpl.harness`)            ``harness``, ``reason``
 ==================== ===================================================== ===========================
 
 The specific classes below (``SpliceError``, ``TokenIdError``...) subclass their family and add
@@ -1032,3 +1033,26 @@ class GatewayTimeoutError(GatewayError):
 
     def __init__(self, session: str | None, reason: str) -> None:
         super().__init__(session, 504, reason)
+
+
+class HarnessError(TmplError):
+    """An agent harness (:mod:`tmpl.harness`): its spec, its run, its verifier. ``harness`` names it.
+
+    >>> raise HarnessError("claude-code", "the executable 'claude' is not on PATH")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.HarnessError: harness 'claude-code': the executable 'claude' is not on PATH
+    """
+
+    def __init__(self, harness: str, reason: str) -> None:
+        self.harness = harness
+        self.reason = reason
+        super().__init__(f"harness {harness!r}: {reason}")
+
+
+class HarnessSpecError(HarnessError, ValueError):
+    """A :class:`tmpl.harness.Harness` that cannot run: an unknown dialect or placeholder, an empty argv.
+
+    >>> HarnessSpecError("x", "argv must be a non-empty sequence of strings").harness
+    'x'
+    """
