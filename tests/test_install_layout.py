@@ -80,7 +80,7 @@ def copy_sources(dest: Path) -> None:
     shutil.copytree(
         REPO / "tmpl",
         dest / "tmpl",
-        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyi", "*.jinja", "*.json", "__pycache__"),
+        ignore=shutil.ignore_patterns("*.so", "*.c", "*.pyi", "_*_c.html", "*.jinja", "*.json", "__pycache__"),
     )
 
 
@@ -142,6 +142,8 @@ def test_a_wheel_holds_the_compiled_core_and_the_templates_and_runs_on_them(tmp_
         assert path + suffix in names and path + ".pyi" in names, compiled
     templates = {f"tmpl/templates/{p.name}" for p in TEMPLATES_DIR.iterdir() if p.suffix in (".jinja", ".json")}
     assert templates <= names
+    assets = {f"tmpl/view/assets/{p.name}" for p in (REPO / "tmpl" / "view" / "assets").iterdir()}
+    assert {"tmpl/view/assets/page.css", "tmpl/view/assets/page.js"} <= assets <= names  # tmpl view's page
     assert not [n for n in names if n.endswith((".pyx", ".c")) or n.startswith(("_native/", "templates/"))]
 
     venv = tmp_path / "venv"
