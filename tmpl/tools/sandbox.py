@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SandboxError
+from .seccomp import program, program_fd
 
 #: directories of the system shown read-only in every sandbox (those that exist)
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -140,10 +141,14 @@ class Launcher:
         self.root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.as_root = os.getuid() == 0
 
-    def command(self, fd: int, info_fd: int, lifeline: int) -> list[str]:
-        """The bwrap command line of one worker talking on ``fd`` (``lifeline``: see :func:`.proctree.keep`)."""
+    def command(self, fd: int, info_fd: int, lifeline: int, seccomp_fd: int | None = None) -> list[str]:
+        """The bwrap command line of one worker talking on ``fd`` (``lifeline``: see :func:`.proctree.keep`;
+        ``seccomp_fd``: where bwrap reads the filter of :mod:`.seccomp`)."""
         cmd = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts"]
         cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+        cmd += _userns_args(self.bwrap, self.as_root)
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         if self.as_root:  # no user namespace: the worker drops to a user id of its own (see the module)
             cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         for path in SYSTEM:
@@ -185,16 +190,18 @@ class Launcher:
         parent, child = multiprocessing.Pipe()
         lifeline, life = multiprocessing.Pipe(duplex=False)
         info_r, info_w = os.pipe()
+        seccomp_fd = program_fd()
         try:
             popen = subprocess.Popen(
-                self.command(child.fileno(), info_w, lifeline.fileno()),
-                pass_fds=(child.fileno(), info_w, lifeline.fileno()),
+                self.command(child.fileno(), info_w, lifeline.fileno(), seccomp_fd),
+                pass_fds=(child.fileno(), info_w, lifeline.fileno(), seccomp_fd),
                 stdin=subprocess.DEVNULL,
             )
         finally:
             child.close()
             lifeline.close()
             os.close(info_w)
+            os.close(seccomp_fd)
         try:
             init = _child_pid(info_r)
         finally:
@@ -297,3 +304,264 @@ def main(fd: int, lifeline: int) -> None:
         conn.send(("broken", f"the sandbox could not start: {type(exc).__name__}: {exc}"))
         return
     keep(serve, conn, blob, memory_mb, as_code=True, lifeline=lifeline)
+
+
+# -- any program in the sandbox (harnesses): wrap_command ---------------------------------------
+#: where the gateway's Unix socket appears inside a wrapped command's sandbox
+GATEWAY_SOCKET = "/run/tmpl/gateway.sock"
+#: where the in-sandbox init program (:mod:`.sandbox_run`) appears inside
+INIT_SCRIPT = "/run/tmpl/sandbox_run.py"
+#: HOME inside when ``home`` is None: a private tmpfs
+PRIVATE_HOME = "/home/sandbox"
+_DISABLE_USERNS: dict[str, bool] = {}
+
+
+def _userns_args(bwrap: str, as_root: bool) -> list[str]:
+    """``--unshare-user --disable-userns`` where bwrap has it (0.8+) and runs unprivileged: the
+    sandbox then cannot make a user namespace of its own (its max_user_namespaces is 1, used).
+    As root there is no user namespace (the sandbox drops to a user id of its own instead), and
+    the seccomp filter's namespace rule is what denies it."""
+    if as_root:
+        return []
+    if bwrap not in _DISABLE_USERNS:
+        try:
+            text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        _DISABLE_USERNS[bwrap] = "--disable-userns" in text
+    return ["--unshare-user", "--disable-userns"] if _DISABLE_USERNS[bwrap] else []
+
+
+def _sandbox_uid() -> int:
+    """A user id of its own for a sandbox started by root (unused by any account; see the module)."""
+    return 2_000_000_000 + (os.getpid() % 100_000) * 1000 + next(_UIDS) % 1000
+
+
+def _under(path: str, tops: Iterable[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
+def wrap_command(
+    argv: list[str],
+    *,
+    workdir: str,
+    home: str | None = None,
+    read_only: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+    scratch_mb: int = 512,
+    max_processes: int = 256,
+    gateway_socket: str | None = None,
+    gateway_port: int | None = None,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """The command line that runs ``argv`` in a sandbox whose only way out is the gateway.
+
+    Start it with any ``subprocess.Popen`` (or ``asyncio.create_subprocess_exec``); the process
+    is bwrap (a small Python step puts the seccomp filter on a pipe and execs it). Killing it
+    kills the whole sandbox: its PID 1 dies with bwrap (``--die-with-parent``) and the kernel then
+    kills every process of its PID namespace. Its exit status is the command's (128 + N when
+    signal N killed it); 127: the command could not be started.
+
+    Inside: the system (``/usr``, ``/etc``, ...) and ``read_only`` (a harness's install: its
+    ``node_modules``, its venv; any host path) read-only at the same paths; ``workdir`` bound
+    read-write at the same path (the command starts there); ``HOME`` a private tmpfs at
+    ``/home/sandbox`` of ``scratch_mb``, or ``home``, a host directory bound read-write at the
+    same path (where the caller wrote the harness's config files); ``/tmp`` a private tmpfs of
+    ``scratch_mb``; nothing else of the host. Network: a namespace of its own with only
+    loopback; with ``gateway_socket`` (the host path of a Unix socket where the gateway listens:
+    ``uvicorn.run(app, uds=...)``, or a :class:`GatewayRelay`'s ``.path``) it is bound in and the
+    sandbox's PID 1 forwards ``127.0.0.1:gateway_port`` (and ``[::1]``) inside to it, so the
+    harness's base URL is ``http://127.0.0.1:{gateway_port}/...``; every other address is
+    unreachable and DNS fails. The environment is ``env`` alone (plus ``PATH``, ``HOME``,
+    ``TMPDIR``, ``LANG`` when ``env`` lacks them). At most ``max_processes`` processes
+    (``RLIMIT_NPROC``). The seccomp filter of :mod:`.seccomp` holds for every process: no new
+    namespaces (``unshare -U -r`` fails), no ``bpf``, ``ptrace``, ``mount``, module or keyring calls.
+
+    Run as root, the sandbox runs as a user id of its own (as ``Toolbox``'s do), and ``workdir``
+    and ``home`` are handed to it (``chown -R``) when it starts: their files belong to that id
+    afterwards (root reads them all the same). Run as another user, it keeps that user's id (in a
+    user namespace of bwrap's, closed with ``--disable-userns`` on bwrap 0.8+).
+
+    >>> with GatewayRelay("127.0.0.1", 8000) as relay:                       # doctest: +SKIP
+    ...     cmd = wrap_command(
+    ...         ["node", "/opt/agent/node_modules/.bin/agent", "--task", "fix the bug"],
+    ...         workdir="/tmp/episode-17/repo",
+    ...         read_only=["/opt/agent"],
+    ...         env={"OPENAI_BASE_URL": "http://127.0.0.1:8080/s/17/v1", "OPENAI_API_KEY": "x"},
+    ...         gateway_socket=relay.path,
+    ...         gateway_port=8080,
+    ...     )
+    ...     done = subprocess.run(cmd, capture_output=True, timeout=600)
+    >>> wrap_command(["true"], workdir="/usr")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.SandboxError: isolation='sandbox': '/usr' is a system directory: it cannot be the sandbox's writable directory
+    """
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise SandboxError(f"argv must be a non-empty list of strings, not {argv!r}")
+    for what, value in (("scratch_mb", scratch_mb), ("max_processes", max_processes)):
+        if not (isinstance(value, int) and value >= 1):
+            raise SandboxError(f"{what} must be a positive integer, not {value!r}")
+    if isinstance(read_only, str):
+        raise SandboxError(f"read_only must be a list of paths, not the string {read_only!r}")
+    if (gateway_socket is None) != (gateway_port is None):
+        raise SandboxError("gateway_socket and gateway_port go together: the socket and the port it appears on inside")
+    if gateway_port is not None and not (isinstance(gateway_port, int) and 1 <= gateway_port <= 65535):
+        raise SandboxError(f"gateway_port must be a TCP port (1-65535), not {gateway_port!r}")
+    found = shutil.which(bwrap)
+    if found is None:
+        raise SandboxError(
+            f"bubblewrap ({bwrap!r}) is not installed: `apt-get install bubblewrap` (Debian, Ubuntu), "
+            "`dnf install bubblewrap` (Fedora)"
+        )
+    workdir = os.path.abspath(workdir)
+    if not os.path.isdir(workdir):
+        raise SandboxError(f"workdir {workdir!r} is not a directory")
+    if home is not None:
+        home = os.path.abspath(home)
+        if not os.path.isdir(home):
+            raise SandboxError(f"home {home!r} is not a directory")
+    if gateway_socket is not None:
+        gateway_socket = os.path.abspath(gateway_socket)
+        if not os.path.exists(gateway_socket):
+            raise SandboxError(f"gateway_socket {gateway_socket!r} does not exist: start the gateway (or relay) first")
+    as_root = os.getuid() == 0
+    uid = _sandbox_uid() if as_root else None
+    python = os.path.realpath(sys.executable)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_run.py")
+
+    ro = {sys.base_prefix, os.path.dirname(python), *(os.path.abspath(p) for p in read_only)}
+    missing = sorted(p for p in ro if not os.path.exists(p))
+    if missing:
+        raise SandboxError(f"read_only paths do not exist: {missing}")
+    ro_kept: list[str] = []
+    for p in sorted(ro, key=len):  # a path under one already shown needs no mount of its own
+        if not _under(p, ro_kept) and not _under(p, SYSTEM):
+            ro_kept.append(p)
+
+    cmd = [found, "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts"]
+    cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    cmd += _userns_args(found, as_root)
+    cmd += ["--seccomp", "{seccomp}"]
+    if as_root:  # PID 1 drops to the sandbox's user id itself, then runs the command
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    for path in SYSTEM:
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    size = str(scratch_mb * 2**20)
+    made: set[str] = {"/tmp", "/run", "/run/tmpl"}
+    cmd += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
+    cmd += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/run/tmpl"]
+    if home is None:
+        cmd += ["--size", size, "--perms", "0777" if as_root else "0700", "--tmpfs", PRIVATE_HOME]
+        made.add(PRIVATE_HOME)
+
+    def parents(path: str) -> list[str]:
+        out = []
+        parent = os.path.dirname(path)
+        while parent not in ("/", "") and parent not in made and not _under(parent, SYSTEM):
+            out.append(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(out):  # bwrap would make them 0700: closed to the sandbox's own user
+            made.add(d)
+        return [a for d in reversed(out) for a in ("--perms", "0755", "--dir", d)]
+
+    for path in ro_kept:
+        cmd += parents(path) + ["--ro-bind", path, path]
+    for path in [workdir] + ([home] if home else []):
+        if path == "/" or _under(path, SYSTEM):
+            raise SandboxError(f"{path!r} is a system directory: it cannot be the sandbox's writable directory")
+        cmd += parents(path) + ["--bind", path, path]
+    cmd += ["--ro-bind", here, INIT_SCRIPT]
+    if gateway_socket is not None:
+        cmd += ["--bind", gateway_socket, GATEWAY_SOCKET]
+    cmd += ["--remount-ro", "/", "--chdir", workdir, "--clearenv"]
+    full = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home or PRIVATE_HOME,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        **(env or {}),
+    }
+    for key, text in full.items():
+        cmd += ["--setenv", key, text]
+    init = {
+        "argv": list(argv),
+        "env": full,
+        "max_processes": max_processes,
+        "uid": uid,
+        "socket": GATEWAY_SOCKET if gateway_socket is not None else None,
+        "port": gateway_port,
+    }
+    cmd += ["--", python, "-I", "-S", INIT_SCRIPT, "init", json.dumps(init)]
+    host = {
+        "seccomp": program().hex(),
+        "bwrap": cmd,
+        "uid": uid,
+        "chown": [workdir] + ([home] if home else []),
+    }
+    return [python, "-I", "-S", here, "host", json.dumps(host)]
+
+
+class GatewayRelay:
+    """A Unix socket on the host that relays each connection to the gateway's TCP address: what
+    :func:`wrap_command` binds into a sandbox as ``gateway_socket`` when the gateway serves TCP.
+
+    Its socket lives in a private directory of its own (``.path``), connectable by any user (the
+    sandbox may run as a user id of its own); closing the relay (or leaving the ``with``) removes
+    it. Connections already relayed run on until either side closes.
+
+    >>> with GatewayRelay("127.0.0.1", 9) as relay:
+    ...     os.path.basename(relay.path)
+    'gateway.sock'
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+        import tempfile
+        import threading
+
+        from . import sandbox_run
+
+        self.host, self.port = host, port
+        self.dir = tempfile.mkdtemp(prefix="tmpl-gateway-")
+        os.chmod(self.dir, 0o755)
+        self.path = os.path.join(self.dir, "gateway.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        os.chmod(self.path, 0o666)
+        self.listener.listen(128)
+
+        def connect() -> socket.socket:
+            return socket.create_connection((host, port), timeout=30)
+
+        def connect_blocking() -> socket.socket:
+            sock = connect()
+            sock.settimeout(None)
+            return sock
+
+        self.thread = threading.Thread(
+            target=sandbox_run.relay, args=(self.listener, connect_blocking), daemon=True, name="tmpl-gateway-relay"
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop accepting and remove the socket and its directory."""
+        import socket
+
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        self.thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> GatewayRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
