@@ -48,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from ..episode.records import to_record
 from ..errors import GatewayError, GatewayRequestError, TmplError
 from .dialects import anthropic, openai_chat, responses
+from .roles import place_roles
 from .service import Completion, Gateway
 
 __all__ = ["SESSION_HEADER", "create_app", "episode_json"]
@@ -185,8 +186,12 @@ def create_app(
         "chat": (openai_chat, chat_body, chat_sse),
         "messages": (
             anthropic,
-            lambda key, done, _req, model: anthropic.response(key, done.plan, done.replies[0], model=model),
-            lambda key, done, _req, model: named_events(anthropic.events(key, done.plan, done.replies[0], model=model)),
+            lambda key, done, req, model: anthropic.response(
+                key, done.plan, done.replies[0], model=model, notes=req.notes
+            ),
+            lambda key, done, req, model: named_events(
+                anthropic.events(key, done.plan, done.replies[0], model=model, notes=req.notes)
+            ),
         ),
         "responses": (
             responses,
@@ -243,11 +248,60 @@ def create_app(
         app.post(f"/v1/{path}")(anywhere)
         app.post(f"/s/{{session}}/v1/{path}")(in_session)
 
+    def model_object(name: str) -> dict[str, Any]:
+        """A model as OpenAI's and Anthropic's model routes describe one (the fields of both)."""
+        return {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tmpl",
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+
     def models() -> Any:
-        return {"object": "list", "data": [{"id": gateway.model, "object": "model", "created": 0, "owned_by": "tmpl"}]}
+        one = model_object(gateway.model)
+        return {"object": "list", "data": [one], "has_more": False, "first_id": one["id"], "last_id": one["id"]}
+
+    def model(model_id: str) -> Any:
+        """Any model id: the gateway serves its one model under whatever name a client gives it."""
+        return model_object(model_id)
 
     app.get("/v1/models")(models)
     app.get("/s/{session}/v1/models")(models)
+    app.get("/v1/models/{model_id:path}")(model)
+    app.get("/s/{session}/v1/models/{model_id:path}")(model)
+
+    async def count_tokens(request: Request, session: str | None = None) -> Any:
+        """Anthropic's ``count_tokens``: the token count of the template's render of the request (its
+        system and developer turns placed as a call's would be, with the generation prompt); no session
+        is touched."""
+        try:
+            req = anthropic.parse(await read_json(request), count=True)
+            placed = place_roles(gateway.tpl, req.messages)
+            try:
+                text = gateway.tpl.render(placed.messages, req.tools, add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - the template refuses the conversation: the client's 400
+                raise GatewayRequestError(
+                    session, f"the template cannot render the request: {type(exc).__name__}: {exc}", param="messages"
+                ) from exc
+            return anthropic.count_body(len(gateway.tpl.codec.encode(text)))
+        except GatewayError as exc:
+            return error(anthropic, exc, None)
+
+    app.post("/v1/messages/count_tokens")(count_tokens)
+    app.post("/s/{session}/v1/messages/count_tokens")(count_tokens)
+
+    async def probe(request: Request, session: str | None = None) -> Any:
+        """What clients send at start-up to see the server is up (Claude Code: ``HEAD /s/{session}``):
+        answered 200, no session touched."""
+        if request.method == "HEAD":
+            return fastapi.Response(status_code=200)
+        return {"status": "ok", "service": "tmpl gateway", "model": gateway.model, "session": session}
+
+    for path in ("/", "/s/{session}", "/s/{session}/", "/v1", "/s/{session}/v1"):
+        app.api_route(path, methods=["GET", "HEAD"])(probe)
 
     @app.get("/health")
     async def health() -> Any:

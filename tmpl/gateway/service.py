@@ -38,6 +38,7 @@ from ..errors import (
     TmplError,
 )
 from ..toolcalls.api import CompletionReader
+from .roles import place_roles
 from .session import Plan, Reply, Session
 from .store import Finished, SessionStore
 
@@ -59,6 +60,8 @@ class CallParams:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    #: top-k sampling (None: none)
+    top_k: int | None = None
     n: int = 1
     seed: int | None = None
     #: stop strings: a reply ends with the token that completes the first one (the string left out of its
@@ -180,8 +183,11 @@ class Gateway:
         tools = self._intern(tools)
         if not 1 <= params.n <= self.max_n:
             raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
+        placed = place_roles(self.tpl, messages)  # developer and system turns where the template renders them
         try:
-            plan = session.plan(messages, tools)
+            plan = session.plan(placed.messages, tools)
+            if placed.notes:
+                plan = dataclasses.replace(plan, roles=placed.notes)
         except GatewayError:
             raise
         except HistorySpliceError as exc:  # the gateway's own failure, not the client's
@@ -209,6 +215,7 @@ class Gateway:
             sampling = Sampling(
                 temperature=self.temperature if params.temperature is None else params.temperature,
                 top_p=self.top_p if params.top_p is None else params.top_p,
+                top_k=params.top_k or 0,
                 seed=params.seed,
             )
         except ValueError as exc:

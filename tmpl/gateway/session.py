@@ -83,6 +83,8 @@ class Plan:
     encoded: int = 0
     #: ``prompt_ids`` as an int32 array (made from the head's array on the append path)
     array: np.ndarray | None = None
+    #: how the request's developer and system turns were placed (:func:`tmpl.gateway.roles.place_roles`'s notes)
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     def prompt_array(self) -> np.ndarray:
         """``prompt_ids`` as an int32 array."""

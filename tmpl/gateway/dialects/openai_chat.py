@@ -152,6 +152,7 @@ def _tmpl(session: str, plan: Plan, replies: Sequence[Reply]) -> dict[str, Any]:
         "sequences": [r.sequence for r in replies],
         "prompt": plan.mode,
         "prompt_tokens_encoded": plan.encoded,
+        **({"roles": dict(plan.roles)} if plan.roles else {}),
     }
 
 
