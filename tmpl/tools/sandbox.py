@@ -356,11 +356,12 @@ def wrap_command(
 ) -> list[str]:
     """The command line that runs ``argv`` in a sandbox whose only way out is the gateway.
 
-    Start it with any ``subprocess.Popen`` (or ``asyncio.create_subprocess_exec``); the process
-    is bwrap (a small Python step puts the seccomp filter on a pipe and execs it). Killing it
-    kills the whole sandbox: its PID 1 dies with bwrap (``--die-with-parent``) and the kernel then
-    kills every process of its PID namespace. Its exit status is the command's (128 + N when
-    signal N killed it); 127: the command could not be started.
+    Start it with any ``subprocess.Popen`` (or ``asyncio.create_subprocess_exec``): the process
+    is a small Python step (:mod:`.sandbox_run`) that puts the seccomp filter on a pipe, starts
+    bwrap and waits for it. Killing it (any signal, ``SIGKILL`` included) kills the whole sandbox:
+    it holds the one write end of a lifeline the sandbox's PID 1 reads, which at its EOF kills
+    itself, and the kernel then every process of its PID namespace. Its exit status is the
+    command's (128 + N when signal N killed it); 127: the command could not be started.
 
     Inside: the system (``/usr``, ``/etc``, ...) and ``read_only`` (a harness's install: its
     ``node_modules``, its venv; any host path) read-only at the same paths; ``workdir`` bound
@@ -496,7 +497,7 @@ def wrap_command(
         "socket": GATEWAY_SOCKET if gateway_socket is not None else None,
         "port": gateway_port,
     }
-    cmd += ["--", python, "-I", "-S", INIT_SCRIPT, "init", json.dumps(init)]
+    cmd += ["--", python, "-I", "-S", INIT_SCRIPT, "init", json.dumps(init), "{lifeline}"]
     host = {
         "seccomp": program().hex(),
         "bwrap": cmd,

@@ -6,8 +6,11 @@ the interpreter inside the sandbox. Two roles, the first argument says which:
 ``host CONFIG``
     On the host, what the caller's ``Popen`` starts: it puts the seccomp program into a pipe,
     hands the working directory (and a host HOME) to the sandbox's own user id when run as root,
-    and becomes bwrap (``exec``), the pipe's file descriptor in place of ``{seccomp}`` in its
-    arguments. The caller's process handle is therefore bwrap's.
+    starts bwrap (the pipe's file descriptor in place of ``{seccomp}`` in its arguments, a
+    lifeline's read end in place of ``{lifeline}``), waits for it and exits as it did. It holds
+    the lifeline's write end alone: killed by the caller, or exiting when it sees the caller gone
+    (its parent process changed), its end closes, and the sandbox's PID 1, which reads the other
+    end, kills the sandbox.
 ``init CONFIG``
     Inside the sandbox, its PID 1 (bwrap ``--as-pid-1``): it limits the number of processes,
     listens on ``127.0.0.1:PORT`` (and ``[::1]:PORT``) of the sandbox's own network namespace
@@ -15,6 +18,8 @@ the interpreter inside the sandbox. Two roles, the first argument says which:
     socket is a file: it crosses network namespaces, which nothing else here does), drops to the
     sandbox's user id when bwrap left it root, starts the command, reaps every orphan, and when
     the command ends kills whatever is left and exits as the command did (128 + N for a signal N).
+    The lifeline's EOF tells it the host step died: it then kills the sandbox (the kernel kills
+    every process of its PID namespace with its PID 1).
 
 ``relay(accept_from, connect)`` is the byte pump both the sandbox's forwarder and the host's
 :class:`tmpl.tools.sandbox.GatewayRelay` use.
@@ -29,10 +34,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 CHUNK = 1 << 16
+#: seconds between two looks at whether the caller still lives
+ORPHAN_POLL = 1.0
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -76,13 +84,24 @@ def relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> None
         threading.Thread(target=_pair, args=(client, connect), daemon=True).start()
 
 
+def _orphaned(parent: int) -> None:
+    """Exit once the caller (its process, whichever thread started this) is gone: the lifeline
+    closes, and the sandbox dies with it."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL)
+    os._exit(128 + signal.SIGKILL)
+
+
 def _host(config: dict[str, Any]) -> None:
-    """Become bwrap with the seccomp program on a pipe (see the module)."""
+    """Run bwrap with the seccomp program on a pipe and a lifeline (see the module)."""
+    parent = os.getppid()
     data = bytes.fromhex(config["seccomp"])
     read, write = os.pipe()
     os.write(write, data)
     os.close(write)
     os.set_inheritable(read, True)
+    life_r, life_w = os.pipe()  # the lifeline: its write end stays here alone (not inheritable)
+    os.set_inheritable(life_r, True)
     uid = config.get("uid")
     if uid is not None:  # root: the sandbox runs as its own user id, which must own its directories
         for top in config.get("chown", ()):
@@ -93,8 +112,20 @@ def _host(config: dict[str, Any]) -> None:
                         os.chown(os.path.join(base, name), uid, uid, follow_symlinks=False)
                     except FileNotFoundError:
                         pass
-    argv = [str(read) if a == "{seccomp}" else a for a in config["bwrap"]]
-    os.execv(argv[0], argv)
+    fds = {"{seccomp}": str(read), "{lifeline}": str(life_r)}
+    argv = [fds.get(a, a) for a in config["bwrap"]]
+    pid = os.posix_spawn(argv[0], argv, os.environ)
+    os.close(read)
+    os.close(life_r)
+    threading.Thread(target=_orphaned, args=(parent,), daemon=True).start()
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
 def _listen(port: int) -> list[socket.socket]:
@@ -118,8 +149,33 @@ def _listen(port: int) -> list[socket.socket]:
     return out
 
 
-def _init(config: dict[str, Any]) -> None:
+def _watch(lifeline: int) -> None:
+    """At the lifeline's EOF (the host step died: it held the write end alone), kill the sandbox.
+
+    bwrap's ``--die-with-parent`` cannot do it once PID 1 changed its user id: the kernel clears
+    a parent-death signal at a change of credentials, and checks one set again against the
+    rights of the dying parent, which a root bwrap that dropped its capabilities lacks."""
+    while True:
+        try:
+            if not os.read(lifeline, 1):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    try:
+        os.kill(-1, signal.SIGKILL)
+    finally:
+        os._exit(128 + signal.SIGKILL)
+
+
+def _init(config: dict[str, Any], lifeline: int) -> None:
     """PID 1 of the sandbox (see the module)."""
+    # nothing of the host's open files goes further: bwrap's seccomp pipe, whatever the caller left open
+    os.closerange(3, lifeline)
+    os.closerange(lifeline + 1, 1 << 16)
+    os.set_inheritable(lifeline, False)
+    threading.Thread(target=_watch, args=(lifeline,), daemon=True).start()
     limit = config["max_processes"]
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -167,7 +223,10 @@ def _init(config: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> None:
     role, config = argv[1], json.loads(argv[2])
-    {"host": _host, "init": _init}[role](config)
+    if role == "host":
+        _host(config)
+    else:
+        _init(config, int(argv[3]))
 
 
 if __name__ == "__main__":
