@@ -24,6 +24,7 @@ from tmpl.gateway.dialects import openai_chat, responses
 
 from .conftest import load_tokenizer
 from .gateway_util import full_render_ids, served
+from .mapping_chat import _text, chat_messages
 
 openai = pytest.importorskip("openai", reason="the openai SDK is not installed (pip install -e '.[test]')")
 pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
@@ -66,21 +67,6 @@ def setup(monkeypatch):
 
         monkeypatch.setattr(module, "parse", keep)
     return gateway, backend, policy, bodies
-
-
-def _text(content) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content)
-    return content or ""
-
-
-def chat_messages(body: dict) -> tuple[list[dict], list | None]:
-    """A chat request's messages and tools as the template takes them, read from the raw body."""
-    out = []
-    for m in body["messages"]:
-        m = {**m, "content": _text(m.get("content"))}
-        out.append(m)
-    return out, body.get("tools")
 
 
 def responses_messages(body: dict) -> tuple[list[dict], list | None]:
