@@ -487,3 +487,49 @@ def test_a_trainer_that_dies_takes_the_wrapped_command_with_it(tmp_path):
     while [p for p in seen if os.path.exists(f"/proc/{p}")] and time.monotonic() < until:
         time.sleep(0.1)
     assert [p for p in seen if os.path.exists(f"/proc/{p}")] == []
+
+
+NODE_PROBE = r"""
+const port = process.argv[2];
+(async () => {
+  const out = {};
+  for (const host of ["127.0.0.1", "localhost"]) {
+    const r = await fetch(`http://${host}:${port}/v1/chat`);
+    out[host] = (await r.json()).path;
+  }
+  try { await fetch("https://example.com/", {signal: AbortSignal.timeout(5000)}); out.public = "reached"; }
+  catch (e) { out.public = (e.cause && e.cause.code) || e.name; }
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+def test_a_node_program_reaches_the_gateway_under_the_filter(gateway, tmp_path):
+    """node (libuv: io_uring answered ENOSYS, threads through clone) runs, fetches through the
+    gateway by 127.0.0.1 and by localhost, and reaches nothing else."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (apt-get install -y nodejs)")
+    script = tmp_path / "probe.js"
+    script.write_text(NODE_PROBE)
+    with GatewayRelay("127.0.0.1", gateway) as relay:
+        done = _wrapped([node, str(script), "8080"], tmp_path, gateway_socket=relay.path, gateway_port=8080)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got == {"127.0.0.1": "/v1/chat", "localhost": "/v1/chat", "public": "EAI_AGAIN"}
+
+
+def test_a_venvs_python_and_its_packages_run_from_read_only(gateway, tmp_path):
+    """A harness installed in a venv: the venv shown read-only, its packages import, its client
+    (httpx, what the OpenAI and Anthropic SDKs use) reaches the gateway."""
+    venv = sys.prefix
+    code = "import httpx; print(httpx.get('http://127.0.0.1:8080/v1/models', timeout=10).json()['path'])"
+    with GatewayRelay("127.0.0.1", gateway) as relay:
+        done = _wrapped(
+            [os.path.join(venv, "bin", "python"), "-c", code],
+            tmp_path,
+            read_only=[venv],
+            gateway_socket=relay.path,
+            gateway_port=8080,
+        )
+    assert (done.returncode, done.stdout) == (0, "/v1/models\n"), done.stderr
