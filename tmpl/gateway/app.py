@@ -51,11 +51,13 @@ from .dialects import anthropic, openai_chat, responses
 from .roles import place_roles
 from .service import Completion, Gateway
 
-__all__ = ["SESSION_HEADER", "create_app", "episode_json"]
+__all__ = ["LINEAGE_HEADER", "SESSION_HEADER", "create_app", "episode_json"]
 
 log = logging.getLogger("tmpl.gateway")
 
 SESSION_HEADER = "x-tmpl-session"
+#: names the lineage of a call (its main loop, a title generator, a sub-agent): docs/gateway.md, "Side calls and lineages"
+LINEAGE_HEADER = "x-tmpl-lineage"
 _KEY = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 
 
@@ -74,6 +76,7 @@ def episode_json(gateway: Gateway, key: str) -> dict[str, Any]:
                 "logprobs": s.logprobs.tolist(),
                 "versions": s.versions.tolist(),
                 "calls": list(s.calls),
+                "agent": s.agent,
                 "branch": {
                     "kind": s.branch.kind,
                     "text": str(s.branch),
@@ -212,7 +215,8 @@ def create_app(
             key = session_of(request, session)
             req = dialect.parse(await read_json(request))
             try:
-                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params))
+                lineage = request.headers.get(LINEAGE_HEADER)
+                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params, lineage))
             finally:
                 done_with(key)
         except _ClientGone:

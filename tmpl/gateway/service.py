@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -77,6 +78,9 @@ class Completion:
     plan: Plan
     replies: list[Reply]
 
+
+#: a lineage name a client may give (``X-Tmpl-Lineage``)
+_LINEAGE = re.compile(r"[A-Za-z0-9._:@/-]{1,200}")
 
 #: seconds an engine request may take to answer once it was stopped (its partial tokens), before it is cancelled
 STOP_WAIT = 10.0
@@ -173,19 +177,28 @@ class Gateway:
         messages: Sequence[Mapping[str, Any]],
         tools: list[dict[str, Any]] | None,
         params: CallParams,
+        lineage: str | None = None,
     ) -> Completion:
         """Generate ``params.n`` replies to ``messages`` (canonical) in session ``session_key``, each recorded.
+        ``lineage``: the name the client gave the call's lineage (``X-Tmpl-Lineage``; None: the session
+        infers it from the system prompt and the tool names, see :mod:`tmpl.gateway.session`).
 
         Raises GatewayRequestError (400), SessionNotFoundError (404), HistoryConflictError (409, strict) or
         BackendUnavailableError (503); nothing is recorded for a call that raises.
         """
+        if lineage is not None and not _LINEAGE.fullmatch(lineage):
+            raise GatewayRequestError(
+                session_key,
+                f"the lineage name {lineage[:64]!r} is not 1 to 200 of the characters A-Z a-z 0-9 . _ : @ / -",
+                param="X-Tmpl-Lineage",
+            )
         session = self.sessions.get(session_key)
         tools = self._intern(tools)
         if not 1 <= params.n <= self.max_n:
             raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
         placed = place_roles(self.tpl, messages)  # developer and system turns where the template renders them
         try:
-            plan = session.plan(placed.messages, tools)
+            plan = session.plan(placed.messages, tools, lineage)
             if placed.notes:
                 plan = dataclasses.replace(plan, roles=placed.notes)
         except GatewayError:

@@ -16,6 +16,14 @@ Each generation is a :class:`tmpl.episode.Call` of the session's :class:`tmpl.ep
 whose prompt extends a sequence continues it; any other starts a branch, whose record names the first
 message and field that differ (``edit`` says what the gateway saw the client change).
 
+**Lineages.** A harness makes calls besides its main loop through the same session (a title, a summary,
+a sub-agent with a system prompt of its own). Each call belongs to a :class:`Lineage`, keyed by
+:func:`lineage_key` (a digest of its leading system text and its tool names; a client may name it
+instead, ``X-Tmpl-Lineage``), with heads of its own: a side call starts its own ``agent`` lineage of the
+episode, and the main loop's next call still continues the main loop's head by a suffix. The session's
+first lineage is its main one (agent label None); the others are labelled ``side-<digest>`` or by the
+name the client gave.
+
 >>> session = Session("s1", tpl)                                     # doctest: +SKIP
 >>> plan = session.plan(messages, tools)                            # doctest: +SKIP
 >>> plan.mode, len(plan.prompt_ids)                                 # doctest: +SKIP
@@ -25,6 +33,8 @@ message and field that differ (``edit`` says what the gateway saw the client cha
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -43,12 +53,15 @@ if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
     from ..toolcalls.types import ParsedCompletion
 
-__all__ = ["Head", "Plan", "Reply", "Session"]
+__all__ = ["Head", "Lineage", "Plan", "Reply", "Session", "lineage_key"]
 
 PlanMode = Literal["append", "render"]
 #: texts between kept replies a session keeps encoded at most (a client whose history changes every call
 #: adds one per call); past it they are dropped and encoded again when met
 MAX_GAPS = 64
+#: lineages a session keeps heads for (its main one besides); past it the least recently used is dropped
+#: (its next call is rendered, the sampled IDs it holds spliced back, and continues its episode lineage)
+MAX_LINEAGES = 32
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,8 @@ class Plan:
     encoded: int = 0
     #: ``prompt_ids`` as an int32 array (made from the head's array on the append path)
     array: np.ndarray | None = None
+    #: the lineage the call belongs to (:func:`lineage_key`, or the client's name for it)
+    lineage: str = ""
     #: how the request's developer and system turns were placed (:func:`tmpl.gateway.roles.place_roles`'s notes)
     roles: Mapping[str, str] = field(default_factory=dict)
 
@@ -107,6 +122,39 @@ class Reply:
     stop: str | None = None
 
 
+@dataclass
+class Lineage:
+    """The calls of one agent of a session (its main loop, a title generator, a sub-agent): the replies
+    they returned that its next call may continue, and the ``agent`` label of its calls in the episode."""
+
+    key: str
+    agent: str | None
+    heads: deque[Head]
+
+
+def lineage_key(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """The lineage of a call that names none: a digest of its leading system (and developer) text and of
+    its tools' names. A harness's side calls (a title, a summary, a sub-agent) differ from its main loop
+    in one or the other; the calls of one loop share both.
+
+    >>> main = lineage_key([{"role": "system", "content": "You code."}, {"role": "user", "content": "Hi"}],
+    ...                    [{"type": "function", "function": {"name": "bash"}}])
+    >>> main == lineage_key([{"role": "system", "content": "You code."}, {"role": "user", "content": "Fix it"}],
+    ...                     [{"type": "function", "function": {"name": "bash"}}])
+    True
+    >>> main == lineage_key([{"role": "system", "content": "Write a title."}, {"role": "user", "content": "Hi"}], None)
+    False
+    """
+    system = []
+    for m in messages:
+        if m.get("role") not in ("system", "developer"):
+            break
+        system.append(m.get("content") or "")
+    names = sorted(str(t.get("function", {}).get("name")) for t in tools or ())
+    digest = hashlib.sha256(json.dumps([system, names], ensure_ascii=False).encode("utf-8")).hexdigest()
+    return digest[:12]
+
+
 class Session:
     """The state of one episode: its heads, the replies it returned, the call ids it issued, its episode.
 
@@ -122,7 +170,11 @@ class Session:
         self.episode = Episode(sample_id=key)
         #: the session's environment (``Gateway(env_factory=...)``, a :class:`tmpl.gateway.envs.SessionEnv`), or None
         self.env: Any = None
-        self.heads: deque[Head] = deque(maxlen=max_heads)
+        self.max_heads = max_heads
+        #: the session's lineages by key, least recently used first (see :data:`MAX_LINEAGES`), and its
+        #: main one's key (its first lineage; never dropped)
+        self.lineages: dict[str, Lineage] = {}
+        self.main: str | None = None
         #: every reply returned: (its canonical message, its call id, its sampled IDs), in order
         self.replies: list[tuple[dict[str, Any], str, tuple[int, ...]]] = []
         #: tool call ids the gateway issued, with their tool's name
@@ -144,19 +196,33 @@ class Session:
         self.tokens_held = 0
 
     # -- the prompt ------------------------------------------------------------------
-    def plan(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
-        """The prompt IDs for ``messages`` (canonical) and ``tools``; see the module docstring."""
+    def plan(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        lineage: str | None = None,
+    ) -> Plan:
+        """The prompt IDs for ``messages`` (canonical) and ``tools``; see the module docstring. ``lineage``:
+        the name the client gave the call's lineage (None: :func:`lineage_key` of the request)."""
         if not messages:
             raise GatewayRequestError(self.key, "messages must hold at least one message", param="messages")
         request = [dict(m) for m in messages]
         self._check_call_ids(request)
-        for head in reversed(self.heads):  # the same tools as before: the very list, whose digest the
+        key = f"name:{lineage}" if lineage is not None else lineage_key(request, tools)
+        found = self.lineages.get(key)
+        heads: Sequence[Head] = () if found is None else found.heads
+        plan = self._plan(request, tools, heads)
+        return dataclasses.replace(plan, lineage=key)
+
+    def _plan(self, request: list[dict[str, Any]], tools: list[dict[str, Any]] | None, heads: Sequence[Head]) -> Plan:
+        """The plan of ``request`` against the heads of its lineage."""
+        for head in reversed(heads):  # the same tools as before: the very list, whose digest the
             if head.tools == tools:  # suffix engine keeps by identity (a new list is hashed again)
                 tools = head.tools
                 break
         continued = False  # the request continues a head (a new user turn, say): no edit to name
         closest: tuple[int, str | None] | None = None  # else where it leaves the head it follows longest
-        for head in sorted(reversed(self.heads), key=lambda h: not _same_ids(request, h)):
+        for head in sorted(reversed(heads), key=lambda h: not _same_ids(request, h)):
             n = len(head.messages)
             diff = _prefix_difference(request, head.messages)
             if head.tools is not tools and head.tools != tools:
@@ -274,6 +340,7 @@ class Session:
             versions=result.versions if result.versions is not None else version,
             id=reply.call,
             turn=self.calls,
+            agent=self._lineage(plan.lineage).agent,
         )
         # the conversation with the reply: a later branch names where the client left it
         reply.sequence = self.episode.add_call(call, edit=plan.edit, messages=[*plan.messages, reply.message])
@@ -287,7 +354,7 @@ class Session:
             self.issued[c["id"]] = c["function"]["name"]
         self.problems += [(reply.call, problem) for problem in reply.problems]
         self.replies.append((reply.message, reply.call, tuple(sampled)))
-        self.heads.append(
+        self._lineage(plan.lineage).heads.append(
             Head(
                 reply.call,
                 (*plan.messages, reply.message),
@@ -311,11 +378,29 @@ class Session:
             versions=result.versions if result.versions is not None else version,
             id=call_id,
             turn=self.calls,
+            agent=self._lineage(plan.lineage).agent,
         )
         self.episode.add_call(call, edit=plan.edit, messages=plan.messages)
         self.calls += 1
         self.tokens_held += len(plan.prompt_ids) + len(sampled)
         self.touched = time.monotonic()
+
+    def _lineage(self, key: str) -> Lineage:
+        """The lineage ``key`` (made on its first recorded call), now the most recently used."""
+        found = self.lineages.pop(key, None)
+        if found is None:
+            if self.main is None:
+                self.main = key
+            if key.startswith("name:"):
+                agent: str | None = key[len("name:") :]
+            else:
+                agent = None if key == self.main else f"side-{key}"
+            found = Lineage(key, agent, deque(maxlen=self.max_heads))
+            others = [k for k in self.lineages if k != self.main]
+            while len(others) >= MAX_LINEAGES:
+                del self.lineages[others.pop(0)]
+        self.lineages[key] = found
+        return found
 
 
 def _prefix_difference(
