@@ -469,7 +469,9 @@ marker, workdir = sys.argv[1], sys.argv[2]
 code = "import subprocess, sys, time; subprocess.Popen(['sleep', '600']); print('started', flush=True); time.sleep(600)"
 import os
 proc = subprocess.Popen(wrap_command([os.path.realpath(sys.executable), "-I", "-S", "-c", code, marker], workdir=workdir), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-print(proc.stdout.readline().strip(), flush=True)
+line = proc.stdout.readline().strip()
+from tests.test_sandbox_hardening import _marked
+print(line, *[p for p in _marked(marker) if p != os.getpid()], flush=True)  # then exits, its harness still running
 """
 
 
@@ -478,11 +480,17 @@ def test_a_trainer_that_dies_takes_the_wrapped_command_with_it(tmp_path):
     marker = f"orphan{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", TRAINER, marker, str(tmp_path)], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-c", TRAINER, marker, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
     )
-    assert done.stdout == "started\n", done.stderr
-    seen = _marked(marker)
-    assert len(seen) >= 2  # the sandbox's PID 1 and the command (the sleep has no marker)
+    said, *pids = done.stdout.split()
+    assert said == "started", done.stderr
+    seen = [int(p) for p in pids]
+    assert len(seen) == 4  # the host step, bwrap, the sandbox's PID 1, the command (the sleep has no marker)
     until = time.monotonic() + 15
     while [p for p in seen if os.path.exists(f"/proc/{p}")] and time.monotonic() < until:
         time.sleep(0.1)
