@@ -452,6 +452,8 @@ def test_the_exit_status_is_the_commands_and_processes_are_bounded(tmp_path):
 def test_wrong_arguments_are_clear_errors(tmp_path):
     with pytest.raises(SandboxError, match="gateway_socket and gateway_port go together"):
         wrap_command(["true"], workdir=str(tmp_path), gateway_port=8080)
+    with pytest.raises(SandboxError, match=r"gateway_port must be an unprivileged TCP port \(1024-65535"):
+        wrap_command(["true"], workdir=str(tmp_path), gateway_socket=str(tmp_path), gateway_port=80)
     with pytest.raises(SandboxError, match="workdir '/no/such/dir' is not a directory"):
         wrap_command(["true"], workdir="/no/such/dir")
     with pytest.raises(SandboxError, match="argv must be a non-empty list of strings, not 'true'"):
@@ -541,3 +543,83 @@ def test_a_venvs_python_and_its_packages_run_from_read_only(gateway, tmp_path):
             gateway_port=8080,
         )
     assert (done.returncode, done.stdout) == (0, "/v1/models\n"), done.stderr
+
+
+# -- the program itself, run by a classic-BPF interpreter of the test's own ------------------------
+def _run_filter(program: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    """What the kernel's seccomp would return for this syscall: the program interpreted as
+    classic BPF (struct sock_filter {u16 code; u8 jt, jf; u32 k}) over struct seccomp_data."""
+    import struct
+
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * 6)[:6])
+    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        cls = code & 0x07
+        if cls == 0x00:  # BPF_LD
+            assert code == 0x20, hex(code)  # W | ABS: the only load seccomp allows here
+            acc = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif cls == 0x05:  # BPF_JMP
+            op = code & 0xF0
+            assert code & 0x08 == 0, "BPF_K only"
+            taken = {0x10: acc == k, 0x20: acc > k, 0x30: acc >= k, 0x40: bool(acc & k)}[op]
+            pc += 1 + (jt if taken else jf)
+        elif cls == 0x06:  # BPF_RET
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+KILL, ALLOW = 0x80000000, 0x7FFF0000
+EPERM_RET, ENOSYS_RET = 0x50000 | errno.EPERM, 0x50000 | errno.ENOSYS
+AUDIT = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+#: the test's own numbers (arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/unistd.h)
+NUMBERS = {
+    "x86_64": {
+        "read": 0,
+        "write": 1,
+        "clone": 56,
+        "unshare": 272,
+        "clone3": 435,
+        "bpf": 321,
+        "ptrace": 101,
+        "io_uring_setup": 425,
+    },
+    "aarch64": {
+        "read": 63,
+        "write": 64,
+        "clone": 220,
+        "unshare": 97,
+        "clone3": 435,
+        "bpf": 280,
+        "ptrace": 117,
+        "io_uring_setup": 425,
+    },
+}
+THREAD = 0x3D0F00  # CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|SETTLS|PARENT_SETTID|CHILD_CLEARTID: pthread_create
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_the_program_answers_as_designed(arch):
+    prog = seccomp.program(arch)
+    n = NUMBERS[arch]
+    run = lambda nr, *args, a=AUDIT[arch]: _run_filter(prog, a, nr, args)  # noqa: E731
+    assert run(n["read"]) == ALLOW and run(n["write"], 1, 0, 5) == ALLOW
+    assert run(n["bpf"]) == EPERM_RET and run(n["ptrace"], 16) == EPERM_RET
+    assert run(n["clone3"]) == ENOSYS_RET and run(n["io_uring_setup"]) == ENOSYS_RET
+    assert run(n["clone"], THREAD) == ALLOW  # a thread
+    assert run(n["clone"], 0x01200000 | signal.SIGCHLD) == ALLOW  # fork: CHILD_SETTID|CHILD_CLEARTID|SIGCHLD
+    assert run(n["clone"], 0x80 | signal.SIGCHLD) == ALLOW  # clone's low byte is the exit signal, not CLONE_NEWTIME
+    for flag in (0x10000000, 0x20000, 0x40000000, 0x20000000, 0x8000000, 0x4000000, 0x2000000):
+        assert run(n["clone"], flag | signal.SIGCHLD) == EPERM_RET, hex(flag)
+        assert run(n["unshare"], flag) == EPERM_RET, hex(flag)
+    assert run(n["unshare"], 0x80) == EPERM_RET  # CLONE_NEWTIME
+    assert run(n["unshare"], 0x400) == ALLOW  # CLONE_FILES: a private file table, no namespace
+    assert run(n["unshare"], 0x10000000 | (1 << 40)) == EPERM_RET  # high bits do not hide the flag
+    other = AUDIT["aarch64" if arch == "x86_64" else "x86_64"]
+    assert _run_filter(prog, other, n["read"]) == KILL  # another architecture's ABI
+    assert _run_filter(prog, 0x40000003, 3) == KILL  # i386 (int 0x80): AUDIT_ARCH_I386
+    if arch == "x86_64":
+        assert run(0x40000000 | n["read"]) == EPERM_RET  # x32: every call denied

@@ -325,7 +325,10 @@ def _userns_args(bwrap: str, as_root: bool) -> list[str]:
         return []
     if bwrap not in _DISABLE_USERNS:
         try:
-            text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+            setuid = bool(os.stat(bwrap).st_mode & 0o4000)  # a setuid bwrap refuses the option
+            text = (
+                "" if setuid else subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+            )
         except (OSError, subprocess.SubprocessError):
             text = ""
         _DISABLE_USERNS[bwrap] = "--disable-userns" in text
@@ -407,8 +410,11 @@ def wrap_command(
         raise SandboxError(f"read_only must be a list of paths, not the string {read_only!r}")
     if (gateway_socket is None) != (gateway_port is None):
         raise SandboxError("gateway_socket and gateway_port go together: the socket and the port it appears on inside")
-    if gateway_port is not None and not (isinstance(gateway_port, int) and 1 <= gateway_port <= 65535):
-        raise SandboxError(f"gateway_port must be a TCP port (1-65535), not {gateway_port!r}")
+    if gateway_port is not None and not (isinstance(gateway_port, int) and 1024 <= gateway_port <= 65535):
+        raise SandboxError(
+            f"gateway_port must be an unprivileged TCP port (1024-65535: the sandbox has no capability), "
+            f"not {gateway_port!r}"
+        )
     found = shutil.which(bwrap)
     if found is None:
         raise SandboxError(
