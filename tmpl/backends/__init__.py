@@ -7,7 +7,7 @@
 - :class:`Scripted`: replays completions from a function (tests, benchmarks).
 """
 
-from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling
+from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling, StreamDelta
 from .scripted import Scripted
 from .server import VLLMServer
 from .sglang import SGLang
@@ -22,6 +22,7 @@ __all__ = [
     "Sampling",
     "SGLang",
     "Scripted",
+    "StreamDelta",
     "Torch",
     "VLLM",
     "VLLMServer",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -26,6 +26,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "Sampling",
+    "StreamDelta",
     "image_misfit",
     "version_label",
     "versions_from_spans",
@@ -133,6 +134,23 @@ class GenerationResult:
         return cls(request_id, [], None, "error", error=error)
 
 
+@dataclass
+class StreamDelta:
+    """A piece of a streamed generation (:meth:`Backend.astream`): the token IDs sampled since the last piece
+    and their logprobs (None where the engine sends them only at the end); the last piece (which may hold
+    IDs of its own) carries the whole :class:`GenerationResult` (``result``), whose IDs are every piece's
+    IDs joined.
+
+    >>> StreamDelta([5, 6], [-0.1, -0.2]).result is None
+    True
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    #: the finished generation: set on the last piece only
+    result: GenerationResult | None = None
+
+
 def image_misfit(req: GenerationRequest) -> str | None:
     """Why a request's image inputs do not fit its prompt IDs (their placeholder runs), or None (also
     for a request without images): every backend that takes images checks it first."""
@@ -226,6 +244,20 @@ class Backend:
         """Generate for one request (default: a batch of one in a worker thread)."""
         results = await asyncio.to_thread(self.generate_batch, [request])
         return results[0]
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Generate for one request, its tokens as the engine samples them: pieces of new token IDs, the
+        last one carrying the whole :class:`GenerationResult`. The base class has one piece: the result of
+        :meth:`agenerate` (engines that stream override it: VLLMServer, Scripted). Closing the iterator early (or cancelling
+        its consumer) ends the engine request as cancelling :meth:`agenerate` does.
+
+        >>> async for piece in backend.astream(request):          # doctest: +SKIP
+        ...     print(piece.token_ids, piece.result is not None)
+        [151657, 198] False
+        [] True
+        """
+        result = await self.agenerate(request)
+        yield StreamDelta(list(result.token_ids), None if result.logprobs is None else list(result.logprobs), result)
 
     async def update_weights(
         self,

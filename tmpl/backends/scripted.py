@@ -8,14 +8,19 @@ The function gets each :class:`~tmpl.backends.base.GenerationRequest` and return
 ``(token_ids, logprobs)``, or a full :class:`GenerationResult`. Token IDs are cut at the first
 stop token and at ``max_tokens`` exactly as an engine would; logprobs default to
 ``logprob`` for every token.
+
+Streamed (:meth:`Scripted.astream`), a completion comes in ``pieces`` pieces; ``pace`` (an async
+function of the request and the piece's index) is awaited before each piece, so a test can hold a
+stream before its first token (a long prefill) or mid-way (a slow engine) and release it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from .base import Backend, GenerationRequest, GenerationResult
+from .base import Backend, GenerationRequest, GenerationResult, StreamDelta
 
 
 class Scripted(Backend):
@@ -23,9 +28,20 @@ class Scripted(Backend):
     threaded = False  # replaying is instant: a worker thread would only add GIL hand-offs
 
     def __init__(
-        self, policy: Callable[[GenerationRequest], Any], *, logprob: float = -0.25, record: bool = True
+        self,
+        policy: Callable[[GenerationRequest], Any],
+        *,
+        logprob: float = -0.25,
+        record: bool = True,
+        pieces: int = 3,
+        pace: Callable[[GenerationRequest, int], Awaitable[None]] | None = None,
     ) -> None:
+        if pieces < 1:
+            raise ValueError(f"pieces must be at least 1, got {pieces}")
         self.policy = policy
+        #: how many pieces a streamed completion comes in, and what is awaited before each
+        self.pieces = pieces
+        self.pace = pace
         self.logprob = logprob
         #: every request seen, for inspection (``record=False`` keeps none: long benchmark runs,
         #: where every prompt of every turn would otherwise stay in memory)
@@ -34,6 +50,24 @@ class Scripted(Backend):
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return [self._one(r) for r in requests]
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """The scripted completion in ``pieces`` pieces (``pace`` awaited before each), the last carrying
+        the whole result.
+
+        >>> async for piece in Scripted(lambda r: [1, 2, 3, 0], pieces=2).astream(request):  # doctest: +SKIP
+        ...     piece.token_ids
+        [1, 2]
+        [3, 0]
+        """
+        result = self._one(request)
+        ids, lps = result.token_ids, result.logprobs
+        n = len(ids)
+        bounds = sorted({round(n * k / self.pieces) for k in range(self.pieces + 1)})
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:] or [n])):
+            await (self.pace(request, k) if self.pace is not None else asyncio.sleep(0))
+            last = b >= n
+            yield StreamDelta(list(ids[a:b]), None if lps is None else list(lps[a:b]), result if last else None)
 
     def _one(self, req: GenerationRequest) -> GenerationResult:
         if self.record:

@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from ..episode.records import to_record
 from ..errors import GatewayError, GatewayRequestError, TmplError
+from . import streaming
 from .dialects import anthropic, openai_chat, responses
 from .roles import place_roles
 from .service import Completion, Gateway
@@ -101,11 +102,15 @@ def create_app(
     max_body: int = 8 * 2**20,
     poll: float = 0.25,
     admin_token: str | None = None,
+    keepalive: float = 5.0,
 ) -> Any:
     """The FastAPI app. ``max_body``: request bytes at most (413 past it); ``poll``: seconds between
     checks that a waiting client is still connected; ``admin_token``: enables ``POST /admin/weights``
     (``{"version": 3, "path": "/ckpt/step-3", "mode": "keep"}`` with ``Authorization: Bearer <token>``),
-    a trainer's weight update (:meth:`Gateway.update_weights_async`); without a token it is not served."""
+    a trainer's weight update (:meth:`Gateway.update_weights_async`); without a token it is not served;
+    ``keepalive``: seconds without an event after which a stream sends a keep-alive (see :mod:`.streaming`)."""
+    if not keepalive > 0:
+        raise ValueError(f"keepalive must be positive seconds, not {keepalive!r}")
     app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
 
     async def read_json(request: Any) -> Any:
@@ -214,6 +219,8 @@ def create_app(
         try:
             key = session_of(request, session)
             req = dialect.parse(await read_json(request))
+            if req.stream and req.params.n == 1:  # sent as the engine samples it
+                return await stream_live(request, key, name, req)
             try:
                 lineage = request.headers.get(LINEAGE_HEADER)
                 done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params, lineage))
@@ -235,6 +242,53 @@ def create_app(
                 yield piece
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+
+    async def stream_live(request: Any, key: str, name: str, req: Any) -> Any:
+        """A streamed call of one choice, its text sent as the engine samples it (:mod:`.streaming`). Errors
+        before the engine request starts (the plan's, a refused call) are answered as usual; later ones go
+        in the stream. A client that goes away mid-stream has the call cancelled: the engine request stops,
+        the tokens it sampled are recorded as an aborted call (:meth:`Gateway.complete_streamed`)."""
+        _, body_of, _ = dialects[name]
+        live = streaming.LiveText(gateway.tpl, req.params.stop)
+        lineage = request.headers.get(LINEAGE_HEADER)
+        task = asyncio.ensure_future(
+            gateway.complete_streamed(live, key, req.messages, req.tools, req.params, lineage)
+        )
+        task.add_done_callback(lambda _: done_with(key))
+        started = asyncio.ensure_future(live.started_event.wait())
+        try:
+            while not (task.done() or started.done()):
+                await asyncio.wait({task, started}, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
+                if not (task.done() or started.done()) and await request.is_disconnected():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    return fastapi.Response(status_code=499)
+        finally:
+            started.cancel()
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]  # answered in the API's shape by handle
+        model = req.model or gateway.model
+
+        def final(done: Completion) -> dict[str, Any]:
+            return body_of(key, done, req, model)
+
+        events = streaming.follow(live, task, keepalive)
+        if name == "chat":
+            encoded = streaming.chat_sse(live, events, final, model=model, include_usage=req.include_usage)
+        elif name == "messages":
+            encoded = streaming.anthropic_sse(key, live, events, final, model=model)
+        else:  # responses
+            encoded = streaming.responses_sse(key, live, events, final, model=model, echo=req.echo)
+
+        async def sse() -> AsyncIterator[str]:
+            try:
+                async for piece in encoded:
+                    yield piece
+            finally:  # the client went away mid-stream (or the stream ended): stop what still runs
+                if not task.done():
+                    task.cancel()
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={SESSION_HEADER: key})
 
     def routes(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two routes of a dialect (a closure each: a default argument would be a query parameter)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import logging
@@ -84,6 +85,9 @@ _LINEAGE = re.compile(r"[A-Za-z0-9._:@/-]{1,200}")
 
 #: seconds an engine request may take to answer once it was stopped (its partial tokens), before it is cancelled
 STOP_WAIT = 10.0
+
+#: the live stream of the call running in this context (:meth:`Gateway.complete_streamed`), else None
+_LIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("tmpl_gateway_live", default=None)
 
 
 class Gateway:
@@ -291,7 +295,7 @@ class Gateway:
         )
         # the engine request runs as its own task: a client that goes away (or a timeout) stops it and
         # keeps what it sampled (see _stop) instead of cancelling it with the call
-        generation = asyncio.ensure_future(self.backend.agenerate(request))
+        generation = asyncio.ensure_future(self._engine(request, _LIVE.get() if k == 0 else None))
         try:
             result = await asyncio.wait_for(asyncio.shield(generation), self.call_timeout)
         except asyncio.CancelledError:
@@ -315,6 +319,47 @@ class Gateway:
             )
         return call_id, result
 
+    async def complete_streamed(self, live: Any, *args: Any, **kwargs: Any) -> Completion:
+        """:meth:`complete` (same arguments, same recording) with the engine's tokens handed to ``live`` as
+        they come (:class:`tmpl.gateway.streaming.LiveText`: ``live.started(request)`` when the engine request
+        starts, ``live.tokens(ids)`` for each piece, from :meth:`Backend.astream`). For one choice: with
+        ``n`` above 1 only the first choice is streamed. A call cancelled mid-stream (the client went away)
+        records the tokens sampled so far as an aborted call, as :meth:`complete` does.
+
+        >>> done = await gateway.complete_streamed(live, "s1", messages, None, CallParams())  # doctest: +SKIP
+        """
+        token = _LIVE.set(live)  # the engine requests this call starts (tasks: copies of this context) see it
+        try:
+            return await self.complete(*args, **kwargs)
+        finally:
+            _LIVE.reset(token)
+
+    async def _engine(self, request: GenerationRequest, live: Any) -> GenerationResult:
+        """The backend's generation of ``request``: :meth:`Backend.agenerate`, or with ``live``, its stream
+        (:meth:`Backend.astream`), each piece handed to ``live``. Cancelled mid-stream, the tokens sampled
+        so far come back as an aborted result (where every piece had logprobs)."""
+        if live is None:
+            return await self.backend.agenerate(request)
+        ids: list[int] = []
+        lps: list[float] | None = []
+        live.started(request)
+        stream = self.backend.astream(request)
+        try:
+            async for piece in stream:
+                ids += piece.token_ids
+                lps = None if lps is None or piece.logprobs is None else lps + list(piece.logprobs)
+                live.tokens(piece.token_ids)
+                if piece.result is not None:
+                    return piece.result
+        except asyncio.CancelledError:
+            if ids and lps is not None and len(lps) == len(ids):
+                return GenerationResult(request.request_id, ids, lps, "abort", request.sampling.logprobs)
+            raise
+        finally:
+            with contextlib.suppress(Exception):  # an iterator left mid-way: its engine request ends
+                await stream.aclose()  # type: ignore[attr-defined]
+        return GenerationResult.failed(request.request_id, "the backend's stream ended without a result")
+
     async def _stop(
         self,
         session: Session,
@@ -337,6 +382,10 @@ class Gateway:
         if not generation.done():
             generation.cancel()
             await self.backend.cancel(call_id)
+            # a streamed request, cancelled, gives back the tokens it had (finish "abort"); others are cancelled
+            await asyncio.wait({generation}, timeout=STOP_WAIT)
+            if generation.done() and not generation.cancelled() and generation.exception() is None:
+                result = generation.result()
         if result is not None and result.token_ids and result.logprobs is not None and result.finish_reason != "error":
             try:
                 session.record_aborted(plan, call_id, result, version=version)

@@ -1,0 +1,444 @@
+"""Live streams: a call's text sent as the engine samples it, in each dialect's own event stream.
+
+A streamed call (``"stream": true``, one choice) runs :meth:`Gateway.complete_streamed`: the same plan and
+the same recording as a call answered whole, with the engine's tokens (:meth:`Backend.astream`) handed to
+a :class:`LiveText` as they come. :class:`LiveText` decodes them incrementally (never re-tokenized; a
+character whose bytes span tokens is sent once it is complete) and passes on the text that is surely
+the reply's *content*: anything that could be the start of a tool-call or reasoning marker of the
+template's parser, or of a stop string, is held back until it is decided, and from the first marker on
+nothing more is sent live. When the engine has finished and the call is recorded, the rest comes from
+the parsed reply: the content not sent yet, the reasoning, the tool calls, the finish reason and usage.
+
+While nothing is sent for ``keepalive`` seconds (a long prefill, a long held-back tool call) a keep-alive
+goes out in the dialect's own form: an SSE comment (``: ping``) for OpenAI's two APIs, Anthropic's
+``ping`` event. Templates whose calls need no marker (bare JSON calls, Llama 3's) or whose reasoning the
+prompt opens send their whole reply at the end (keep-alives until then).
+
+>>> live = LiveText(tpl)                                            # doctest: +SKIP
+>>> task = asyncio.ensure_future(gateway.complete_streamed(live, "s1", messages, None, CallParams()))  # doctest: +SKIP
+>>> async for line in chat_sse(live, follow(live, task, 5.0), body_of, model="m", include_usage=False):  # doctest: +SKIP
+...     print(line, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GatewayError, NoToolParserError
+from .dialects import anthropic, openai_chat
+
+if TYPE_CHECKING:
+    from ..backends.base import GenerationRequest
+    from ..chat_template import ChatTemplate
+    from .service import Completion
+
+#: a dialect's whole answer to a finished call (its non-streamed body): what the end of a stream is built from
+Final = Callable[["Completion"], dict[str, Any]]
+
+__all__ = ["LiveText", "anthropic_sse", "chat_sse", "follow", "live_markers", "responses_sse"]
+
+log = logging.getLogger("tmpl.gateway")
+
+#: parsers whose every call starts with one of their delimiters: text before a delimiter is content
+_MARKED = frozenset(
+    {"hermes", "tool_calls_tag", "nemotron", "phi4", "qwen3_xml", "glm4", "deepseek_v3", "kimi_k2", "mistral", "gemma4"}
+)
+_MARKERS: weakref.WeakKeyDictionary[Any, tuple[bool, tuple[str, ...], bool]] = weakref.WeakKeyDictionary()
+
+
+def live_markers(tpl: ChatTemplate) -> tuple[bool, tuple[str, ...], bool]:
+    """``(live, markers, strip)`` of a template: whether its content can be sent before the turn ends, the
+    texts that end the live part (its parser's delimiters and reasoning open and close), and whether the
+    reply's content is stripped (it is by every parser; a template with no parser gets its text as is).
+
+    >>> live_markers(tpl)                               # doctest: +SKIP
+    (True, ('<tool_call>', '</tool_call>', '<think>', '</think>'), True)
+    """
+    try:
+        return _MARKERS[tpl]
+    except (KeyError, TypeError):
+        pass
+    from ..toolcalls.api import parser_for
+
+    try:
+        parser = parser_for(tpl)
+    except NoToolParserError:
+        found: tuple[bool, tuple[str, ...], bool] = (True, (), False)
+    else:
+        think = tuple(t for t in (parser.think or ()) if t)
+        opened = parser.think is not None and not parser.think[0]  # the prompt opened the reasoning
+        live = parser.name in _MARKED and not opened
+        found = (live, tuple(dict.fromkeys((*parser.delimiters, *think))), True)
+    try:
+        _MARKERS[tpl] = found
+    except TypeError:
+        pass
+    return found
+
+
+class LiveText:
+    """The live text of one streamed call: token IDs in (:meth:`tokens`), content text out (:attr:`queue`).
+
+    ``stops``: the call's stop strings (each also held back and ending the live part). Events on
+    :attr:`queue`: ``("started", request)`` when the engine request starts, ``("content", text)`` for
+    each new piece of content. :attr:`sent` is the content sent so far.
+
+    >>> live = LiveText(tpl)                            # doctest: +SKIP
+    >>> live.tokens(tok.encode("Hello, wor")); live.sent  # doctest: +SKIP
+    'Hello,'
+    """
+
+    def __init__(self, tpl: ChatTemplate, stops: Sequence[str] = ()) -> None:
+        self.codec = tpl.codec
+        self.stop_ids = frozenset(tpl.stop_token_ids)
+        self.live, markers, self.strip = live_markers(tpl)
+        self.markers = tuple(m for m in (*markers, *stops) if m)
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.started_event = asyncio.Event()
+        #: the engine request (set when it starts): its id names the call, its prompt the input tokens
+        self.request: GenerationRequest | None = None
+        self.ids: list[int] = []
+        self.text = ""  # the complete characters decoded so far
+        self.sent = ""
+        self.frozen = not self.live  # from the first marker (or a special token) on, nothing is sent live
+        self._prefix = 0
+        self._read = 0
+
+    def started(self, request: GenerationRequest) -> None:
+        """The engine request has started (the prompt is planned): the stream may begin."""
+        self.request = request
+        self.started_event.set()
+        self.queue.put_nowait(("started", request))
+
+    def tokens(self, ids: Sequence[int]) -> None:
+        """New sampled IDs: their complete text decoded, the part surely content queued. Never raises."""
+        if self.frozen or not ids:
+            return
+        try:
+            self._tokens(list(ids))
+        except Exception:  # noqa: BLE001 - the stream's text is a courtesy: the recorded call never depends on it
+            log.exception("gateway: the live text of %s failed; the rest is sent at the end", self.call_id)
+            self.frozen = True
+
+    @property
+    def call_id(self) -> str | None:
+        return None if self.request is None else self.request.request_id
+
+    def _tokens(self, ids: list[int]) -> None:
+        ends = [k for k, t in enumerate(ids) if t in self.stop_ids or (self.strip and t in self.codec.special_ids)]
+        if ends:  # a turn end or another special token: the text before it is the last that can be live
+            ids = ids[: ends[0]]
+        self.ids += ids
+        window = self.codec.decode(self.ids[self._prefix : self._read])
+        text = self.codec.decode(self.ids[self._prefix :])
+        if len(text) > len(window) and not text.endswith("\ufffd"):  # only complete characters
+            self.text += text[len(window) :]
+            self._prefix, self._read = self._read, len(self.ids)
+        self._send(final=bool(ends))
+
+    def _send(self, *, final: bool) -> None:
+        t = self.text
+        cut = len(t)
+        for m in self.markers:
+            at = t.find(m)
+            if at >= 0:
+                cut, final = min(cut, at), True
+        if not final:  # hold back a tail that may grow into a marker
+            for m in self.markers:
+                for k in range(min(len(m) - 1, len(t)), 0, -1):
+                    if t.endswith(m[:k]):
+                        cut = min(cut, len(t) - k)
+                        break
+        safe = t[:cut]
+        if self.strip:  # the parser strips the content: leading whitespace never sent, trailing held back
+            safe = safe.strip()
+        if final:
+            self.frozen = True
+        if len(safe) > len(self.sent) and safe.startswith(self.sent):
+            piece, self.sent = safe[len(self.sent) :], safe
+            self.queue.put_nowait(("content", piece))
+
+    def rest(self, content: str) -> str:
+        """The part of the reply's final ``content`` not sent live ("" when the live part does not begin
+        it, which a parser that rewrites text could cause: logged, nothing more can be done)."""
+        if content.startswith(self.sent):
+            return content[len(self.sent) :]
+        log.warning("gateway: call %s sent %r live, which does not begin its content", self.call_id, self.sent[:80])
+        return ""
+
+
+async def follow(live: LiveText, task: asyncio.Future[Completion], keepalive: float) -> AsyncIterator[tuple[str, Any]]:
+    """A streamed call's events: ``("ping", None)`` after ``keepalive`` seconds without any,
+    ``("content", text)``, then ``("done", Completion)`` or ``("error", GatewayError)`` once the call ends."""
+    task.add_done_callback(lambda _: live.queue.put_nowait(("end", None)))
+    while True:
+        try:
+            kind, value = await asyncio.wait_for(live.queue.get(), keepalive)
+        except asyncio.TimeoutError:
+            yield "ping", None
+            continue
+        if kind == "end":
+            break
+        if kind == "content":
+            yield kind, value
+    if task.cancelled():
+        yield "error", GatewayError(None, 500, "the call was cancelled")
+        return
+    exc = task.exception()
+    if exc is None:
+        yield "done", task.result()
+    elif isinstance(exc, GatewayError):
+        yield "error", exc
+    else:
+        log.error("gateway: a streamed call failed", exc_info=exc)
+        wrapped = GatewayError(None, 500, f"internal error: {type(exc).__name__}: {exc}")
+        wrapped.kind = "api_error"
+        yield "error", wrapped
+
+
+def _data(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _event(kind: str, obj: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(obj)}\n\n"
+
+
+def _prompt_tokens(live: LiveText) -> int:
+    return 0 if live.request is None else len(live.request.prompt_ids)
+
+
+# -- OpenAI Chat Completions ----------------------------------------------------------------
+async def chat_sse(
+    live: LiveText, events: AsyncIterator[tuple[str, Any]], final: Final, *, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    """``chat.completion.chunk`` lines of one choice as they come: the role, content deltas, then the
+    reasoning, the rest of the content, the tool calls (each whole), the finish reason (with the logprobs
+    when asked), the usage when asked, ``[DONE]``; ``: ping`` comments while nothing else goes out. The end
+    is read from ``final(completion)``, the call's ``chat.completion`` object. A call that fails
+    mid-stream sends an error object."""
+    base = {"id": f"chatcmpl-{live.call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}  # fmt: skip
+
+    def chunk(delta: Mapping[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        choice = {"index": 0, "delta": dict(delta), "finish_reason": finish, "logprobs": logprobs}
+        return _data({**base, "choices": [choice]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for kind, value in events:
+        if kind == "ping":
+            yield ": ping\n\n"
+        elif kind == "content":
+            yield chunk({"content": value})
+        elif kind == "error":
+            yield _data(openai_chat.error_body(value))
+            return
+        else:
+            body = final(value)
+            choice = body["choices"][0]
+            message = choice["message"]
+            if message.get("reasoning_content"):
+                yield chunk({"reasoning_content": message["reasoning_content"]})
+            rest = live.rest(message.get("content") or "")
+            if rest:
+                yield chunk({"content": rest})
+            for j, call in enumerate(message.get("tool_calls") or ()):
+                yield chunk({"tool_calls": [{"index": j, **call}]})
+            yield chunk({}, choice["finish_reason"], choice.get("logprobs"))
+            if include_usage:
+                yield _data({**base, "choices": [], "usage": body["usage"], "tmpl": body.get("tmpl")})
+            yield "data: [DONE]\n\n"
+
+
+# -- Anthropic Messages ---------------------------------------------------------------------
+async def anthropic_sse(
+    session: str, live: LiveText, events: AsyncIterator[tuple[str, Any]], final: Final, *, model: str
+) -> AsyncIterator[str]:
+    """A streamed message as it comes: ``message_start``, a text block whose deltas are sent live, then
+    the rest of the text, the thinking and tool-use blocks, ``message_delta`` (stop reason, usage) and
+    ``message_stop``; ``ping`` events while nothing else goes out. The end is read from
+    ``final(completion)``, the call's ``message`` object. A failure mid-stream: an ``error`` event."""
+    start: dict[str, Any] = {
+        "id": f"msg_{live.call_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": _prompt_tokens(live), "output_tokens": 0},
+        "tmpl": {"session": session, "call": live.call_id},
+    }
+    yield _event("message_start", {"type": "message_start", "message": start})
+    text_open = False
+    async for kind, value in events:
+        if kind == "ping":
+            yield _event("ping", {"type": "ping"})
+        elif kind == "content":
+            if not text_open:
+                text_open = True
+                block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+                yield _event("content_block_start", block)
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": value}}
+            yield _event("content_block_delta", delta)
+        elif kind == "error":
+            yield _event("error", anthropic.error_body(value))
+            return
+        else:
+            body = final(value)
+            blocks = list(body["content"])
+            index = 0
+            if text_open:
+                text = next((b["text"] for b in blocks if b["type"] == "text"), "")
+                rest = live.rest(text)
+                if rest:
+                    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": rest}}
+                    yield _event("content_block_delta", delta)
+                yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                blocks, index = [b for b in blocks if b["type"] != "text"], 1
+            for k, block in enumerate(blocks, start=index):
+                for name, data in _anthropic_block(k, block):
+                    yield _event(name, data)
+            stop = {"stop_reason": body["stop_reason"], "stop_sequence": body.get("stop_sequence")}
+            usage = {"output_tokens": body["usage"]["output_tokens"]}
+            yield _event("message_delta", {"type": "message_delta", "delta": stop, "usage": usage})
+            yield _event("message_stop", {"type": "message_stop"})
+
+
+def _anthropic_block(k: int, block: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The start, delta and stop events of one whole content block at index ``k``."""
+    if block["type"] == "text":
+        empty: dict[str, Any] = {"type": "text", "text": ""}
+        delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
+    elif block["type"] == "thinking":
+        empty = {"type": "thinking", "thinking": "", "signature": ""}
+        delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+    else:
+        empty = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    return [
+        ("content_block_start", {"type": "content_block_start", "index": k, "content_block": empty}),
+        ("content_block_delta", {"type": "content_block_delta", "index": k, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": k}),
+    ]
+
+
+# -- OpenAI Responses -----------------------------------------------------------------------
+async def responses_sse(
+    session: str,
+    live: LiveText,
+    events: AsyncIterator[tuple[str, Any]],
+    final: Final,
+    *,
+    model: str,
+    echo: Mapping[str, Any],
+) -> AsyncIterator[str]:
+    """A streamed response as it comes: ``response.created``, ``response.in_progress``, the message item
+    with its ``response.output_text.delta`` events sent live, then the rest of the text, the reasoning and
+    function-call items, ``response.completed`` (or ``response.incomplete``); ``: ping`` comments while
+    nothing else goes out. The end is read from ``final(completion)``, the call's ``response`` object. A
+    failure mid-stream: an ``error`` event."""
+    seq = iter(range(1 << 30))
+
+    def ev(kind: str, **data: Any) -> str:
+        return _event(kind, {"type": kind, "sequence_number": next(seq), **data})
+
+    shell = {
+        "id": f"resp_{live.call_id}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "previous_response_id": None,
+        "reasoning": None,
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        **echo,
+        "usage": None,
+        "tmpl": {"session": session, "call": live.call_id},
+    }
+    yield ev("response.created", response=shell)
+    yield ev("response.in_progress", response=shell)
+    item_id = f"msg_{live.call_id}"
+    opened = False
+    async for kind, value in events:
+        if kind == "ping":
+            yield ": ping\n\n"
+        elif kind == "content":
+            if not opened:
+                opened = True
+                item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
+                yield ev("response.output_item.added", output_index=0, item=item)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
+            yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=value,
+                     logprobs=[])  # fmt: skip
+        elif kind == "error":
+            err = value
+            yield ev("error", code=str(err.status), message=str(err), param=err.param)
+            return
+        else:
+            full = final(value)
+            items = full["output"]
+            if opened:  # the message item streamed first keeps output index 0
+                message = next((i for i in items if i["type"] == "message"), None)
+                if message is None:  # cannot happen: content was sent, so the reply has content
+                    message = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
+                               "content": [{"type": "output_text", "text": live.sent, "annotations": [],
+                                            "logprobs": []}]}  # fmt: skip
+                else:
+                    items.remove(message)
+                items.insert(0, message)
+                text = message["content"][0]["text"]
+                rest = live.rest(text)
+                if rest:
+                    yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
+                             delta=rest, logprobs=[])  # fmt: skip
+                yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
+                         logprobs=[])  # fmt: skip
+                yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
+                         part=message["content"][0])  # fmt: skip
+                yield ev("response.output_item.done", output_index=0, item=message)
+            for k, item in enumerate(items[1:] if opened else items, start=1 if opened else 0):
+                for name, data in _responses_item(k, item):
+                    yield ev(name, **data)
+            end = "response.incomplete" if full["status"] == "incomplete" else "response.completed"
+            yield ev(end, response=full)
+
+
+def _responses_item(k: int, item: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The events of one whole output item at index ``k``, from ``output_item.added`` to ``.done``."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if item["type"] == "message":
+        text = item["content"][0]["text"]
+        out.append(("response.output_item.added", {"output_index": k, "item": {**item, "status": "in_progress",
+                                                                               "content": []}}))  # fmt: skip
+        empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        where = {"item_id": item["id"], "output_index": k, "content_index": 0}
+        out.append(("response.content_part.added", {**where, "part": empty}))
+        out.append(("response.output_text.delta", {**where, "delta": text, "logprobs": []}))
+        out.append(("response.output_text.done", {**where, "text": text, "logprobs": []}))
+        out.append(("response.content_part.done", {**where, "part": item["content"][0]}))
+    elif item["type"] == "function_call":
+        added = {**item, "status": "in_progress", "arguments": ""}
+        out.append(("response.output_item.added", {"output_index": k, "item": added}))
+        where = {"item_id": item["id"], "output_index": k}
+        out.append(("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}))
+        done = {**where, "arguments": item["arguments"], "name": item["name"]}
+        out.append(("response.function_call_arguments.done", done))
+    else:
+        out.append(("response.output_item.added", {"output_index": k, "item": {**item, "content": []}}))
+    out.append(("response.output_item.done", {"output_index": k, "item": item}))
+    return out
