@@ -136,6 +136,16 @@ class SessionStore:
             out.append(self._finished.popleft())
         return out
 
+    def forget(self, done: Finished) -> bool:
+        """Take ``done`` out of the queue :meth:`drain` reads, when its reader took it another way (a
+        :class:`tmpl.harness.HarnessRollout` reads its own sessions' episodes as they end): whether it was
+        there. Nothing else of the store changes."""
+        try:
+            self._finished.remove(done)
+        except ValueError:
+            return False
+        return True
+
     def close_all(self, reason: str = "the gateway shut down") -> None:
         """End every open session (their episodes stay to be drained)."""
         for key in list(self._open):

@@ -1,0 +1,72 @@
+"""A command run under a keeper: the subreaper of its whole process tree (:mod:`tmpl.tools.proctree`).
+
+Run as a script, ``python -I -S keeper.py LIFELINE_FD -- ARGV...``: it sets ``PR_SET_CHILD_SUBREAPER``,
+forks, execs ``ARGV`` in the child and waits. Every process the command starts stays below the keeper,
+whatever it does (a daemon that double-forks, a child that calls ``setsid``); when the command ends, or
+the keeper gets ``SIGTERM`` (the command's timeout), or ``LIFELINE_FD`` reaches EOF (the trainer that
+holds its write end died), the keeper kills the command (``SIGKILL``) and everything left below it,
+reaps them, and exits as the command did (its exit code, or its signal). A command that cannot be
+executed exits 127 (not found) or 126 (not executable), as a shell says it, its reason on stderr.
+
+It loads ``proctree.py`` by its path, so starting a keeper imports nothing of tmpl or its dependencies:
+about 20 ms, not the seconds ``import tmpl`` takes.
+
+>>> argv = keeper_argv(["true"], lifeline=-1)
+>>> argv[1:3], argv[-2:]
+(['-I', '-S'], ['--', 'true'])
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KEEPER", "keeper_argv"]
+
+KEEPER = str(Path(__file__).resolve())
+_PROCTREE = Path(__file__).resolve().parent.parent / "tools" / "proctree.py"
+
+
+def keeper_argv(argv: Sequence[str], lifeline: int = -1) -> list[str]:
+    """The argv that runs ``argv`` under a keeper (``lifeline``: the read end of the trainer's pipe, or -1)."""
+    return [sys.executable, "-I", "-S", KEEPER, str(lifeline), "--", *argv]
+
+
+class _NoPipe:
+    """``proctree.keep`` closes its worker's pipe in the keeper; a command has none."""
+
+    def close(self) -> None:
+        pass
+
+
+def _exec(_conn: Any, argv: list[str], lifeline: int) -> None:
+    """In the keeper's child: become the command (the lifeline's read end not passed on to it)."""
+    if lifeline >= 0:
+        os.close(lifeline)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write(f"tmpl keeper: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
+        sys.stderr.flush()
+        os._exit(127 if exc.errno == errno.ENOENT else 126)
+
+
+def main(args: list[str]) -> None:
+    if len(args) < 3 or args[1] != "--":
+        sys.stderr.write("usage: keeper.py LIFELINE_FD -- ARGV...\n")
+        os._exit(2)
+    lifeline, argv = int(args[0]), args[2:]
+    spec = importlib.util.spec_from_file_location("_tmpl_proctree", _PROCTREE)
+    assert spec is not None and spec.loader is not None
+    proctree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proctree)
+    proctree.keep(_exec, _NoPipe(), argv, lifeline, lifeline=lifeline if lifeline >= 0 else None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
