@@ -623,3 +623,23 @@ def test_the_program_answers_as_designed(arch):
     assert _run_filter(prog, 0x40000003, 3) == KILL  # i386 (int 0x80): AUDIT_ARCH_I386
     if arch == "x86_64":
         assert run(0x40000000 | n["read"]) == EPERM_RET  # x32: every call denied
+
+
+def test_only_the_named_descriptors_go_in(tmp_path):
+    """A pipe named in pass_fds reaches the command at its number; another open one does not."""
+    report_r, report_w = os.pipe()
+    other_r, other_w = os.pipe()
+    code = f"import os; os.write({report_w}, b'reported'); print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+    try:
+        argv = wrap_command([PYTHON, "-I", "-S", "-c", code], workdir=str(tmp_path), pass_fds=[report_w])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, pass_fds=(report_w, other_w))
+        os.close(report_w)
+        os.close(other_w)
+        assert done.returncode == 0, done.stderr
+        assert os.read(report_r, 100) == b"reported"
+        fds = json.loads(done.stdout)
+        assert report_w in fds and other_w not in fds
+        assert len([fd for fd in fds if fd not in (0, 1, 2, report_w)]) == 1  # listdir's own
+    finally:
+        os.close(report_r)
+        os.close(other_r)

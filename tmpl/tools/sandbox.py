@@ -356,6 +356,7 @@ def wrap_command(
     gateway_socket: str | None = None,
     gateway_port: int | None = None,
     bwrap: str = "bwrap",
+    pass_fds: Iterable[int] = (),
 ) -> list[str]:
     """The command line that runs ``argv`` in a sandbox whose only way out is the gateway.
 
@@ -377,7 +378,9 @@ def wrap_command(
     sandbox's PID 1 forwards ``127.0.0.1:gateway_port`` (and ``[::1]``) inside to it, so the
     harness's base URL is ``http://127.0.0.1:{gateway_port}/...``; every other address is
     unreachable and DNS fails. The environment is ``env`` alone (plus ``PATH``, ``HOME``,
-    ``TMPDIR``, ``LANG`` when ``env`` lacks them). At most ``max_processes`` processes
+    ``TMPDIR``, ``LANG`` when ``env`` lacks them). Open file descriptors: the standard three, and
+    ``pass_fds``, those the caller also passes to ``Popen(pass_fds=...)``, at the same numbers
+    (a pipe the harness reports on); no other. At most ``max_processes`` processes
     (``RLIMIT_NPROC``). The seccomp filter of :mod:`.seccomp` holds for every process: no new
     namespaces (``unshare -U -r`` fails), no ``bpf``, ``ptrace``, ``mount``, module or keyring calls.
 
@@ -408,6 +411,9 @@ def wrap_command(
             raise SandboxError(f"{what} must be a positive integer, not {value!r}")
     if isinstance(read_only, str):
         raise SandboxError(f"read_only must be a list of paths, not the string {read_only!r}")
+    pass_fds = list(pass_fds)
+    if not all(isinstance(fd, int) and fd > 2 for fd in pass_fds):
+        raise SandboxError(f"pass_fds must be file descriptors above 2, not {pass_fds!r}")
     if (gateway_socket is None) != (gateway_port is None):
         raise SandboxError("gateway_socket and gateway_port go together: the socket and the port it appears on inside")
     if gateway_port is not None and not (isinstance(gateway_port, int) and 1024 <= gateway_port <= 65535):
@@ -502,6 +508,7 @@ def wrap_command(
         "uid": uid,
         "socket": GATEWAY_SOCKET if gateway_socket is not None else None,
         "port": gateway_port,
+        "pass_fds": sorted(pass_fds),
     }
     cmd += ["--", python, "-I", "-S", INIT_SCRIPT, "init", json.dumps(init), "{lifeline}"]
     host = {

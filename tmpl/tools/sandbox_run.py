@@ -171,10 +171,17 @@ def _watch(lifeline: int) -> None:
 
 def _init(config: dict[str, Any], lifeline: int) -> None:
     """PID 1 of the sandbox (see the module)."""
-    # nothing of the host's open files goes further: bwrap's seccomp pipe, whatever the caller left open
-    os.closerange(3, lifeline)
-    os.closerange(lifeline + 1, 1 << 16)
+    # nothing of the host's open files goes further (bwrap's seccomp pipe, whatever the caller left
+    # open) but the descriptors the caller named (``pass_fds``), kept at their numbers
+    keep = sorted({lifeline, *config.get("pass_fds", ())})
+    low = 3
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
     os.set_inheritable(lifeline, False)
+    for fd in config.get("pass_fds", ()):
+        os.set_inheritable(fd, True)
     threading.Thread(target=_watch, args=(lifeline,), daemon=True).start()
     limit = config["max_processes"]
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
