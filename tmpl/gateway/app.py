@@ -6,7 +6,10 @@ new one whose key the response header names):
 - ``POST /s/{session}/v1/chat/completions``: OpenAI Chat Completions (:mod:`.dialects.openai_chat`);
 - ``POST /s/{session}/v1/responses``: OpenAI Responses (:mod:`.dialects.responses`);
 - ``POST /s/{session}/v1/messages``: Anthropic Messages (:mod:`.dialects.anthropic`);
-- ``GET /v1/models``, ``GET /health``;
+- ``POST /s/{session}/v1/messages/count_tokens`` (and ``/v1/...``): Anthropic's token count, the
+  template's render of the request (no session touched);
+- ``GET /v1/models``, ``GET /v1/models/{id}`` (any id), ``GET /health``; ``GET`` and ``HEAD`` on ``/``,
+  ``/v1`` and ``/s/{session}``: the probes clients send at start-up (Claude Code: ``HEAD /s/{session}``);
 - ``GET /s/{session}/episode``: the session's training sequences (IDs, mask, logprobs, versions,
   branches) and its episode record (:func:`tmpl.episode.records.to_record`);
 - ``POST /s/{session}/reward`` ``{"reward": 1.0, "call": null}``; ``POST /s/{session}/finish``;
