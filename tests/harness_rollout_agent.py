@@ -6,7 +6,8 @@ written to ``answer.txt`` in its working directory.
 
 Modes (a word ``mode:NAME`` in the task): ``ok`` (the loop, exit 0), ``daemon`` (forks a daemon that
 double-forks and calls setsid, then the loop), ``sleep`` (forks a child, then both sleep past any timeout),
-``exit3`` (the loop, then exit 3), ``nocall`` (exits 0 without calling), ``flood`` (its second call sends a
+``exit3`` (the loop, then exit 3), ``escape`` (tries a file outside its places and
+``ESCAPE_PORT`` on the host's 127.0.0.1 and a public address, says how each ended, then the loop), ``nocall`` (exits 0 without calling), ``flood`` (its second call sends a
 huge tool result; a refusal is printed, not fatal). ``PIDS_DIR`` (env): it writes ``<session>.pid`` (and
 the daemon ``<session>.daemon``, the sleeper's child ``<session>.child``) there, so the test can check no process is left.
 """
@@ -44,6 +45,23 @@ if mode == "sleep":  # past any timeout, with a child of its own
         time.sleep(3600)
         os._exit(0)
     time.sleep(3600)
+if mode == "escape":  # (run in the sandbox) write outside its places, reach the host: each must fail
+    import socket
+
+    try:
+        with open(os.environ["ESCAPE_TO"], "w") as f:
+            f.write("out")
+        print("write: escaped", file=sys.stderr)
+    except OSError as exc:
+        print(f"write: blocked ({type(exc).__name__})", file=sys.stderr)
+    for host, port in (("127.0.0.1", int(os.environ["ESCAPE_PORT"])), ("1.1.1.1", 80)):
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+            print(f"connect {host}: escaped", file=sys.stderr)
+        except OSError as exc:
+            print(f"connect {host}: blocked ({type(exc).__name__})", file=sys.stderr)
+    with open("home.txt", "w") as f:
+        f.write(os.environ["HOME"])
 if mode == "nocall":
     print("nothing to do")
     sys.exit(0)

@@ -14,6 +14,8 @@ import asyncio
 import doctest
 import json
 import shutil
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -311,3 +313,61 @@ def test_a_gateway_at_a_url(monkeypatch, tmp_path):
     [done] = queued
     assert done.key == r.session and done.episode.reward == 1.0
     assert [s.ids.tolist() for s in done.episode.sequences] == [s.ids.tolist() for s in r.episode.sequences]
+
+
+def _bwrap_works() -> str | None:
+    """Why the sandbox cannot run here, or None."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
+    probe = ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc", "true"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    return None if done.returncode == 0 else f"bwrap cannot make namespaces here: {done.stderr.strip()}"
+
+
+def test_sandboxed_runs_reach_the_gateway_and_nothing_else(monkeypatch, tmp_path):
+    why = _bwrap_works()
+    if why:
+        pytest.skip(why)
+    world = World(monkeypatch)
+    outside = tmp_path / "escaped.txt"
+    host = socket.socket()  # a host service the harness must not reach
+    host.bind(("127.0.0.1", 0))
+    host.listen(4)
+    host.setblocking(False)
+    env = {"ESCAPE_TO": str(outside), "ESCAPE_PORT": str(host.getsockname()[1])}
+
+    def checked(workdir: Path, episode) -> float:
+        return float((workdir / "answer.txt").read_text() == "It is sunny in Paris.")
+
+    tasks = [
+        HarnessTask("mode:escape Weather in Paris?", id="escape", verifier=checked),
+        HarnessTask("mode:daemon Weather in Paris?", id="daemon", verifier=checked),
+    ]
+    rollout = HarnessRollout(
+        agent(),
+        world.gateway,
+        isolation="sandbox",
+        env=env,
+        sandbox={"read_only": [sys.prefix, str(AGENT.parent)]},
+        keep_workdirs=True,
+        progress=False,
+    )
+    results = []
+    try:
+        results = rollout.run(tasks)
+        by = {r.task_id: r for r in results}
+        for r in results:  # the gateway alone was reachable: both made their calls, exactly
+            assert (r.status, r.reward) == ("HARNESS_DONE", 1.0), (r.error, r.stderr_tail)
+            check_rows(world, r)
+        said = by["escape"].stderr_tail
+        assert "write: blocked" in said and not outside.exists()
+        assert "connect 127.0.0.1: blocked" in said and "connect 1.1.1.1: blocked" in said
+        with pytest.raises(BlockingIOError):
+            host.accept()
+        home = (by["escape"].workdir / "home.txt").read_text()
+        assert home == str(by["escape"].workdir.parent / "home")
+    finally:
+        host.close()
+        for r in results:
+            if r.workdir is not None:
+                shutil.rmtree(r.workdir.parent, ignore_errors=True)

@@ -8,10 +8,15 @@ new one whose key the response header names):
 - ``POST /s/{session}/v1/messages``: Anthropic Messages (:mod:`.dialects.anthropic`);
 - ``POST /s/{session}/v1/messages/count_tokens`` (and ``/v1/...``): Anthropic's token count, the
   template's render of the request (no session touched);
+- ``POST /s/{session}/v1beta/models/{model}:generateContent``, ``:streamGenerateContent`` (SSE with
+  ``?alt=sse``, else a JSON array) and ``:countTokens`` (also under ``v1``, the google-genai SDK's
+  default): the Gemini API (:mod:`.dialects.gemini`); ``GET /v1beta/models/{model}`` and
+  ``/v1beta/models``: its model resource;
 - ``GET /v1/models``, ``GET /v1/models/{id}`` (any id), ``GET /health``; ``GET`` and ``HEAD`` on ``/``,
   ``/v1`` and ``/s/{session}``: the probes clients send at start-up (Claude Code: ``HEAD /s/{session}``);
 - ``GET /s/{session}/episode``: the session's training sequences (IDs, mask, logprobs, versions,
-  branches) and its episode record (:func:`tmpl.episode.records.to_record`);
+  branches), its episode record (:func:`tmpl.episode.records.to_record`) and its ``notes`` (what the
+  gateway left out of its requests: hosted tools...);
 - ``POST /s/{session}/reward`` ``{"reward": 1.0, "call": null}``; ``POST /s/{session}/finish``;
 - ``GET /episodes/drain?limit=N``: finished episodes, each given once;
 - ``GET /episodes/stream?limit=N&idle=S``: the same as JSON Lines, sent as sessions end (expired ones
@@ -51,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from ..episode.records import to_record
 from ..errors import GatewayError, GatewayRequestError, TmplError
 from . import streaming
-from .dialects import anthropic, openai_chat, responses
+from .dialects import anthropic, gemini, openai_chat, responses
 from .roles import place_roles
 from .service import Completion, Gateway
 
@@ -94,6 +99,7 @@ def episode_json(gateway: Gateway, key: str) -> dict[str, Any]:
         ],
         "ended": dict(session.ended),
         "problems": [{"call": c, "problem": p} for c, p in session.problems],
+        "notes": list(getattr(session, "notes", ())),
         "tokens": {"encoded": session.encoded_tokens, "reused": session.reused_tokens},
         "record": to_record(episode),
     }
@@ -207,13 +213,24 @@ def create_app(
         "responses": (
             responses,
             lambda key, done, req, model: responses.response(
-                key, done.plan, done.replies[0], model=model, echo=req.echo
+                key, done.plan, done.replies[0], model=model, echo=req.echo, request=req
             ),
             lambda key, done, req, model: named_events(
-                responses.events(key, done.plan, done.replies[0], model=model, echo=req.echo)
+                responses.events(key, done.plan, done.replies[0], model=model, echo=req.echo, request=req)
             ),
         ),
     }
+
+    def note(key: str, req: Any) -> None:
+        """What the gateway left out of a request (a dialect's ``notes``: hosted tools...), kept once each in
+        the session's ``notes`` (``GET /s/{session}/episode``)."""
+        notes = getattr(req, "notes", ())
+        if not notes:
+            return
+        with contextlib.suppress(GatewayError):  # an anonymous call's session has ended already
+            session = gateway.sessions.get(key, create=False)
+            kept = session.__dict__.setdefault("notes", [])
+            kept += [n for n in notes if n not in kept]
 
     async def handle(request: Any, session: str | None, name: str) -> Any:
         """One call in dialect ``name``: parse, complete (cancelled if the client goes), answer or stream."""
@@ -235,6 +252,7 @@ def create_app(
             return error(dialect, exc, key)
         except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
             return unexpected(dialect, exc, key)
+        note(key, req)
         model = req.model or gateway.model
         headers = {SESSION_HEADER: key}
         if not req.stream:
@@ -270,6 +288,7 @@ def create_app(
             started.cancel()
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # answered in the API's shape by handle
+        note(key, req)
         model = req.model or gateway.model
 
         def final(done: Completion) -> dict[str, Any]:
@@ -504,6 +523,75 @@ def create_app(
             except TmplError as exc:  # the engine refused or failed the update
                 return plain_error(GatewayError(None, 502, f"{type(exc).__name__}: {exc}"))
             return {"version": body["version"], "mode": mode, "updates": len(gateway.updates)}
+
+    async def gemini_call(request: Request, target: str, session: str | None = None) -> Any:
+        """Gemini's ``models/{model}:generateContent``, ``:streamGenerateContent`` (SSE with ``?alt=sse``,
+        else a JSON array sent as it is made) and ``:countTokens``."""
+        model, _, method = target.partition(":")
+        key = None
+        try:
+            if method == "countTokens":
+                req = gemini.parse(await read_json(request), model=model, stream=False, count=True)
+                placed = place_roles(gateway.tpl, req.messages)
+                try:
+                    text = gateway.tpl.render(placed.messages, req.tools, add_generation_prompt=True)
+                except Exception as exc:  # noqa: BLE001 - the template refuses the conversation: the client's 400
+                    raise GatewayRequestError(
+                        session, f"the template cannot render the request: {type(exc).__name__}: {exc}",
+                        param="contents",
+                    ) from exc  # fmt: skip
+                return gemini.count_body(len(gateway.tpl.codec.encode(text)))
+            if method not in ("generateContent", "streamGenerateContent"):
+                raise GatewayError(None, 404, f"models/{model}:{method} is not served")
+            key = session_of(request, session)
+            req = gemini.parse(await read_json(request), model=model, stream=method == "streamGenerateContent")
+            try:
+                lineage = request.headers.get(LINEAGE_HEADER)
+                done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params, lineage))
+            finally:
+                done_with(key)
+        except _ClientGone:
+            return fastapi.Response(status_code=499)
+        except GatewayError as exc:
+            return error(gemini, exc, key)
+        except Exception as exc:  # noqa: BLE001 - answered in the API's shape, logged
+            return unexpected(gemini, exc, key)
+        note(key, req)
+        name = req.model or gateway.model
+        headers = {SESSION_HEADER: key}
+        if not req.stream:
+            return JSONResponse(
+                gemini.response(key, done.plan, done.replies, model=name, notes=req.notes), headers=headers
+            )
+        chunks = gemini.stream_chunks(key, done.plan, done.replies, model=name, notes=req.notes)
+        if request.query_params.get("alt") == "sse":
+
+            async def sse() -> AsyncIterator[str]:
+                for chunk in chunks:
+                    yield f"data: {json.dumps(chunk)}\r\n\r\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+
+        async def array() -> AsyncIterator[str]:
+            for k, chunk in enumerate(chunks):
+                yield ("[" if k == 0 else ",\r\n") + json.dumps(chunk)
+            yield "]"
+
+        return StreamingResponse(array(), media_type="application/json", headers=headers)
+
+    def gemini_model(model: str) -> Any:
+        return gemini.model_object(model, context=gateway.max_context, output=gateway.max_tokens)
+
+    def gemini_models() -> Any:
+        return {"models": [gemini_model(gateway.model)]}
+
+    for version in ("v1beta", "v1"):  # Gemini CLI calls v1beta; the google-genai SDK's default is v1
+        app.post(f"/{version}/models/{{target}}")(gemini_call)
+        app.post(f"/s/{{session}}/{version}/models/{{target}}")(gemini_call)
+    app.get("/v1beta/models/{model}")(gemini_model)
+    app.get("/s/{session}/v1beta/models/{model}")(gemini_model)
+    app.get("/v1beta/models")(gemini_models)
+    app.get("/s/{session}/v1beta/models")(gemini_models)
 
     app.state.gateway = gateway
     return app

@@ -37,9 +37,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +64,24 @@ from .verifier import verify
 
 __all__ = ["GATEWAY_FAILED", "HarnessRollout"]
 
+#: the port a sandboxed harness reaches the gateway on (inside its own network namespace), when the
+#: gateway's own port is a privileged one
+SANDBOX_PORT = 8100
+
 #: the gateway could not be read for the run (its episode, reward or finish route failed): ``error`` says how
 GATEWAY_FAILED = "GATEWAY_FAILED"
 ISOLATIONS = ("process", "sandbox")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class _Inside:
+    """How a sandboxed harness reaches the gateway: the relay's Unix socket, the port it is forwarded
+    to inside the sandbox, and the gateway's root URL there."""
+
+    socket: str
+    port: int
+    url: str
 
 
 class HarnessRollout:
@@ -124,6 +140,10 @@ class HarnessRollout:
         self.admin_token = admin_token
         self.root = root
         self.sandbox = dict(sandbox or {})
+        unknown = sorted(set(self.sandbox) - {"read_only", "scratch_mb", "max_processes"})
+        if unknown:
+            raise HarnessError(harness.name, f"sandbox options are read_only, scratch_mb, max_processes; not {unknown}")
+        self._inside: _Inside | None = None
 
     # -- the batch ---------------------------------------------------------------------------------
     def run(self, tasks: Iterable[HarnessTask | str]) -> list[HarnessResult]:
@@ -156,7 +176,8 @@ class HarnessRollout:
         counts: Counter[str] = Counter()
         slots = asyncio.Semaphore(self.concurrency)
         try:
-            async with self._gateway(root) as gw:
+            async with self._gateway() as gw, self._relay(gw) as relay:
+                self._inside = relay
 
                 async def one(task: HarnessTask, sample: int) -> HarnessResult:
                     async with slots:
@@ -185,14 +206,31 @@ class HarnessRollout:
             return HarnessTask(task.prompt, task.files, task.verifier, id=f"task{index}", timeout=task.timeout)
         return task
 
-    def _gateway(self, root: Path) -> Any:
+    def _gateway(self) -> Any:
         if isinstance(self.gateway, str):
             return Remote(self.gateway, model=self.model, admin_token=self.admin_token)
-        uds = root / "gateway.sock" if self.isolation == "sandbox" else None
-        local = Local(self.gateway, uds=uds, admin_token=self.admin_token)
+        local = Local(self.gateway, admin_token=self.admin_token)
         if self.model:
             local.model = self.model
         return local
+
+    @contextlib.asynccontextmanager
+    async def _relay(self, gw: Any) -> AsyncIterator[_Inside | None]:
+        """With ``isolation="sandbox"``: a Unix socket on the host relaying to the gateway (bound into
+        each sandbox, whose PID 1 forwards ``127.0.0.1:<port>`` inside to it); else nothing."""
+        if self.isolation != "sandbox":
+            yield None
+            return
+        from ..tools.sandbox import GatewayRelay
+
+        url = urllib.parse.urlsplit(gw.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        inner = port if port >= 1024 else SANDBOX_PORT
+        relay = GatewayRelay(url.hostname or "127.0.0.1", port)
+        try:
+            yield _Inside(relay.path, inner, f"http://127.0.0.1:{inner}{url.path.rstrip('/')}")
+        finally:
+            relay.close()
 
     def _bar(self, total: int) -> Any:
         if not self.progress:
@@ -227,15 +265,16 @@ class HarnessRollout:
 
             t0 = time.perf_counter()
             try:
+                argv, env = self._command(rendered.argv, rendered, workdir, home)
                 ran = await run_kept(
-                    rendered.argv,
+                    argv,
                     cwd=workdir,
-                    env=self._environ(rendered, home),
+                    env=env,
                     timeout=timeout,
                     out=run_dir / "stdout",
                     err=run_dir / "stderr",
                 )
-            except OSError as exc:
+            except (OSError, TmplError) as exc:
                 result.status, result.error = SETUP_FAILED, f"the harness could not start: {exc}"
                 with contextlib.suppress(Exception):
                     await gw.finish(key)
@@ -315,7 +354,12 @@ class HarnessRollout:
         home.mkdir()
         task.lay_out(workdir)
         rendered = self.harness.render(
-            gateway=gw.url, session=key, task=task.prompt, workdir=str(workdir), home=str(home), model=gw.model
+            gateway=self._inside.url if self._inside else gw.url,
+            session=key,
+            task=task.prompt,
+            workdir=str(workdir),
+            home=str(home),
+            model=gw.model,
         )
         for name, content in rendered.files.items():
             path = Path(name)
@@ -339,10 +383,11 @@ class HarnessRollout:
         """Run the harness's setup command; why it failed, or None."""
         if not rendered.setup:
             return None
+        argv, env = self._command(rendered.setup, rendered, workdir, run_dir / "home")
         ran = await run_kept(
-            rendered.setup,
+            argv,
             cwd=workdir,
-            env=self._environ(rendered, Path(run_dir / "home")),
+            env=env,
             timeout=timeout,
             out=run_dir / "setup.stdout",
             err=run_dir / "setup.stderr",
@@ -354,8 +399,27 @@ class HarnessRollout:
             return f"its setup command failed ({_exited(ran.exit_code)})" + (f": {said}" if said else "")
         return None
 
-    def _environ(self, rendered: RenderedRun, home: Path) -> dict[str, str]:
-        return {**os.environ, "HOME": str(home), **self.env, **rendered.env}
+    def _command(
+        self, argv: Sequence[str], rendered: RenderedRun, workdir: Path, home: Path
+    ) -> tuple[list[str], dict[str, str] | None]:
+        """The argv and environment that run ``argv`` for this run: as it is, its environment this
+        process's with ``HOME`` the run's; or (sandbox) wrapped by :func:`tmpl.tools.sandbox.wrap_command`,
+        its environment only the rollout's ``env`` and the harness's (SandboxError when it cannot be)."""
+        if self._inside is None:
+            return list(argv), {**os.environ, "HOME": str(home), **self.env, **rendered.env}
+        from ..tools.sandbox import wrap_command
+
+        options = {k: v for k, v in self.sandbox.items() if k in ("read_only", "scratch_mb", "max_processes")}
+        wrapped = wrap_command(
+            list(argv),
+            workdir=str(workdir),
+            home=str(home),
+            env={**self.env, **rendered.env, "HOME": str(home)},
+            gateway_socket=self._inside.socket,
+            gateway_port=self._inside.port,
+            **options,
+        )
+        return wrapped, None
 
 
 def _inside(path: Path, folder: Path) -> bool:

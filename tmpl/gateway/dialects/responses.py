@@ -1,23 +1,48 @@
 """OpenAI Responses (``POST /v1/responses``): input items in, a response object and its stream events out.
 
 Read: ``input`` (a string, or items: messages with text parts, ``function_call``,
-``function_call_output`` and ``reasoning`` items), ``instructions`` (a system message first), function
-``tools``, ``tool_choice`` (``auto`` only), ``max_output_tokens``, ``temperature``, ``top_p``,
-``stream``. An assistant message, the reasoning before it and the function calls after it are one
-assistant turn. Refused with a 400: ``previous_response_id`` and ``conversation`` (the gateway keeps
-no response store: send the whole input, as harnesses do), tools other than functions, image parts.
+``function_call_output``, ``custom_tool_call``, ``custom_tool_call_output`` and ``reasoning`` items),
+``instructions`` (a system message first), ``tools``, ``tool_choice`` (``auto``; ``required`` taken as
+``auto``), ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``include``
+(``reasoning.encrypted_content``), ``reasoning.summary``. An assistant message, the reasoning before it
+and the calls after it are one assistant turn. Every other field the API defines is ignored (echoed
+where the response object has it) or refused with a 400: :data:`FIELDS` says which, and docs/gateway.md
+has the table.
+
+Tools as the template sees them:
+
+- ``function`` tools as they are;
+- ``namespace`` tools flattened: each function ``f`` of namespace ``ns`` is rendered as the function
+  ``ns__f`` (:data:`NAMESPACE_SEP`); a call of ``ns__f`` goes back as a ``function_call`` item named
+  ``f`` with ``namespace: "ns"``, and such an item in the input is the call ``ns__f`` again;
+- ``custom`` (freeform) tools, such as Codex's ``apply_patch``: a function of one string parameter
+  ``input`` (:func:`custom_as_function`); a call goes back as a ``custom_tool_call`` item whose
+  ``input`` is that string;
+- hosted tools (``web_search``, ``file_search``, ``code_interpreter``, ``image_generation``,
+  ``computer_use_preview``, ``mcp``, ``local_shell``...: every other type) are left out of the prompt
+  (the gateway runs none of them) and named in the request's ``notes``, which the session keeps.
+
+A reply's reasoning goes back as a ``reasoning`` item with its text; when the request includes
+``reasoning.encrypted_content`` the item also carries ``encrypted_content``, ``tmpl1.`` and the
+URL-safe base64 of ``{"call", "text"}`` (:func:`reasoning_reference`): a client that keeps only the
+opaque field (Codex sends back no reasoning text) still names the exact reasoning, so the next call
+continues the reply's sampled IDs.
 
 >>> req = parse({"model": "m", "instructions": "Be brief.", "input": "Hi"})
 >>> req.messages
 [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]
+>>> parse({"input": "Hi", "tools": [{"type": "web_search"}]}).notes
+("tools[0]: the hosted tool 'web_search' is left out of the prompt (the gateway runs no hosted tools)",)
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GatewayError, GatewayRequestError
@@ -25,7 +50,96 @@ from ..canonical import ROLES, canonical_message, tool_call
 from ..service import CallParams
 from ..session import Plan, Reply
 
-__all__ = ["ResponsesRequest", "error_body", "events", "parse", "response"]
+__all__ = [
+    "FIELDS",
+    "NAMESPACE_SEP",
+    "ResponsesRequest",
+    "ToolName",
+    "custom_as_function",
+    "error_body",
+    "events",
+    "parse",
+    "read_reference",
+    "reasoning_reference",
+    "response",
+]
+
+#: between a namespace and its function's name in the name the template renders (``multi_agent_v1__spawn``)
+NAMESPACE_SEP = "__"
+#: the prefix of the ``encrypted_content`` the gateway writes in its reasoning items
+REFERENCE_PREFIX = "tmpl1."
+
+#: every request field of the Responses API, and what the gateway does with it (docs/gateway.md's table)
+FIELDS: dict[str, str] = {
+    "model": "read (echoed; the gateway serves its one model)",
+    "input": "read",
+    "instructions": "read (a system message first)",
+    "tools": "read (function, namespace, custom; hosted tools left out and noted)",
+    "tool_choice": "read (auto; required taken as auto: decoding is never constrained); others refused",
+    "max_output_tokens": "read",
+    "temperature": "read",
+    "top_p": "read",
+    "stream": "read",
+    "include": "read (reasoning.encrypted_content: reasoning items carry the gateway's reference); others ignored",
+    "reasoning": "read (summary: the reasoning text as its summary); effort ignored",
+    "store": "ignored (nothing is stored; echoed false)",
+    "parallel_tool_calls": "ignored (echoed; the template's parser reads every call the model wrote)",
+    "max_tool_calls": "ignored (the gateway runs no tools)",
+    "metadata": "ignored (echoed)",
+    "prompt_cache_key": "ignored (a session's heads are its cache)",
+    "prompt_cache_retention": "ignored",
+    "prompt_cache_options": "ignored",
+    "client_metadata": "ignored (Codex's turn metadata)",
+    "user": "ignored",
+    "safety_identifier": "ignored",
+    "service_tier": "ignored (echoed as default)",
+    "truncation": "ignored (echoed; a prompt over the context limit is refused, never truncated)",
+    "text": "read (format text; verbosity ignored); json_schema and json_object refused",
+    "stream_options": "ignored",
+    "top_logprobs": "refused above 0",
+    "previous_response_id": "refused (no response store: send the whole input)",
+    "conversation": "refused (no conversation store)",
+    "prompt": "refused (no stored prompt templates)",
+    "background": "refused when true (no response store)",
+    "background_options": "ignored",
+    "context_management": "ignored and noted (no server-side compaction)",
+    "moderation": "ignored",
+    "image": "ignored",
+    "access_programs": "ignored",
+}
+
+#: input item types that only a hosted tool or a response store produces: refused with a 400 naming them
+_HOSTED_ITEMS = (
+    "web_search_call",
+    "file_search_call",
+    "code_interpreter_call",
+    "image_generation_call",
+    "computer_call",
+    "computer_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "tool_search_call",
+    "tool_search_output",
+    "item_reference",
+    "compaction",
+)
+
+
+@dataclass(frozen=True)
+class ToolName:
+    """What a rendered tool name stands for: its kind (``function`` or ``custom``), its namespace, its own name."""
+
+    kind: str
+    name: str
+    namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +150,114 @@ class ResponsesRequest:
     stream: bool
     model: str | None
     echo: dict[str, Any]
+    #: rendered tool name -> what it stands for (namespace and custom tools: their calls are mapped back)
+    names: dict[str, ToolName] = field(default_factory=dict)
+    #: what the gateway left out or ignored of this request (hosted tools...), kept in the session's notes
+    notes: tuple[str, ...] = ()
+    #: reasoning items carry the gateway's reference (``include: ["reasoning.encrypted_content"]``)
+    encrypted: bool = False
+    #: reasoning items carry the reasoning as their summary (``reasoning.summary`` set)
+    summary: bool = False
+
+
+def reasoning_reference(call: str, text: str) -> str:
+    """The ``encrypted_content`` of a reasoning item the gateway returns: the call and its reasoning text.
+
+    >>> read_reference(reasoning_reference("gw1-0", "think"))
+    'think'
+    """
+    data = json.dumps({"call": call, "text": text}, ensure_ascii=False).encode("utf-8")
+    return REFERENCE_PREFIX + base64.urlsafe_b64encode(data).decode("ascii")
+
+
+def read_reference(value: Any) -> str | None:
+    """The reasoning text a :func:`reasoning_reference` holds, or None (another server's opaque content).
+
+    >>> read_reference("gAAAAB...") is None
+    True
+    """
+    if not isinstance(value, str) or not value.startswith(REFERENCE_PREFIX):
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(value[len(REFERENCE_PREFIX) :].encode("ascii")))
+    except (ValueError, binascii.Error, UnicodeError):
+        return None
+    text = data.get("text") if isinstance(data, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def custom_as_function(tool: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A ``custom`` tool as the function the template renders: one required string parameter ``input``
+    (its description says the tool takes free text; a grammar format is named there, not enforced).
+
+    >>> custom_as_function({"type": "custom", "name": "apply_patch", "description": "Patch files."}, "apply_patch")
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'name': 'apply_patch', 'description': 'Patch files.', 'parameters': {'type': 'object', 'properties':
+    {'input': {'type': 'string', 'description': 'The raw input of the tool (free text).'}}, 'required': ['input']}}
+    """
+    fn: dict[str, Any] = {"name": name}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    described = "The raw input of the tool (free text)."
+    fmt = tool.get("format")
+    if isinstance(fmt, Mapping) and fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        described += f" It follows this {fmt.get('syntax', 'grammar')} grammar:\n{fmt['definition']}"
+    fn["parameters"] = {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": described}},
+        "required": ["input"],
+    }
+    return fn
+
+
+def _function(tool: Mapping[str, Any], name: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+    return fn
+
+
+def _tools(raw: Any, notes: list[str]) -> tuple[list[dict[str, Any]] | None, dict[str, ToolName]]:
+    """The request's tools as the template's function list, and what each rendered name stands for."""
+    if not raw:
+        return None, {}
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise GatewayRequestError(None, "tools must be a list", param="tools")
+    out: list[dict[str, Any]] = []
+    names: dict[str, ToolName] = {}
+
+    def add(tool: Any, where: str, namespace: str | None) -> None:
+        if not isinstance(tool, Mapping) or not isinstance(tool.get("type"), str):
+            raise GatewayRequestError(None, f"{where} must be a tool object with a type", param="tools")
+        kind = tool["type"]
+        if kind in ("function", "custom"):
+            if not isinstance(tool.get("name"), str) or not tool["name"]:
+                raise GatewayRequestError(None, f"{where}: a {kind} tool needs a name", param="tools")
+            shown = f"{namespace}{NAMESPACE_SEP}{tool['name']}" if namespace else tool["name"]
+            if shown in names:
+                raise GatewayRequestError(None, f"{where}: the tool name {shown!r} is given twice", param="tools")
+            fn = _function(tool, shown) if kind == "function" else custom_as_function(tool, shown)
+            out.append({"type": "function", "function": fn})
+            names[shown] = ToolName(kind, tool["name"], namespace)
+        elif kind == "namespace" and namespace is None:
+            if not isinstance(tool.get("name"), str) or not tool["name"]:
+                raise GatewayRequestError(None, f"{where}: a namespace tool needs a name", param="tools")
+            inner = tool.get("tools")
+            if not isinstance(inner, Sequence) or isinstance(inner, (str, bytes)):
+                raise GatewayRequestError(None, f"{where}.tools must be a list", param="tools")
+            for k, t in enumerate(inner):
+                add(t, f"{where}.tools[{k}]", tool["name"])
+        elif kind == "namespace":
+            raise GatewayRequestError(None, f"{where}: namespaces do not nest", param="tools")
+        else:
+            notes.append(
+                f"{where}: the hosted tool {kind!r} is left out of the prompt (the gateway runs no hosted tools)"
+            )
+
+    for k, tool in enumerate(raw):
+        add(tool, f"tools[{k}]", None)
+    return out or None, names
 
 
 def _output_text(content: Any, where: str) -> str:
@@ -55,6 +277,14 @@ def _output_text(content: Any, where: str) -> str:
     return "".join(out)
 
 
+def _reasoning(item: Mapping[str, Any], where: str) -> str:
+    """A reasoning item's text: the gateway's reference where it holds one, else its content, else its summary."""
+    text = read_reference(item.get("encrypted_content"))
+    if text is not None:
+        return text
+    return _output_text(item.get("content") or item.get("summary") or [], where)
+
+
 def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
     """Input items as canonical messages: an assistant turn gathers its reasoning, text and calls."""
     out: list[dict[str, Any]] = []
@@ -71,6 +301,11 @@ def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
             out.append(turn)
         turn, reasoning = None, []
 
+    def call_id(item: Mapping[str, Any], where: str, kind: str) -> str:
+        if not isinstance(item.get("call_id"), str):
+            raise GatewayRequestError(None, f"{where}: a {kind} item needs a call_id", param="input")
+        return str(item["call_id"])
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, Mapping):
@@ -79,8 +314,7 @@ def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
         if kind == "reasoning":
             if turn is not None:
                 close()
-            parts = item.get("content") or item.get("summary") or []
-            reasoning.append(_output_text(parts, where))
+            reasoning.append(_reasoning(item, where))
         elif kind == "message":
             role = item.get("role")
             if role not in ROLES or role == "tool":
@@ -96,36 +330,71 @@ def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
             else:
                 close()
                 out.append(canonical_message({"role": role, "content": _output_text(item.get("content"), where)}, i))
-        elif kind == "function_call":
-            if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
-                raise GatewayRequestError(None, f"{where}: a function_call needs a call_id and a name", param="input")
+        elif kind in ("function_call", "custom_tool_call"):
+            cid = call_id(item, where, kind)
+            if not isinstance(item.get("name"), str):
+                raise GatewayRequestError(None, f"{where}: a {kind} item needs a name", param="input")
+            ns = item.get("namespace")
+            name = f"{ns}{NAMESPACE_SEP}{item['name']}" if isinstance(ns, str) and ns else item["name"]
+            if kind == "function_call":
+                args: Any = item.get("arguments")
+            else:
+                if not isinstance(item.get("input"), str):
+                    raise GatewayRequestError(None, f"{where}: a custom_tool_call needs a string input", param="input")
+                args = {"input": item["input"]}
             turn = turn or {"role": "assistant", "content": ""}
-            turn.setdefault("tool_calls", []).append(tool_call(item["call_id"], item["name"], item.get("arguments")))
-        elif kind == "function_call_output":
+            turn.setdefault("tool_calls", []).append(tool_call(cid, name, args))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             close()
-            if not isinstance(item.get("call_id"), str):
-                raise GatewayRequestError(None, f"{where}: a function_call_output needs a call_id", param="input")
+            cid = call_id(item, where, kind)
             output = item.get("output")
             text = output if isinstance(output, str) else _output_text(output or [], where)
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            out.append({"role": "tool", "tool_call_id": cid, "content": text})
+        elif kind in _HOSTED_ITEMS:
+            raise GatewayRequestError(
+                None,
+                f"{where}: {kind!r} items are not served (the gateway runs no hosted tools and keeps no response store)",
+                param="input",
+            )
         else:
             raise GatewayRequestError(None, f"{where}: {kind!r} items are not served", param="input")
     close()
     return out
 
 
-def parse(body: Any) -> ResponsesRequest:
-    """A Responses request body as canonical messages, tools and call parameters."""
-    if not isinstance(body, Mapping):
-        raise GatewayRequestError(None, "the request body must be a JSON object")
+def _refuse(body: Mapping[str, Any]) -> None:
+    """A 400 for a field the gateway cannot honour (docs/gateway.md's table)."""
     for key in ("previous_response_id", "conversation"):
         if body.get(key):
             raise GatewayRequestError(
                 None, f"{key} is not served: the gateway keeps no response store (send the whole input)", param=key
             )
+    if body.get("prompt"):
+        raise GatewayRequestError(None, "prompt (a stored prompt template) is not served: send input", param="prompt")
+    if body.get("background"):
+        raise GatewayRequestError(None, "background responses are not served (no response store)", param="background")
+    top = body.get("top_logprobs")
+    if top not in (None, 0):
+        raise GatewayRequestError(None, "top_logprobs is not served", param="top_logprobs")
+    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type", "text") != "text":
+        raise GatewayRequestError(
+            None, f"text.format {fmt.get('type')!r} is not served (decoding is never constrained)", param="text"
+        )
     choice = body.get("tool_choice")
-    if choice not in (None, "auto"):
-        raise GatewayRequestError(None, "tool_choice other than auto is not served", param="tool_choice")
+    if choice not in (None, "auto", "required"):
+        raise GatewayRequestError(
+            None, "tool_choice other than auto or required is not served (decoding is never constrained)",
+            param="tool_choice",
+        )  # fmt: skip
+
+
+def parse(body: Any) -> ResponsesRequest:
+    """A Responses request body as canonical messages, tools and call parameters."""
+    if not isinstance(body, Mapping):
+        raise GatewayRequestError(None, "the request body must be a JSON object")
+    _refuse(body)
+    notes: list[str] = []
     raw = body.get("input")
     if isinstance(raw, str):
         messages = [{"role": "user", "content": raw}]
@@ -135,23 +404,15 @@ def parse(body: Any) -> ResponsesRequest:
         raise GatewayRequestError(None, "input must be a string or a non-empty list of items", param="input")
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.insert(0, {"role": "system", "content": body["instructions"]})
-    tools = None
-    if body.get("tools"):
-        tools = []
-        for k, t in enumerate(body["tools"]):
-            if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-                raise GatewayRequestError(
-                    None, f"tools[{k}]: only function tools with a name are served", param="tools"
-                )
-            fn: dict[str, Any] = {"name": t["name"]}
-            if isinstance(t.get("description"), str):
-                fn["description"] = t["description"]
-            fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-            tools.append({"type": "function", "function": fn})
+    tools, names = _tools(body.get("tools"), notes)
+    if body.get("context_management"):
+        notes.append("context_management is ignored: the gateway compacts nothing (the client's input is the prompt)")
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise GatewayRequestError(None, "max_output_tokens must be a positive integer", param="max_output_tokens")
     temperature, top_p = body.get("temperature"), body.get("top_p")
+    reasoning: Mapping[str, Any] = body["reasoning"] if isinstance(body.get("reasoning"), Mapping) else {}
+    include: Sequence[Any] = body["include"] if isinstance(body.get("include"), list) else []
     echo = {
         "instructions": body.get("instructions"),
         "tools": list(body.get("tools") or []),
@@ -159,6 +420,11 @@ def parse(body: Any) -> ResponsesRequest:
         "top_p": top_p,
         "max_output_tokens": limit,
         "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+        "truncation": body.get("truncation") or "disabled",
+        "reasoning": dict(reasoning) or None,
+        "tool_choice": body.get("tool_choice") or "auto",
+        "prompt_cache_key": body.get("prompt_cache_key"),
     }
     return ResponsesRequest(
         messages,
@@ -171,21 +437,61 @@ def parse(body: Any) -> ResponsesRequest:
         bool(body.get("stream")),
         body.get("model") if isinstance(body.get("model"), str) else None,
         echo,
+        names,
+        tuple(notes),
+        "reasoning.encrypted_content" in include,
+        reasoning.get("summary") not in (None, "none") or bool(reasoning.get("generate_summary")),
     )
 
 
-def _output(reply: Reply) -> list[dict[str, Any]]:
+def _call_item(reply: Reply, j: int, call: Mapping[str, Any], names: Mapping[str, ToolName]) -> dict[str, Any]:
+    """One parsed call as the item the client expects: a function_call (its namespace mapped back) or a
+    custom_tool_call (its ``input`` string)."""
+    fn = call["function"]
+    meant = names.get(fn["name"])
+    args = fn["arguments"]
+    if meant is not None and meant.kind == "custom":
+        if isinstance(args, Mapping) and set(args) == {"input"} and isinstance(args["input"], str):
+            text = args["input"]
+        else:
+            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        item: dict[str, Any] = {
+            "type": "custom_tool_call",
+            "id": f"ctc_{reply.call}_{j}",
+            "call_id": call["id"],
+            "name": meant.name,
+            "input": text,
+            "status": "completed",
+        }
+    else:
+        item = {
+            "type": "function_call",
+            "id": f"fc_{reply.call}_{j}",
+            "call_id": call["id"],
+            "name": meant.name if meant is not None else fn["name"],
+            "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+            "status": "completed",
+        }
+    if meant is not None and meant.namespace:
+        item["namespace"] = meant.namespace
+    return item
+
+
+def _output(reply: Reply, request: ResponsesRequest | None) -> list[dict[str, Any]]:
     m = reply.message
+    names = request.names if request is not None else {}
     out: list[dict[str, Any]] = []
     if m.get("reasoning_content"):
-        out.append(
-            {
-                "type": "reasoning",
-                "id": f"rs_{reply.call}",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": m["reasoning_content"]}],
-            }
-        )
+        text = m["reasoning_content"]
+        item: dict[str, Any] = {
+            "type": "reasoning",
+            "id": f"rs_{reply.call}",
+            "summary": [{"type": "summary_text", "text": text}] if request is not None and request.summary else [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
+        if request is not None and request.encrypted:
+            item["encrypted_content"] = reasoning_reference(reply.call, text)
+        out.append(item)
     if m.get("content") or not m.get("tool_calls"):
         out.append(
             {
@@ -197,21 +503,20 @@ def _output(reply: Reply) -> list[dict[str, Any]]:
             }
         )
     for j, c in enumerate(m.get("tool_calls", ())):
-        out.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{reply.call}_{j}",
-                "call_id": c["id"],
-                "name": c["function"]["name"],
-                "arguments": json.dumps(c["function"]["arguments"]),
-                "status": "completed",
-            }
-        )
+        out.append(_call_item(reply, j, c, names))
     return out
 
 
-def response(session: str, plan: Plan, reply: Reply, *, model: str, echo: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``response`` object of a call's reply."""
+def response(
+    session: str,
+    plan: Plan,
+    reply: Reply,
+    *,
+    model: str,
+    echo: Mapping[str, Any],
+    request: ResponsesRequest | None = None,
+) -> dict[str, Any]:
+    """The ``response`` object of a call's reply (``request``: its names, include and summary settings)."""
     cut = reply.result.finish_reason == "length" and not reply.message.get("tool_calls")
     sampled = len(reply.result.token_ids)
     return {
@@ -222,12 +527,13 @@ def response(session: str, plan: Plan, reply: Reply, *, model: str, echo: Mappin
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "model": model,
-        "output": _output(reply),
+        "output": _output(reply, request),
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "previous_response_id": None,
         "reasoning": None,
         "store": False,
+        "service_tier": "default",
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
         **echo,
@@ -238,15 +544,33 @@ def response(session: str, plan: Plan, reply: Reply, *, model: str, echo: Mappin
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": len(plan.prompt_ids) + sampled,
         },
-        "tmpl": {"session": session, "call": reply.call, "sequence": reply.sequence, "prompt": plan.mode},
+        "tmpl": _tmpl(session, plan, reply, request),
     }
 
 
+def _tmpl(session: str, plan: Plan, reply: Reply, request: ResponsesRequest | None) -> dict[str, Any]:
+    """The reply's ``tmpl`` object: session, call, sequence, how the prompt was made, how its system and
+    developer turns were placed (``roles``) and what of the request was left out (``left_out``)."""
+    out: dict[str, Any] = {"session": session, "call": reply.call, "sequence": reply.sequence, "prompt": plan.mode}
+    roles = getattr(plan, "roles", None)
+    if roles:
+        out["roles"] = dict(roles)
+    if request is not None and request.notes:
+        out["left_out"] = list(request.notes)
+    return out
+
+
 def events(
-    session: str, plan: Plan, reply: Reply, *, model: str, echo: Mapping[str, Any]
+    session: str,
+    plan: Plan,
+    reply: Reply,
+    *,
+    model: str,
+    echo: Mapping[str, Any],
+    request: ResponsesRequest | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(event, data)`` pairs of a streamed response, in the order the Responses API sends them."""
-    full = response(session, plan, reply, model=model, echo=echo)
+    full = response(session, plan, reply, model=model, echo=echo, request=request)
     seq = iter(range(1 << 30))
 
     def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
@@ -293,8 +617,42 @@ def events(
                 arguments=args,
                 name=item["name"],
             )
+        elif item["type"] == "custom_tool_call":
+            yield ev("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "input": ""})
+            text = item["input"]
+            yield ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=k, delta=text)
+            yield ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=k, input=text)
         else:
-            yield ev("response.output_item.added", output_index=k, item={**item, "content": []})
+            yield ev("response.output_item.added", output_index=k, item={**item, "summary": [], "content": []})
+            for s, part in enumerate(item.get("summary", ())):
+                yield ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=item["id"],
+                    output_index=k,
+                    summary_index=s,
+                    part={"type": "summary_text", "text": ""},
+                )
+                yield ev(
+                    "response.reasoning_summary_text.delta",
+                    item_id=item["id"],
+                    output_index=k,
+                    summary_index=s,
+                    delta=part["text"],
+                )
+                yield ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=item["id"],
+                    output_index=k,
+                    summary_index=s,
+                    text=part["text"],
+                )
+                yield ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item["id"],
+                    output_index=k,
+                    summary_index=s,
+                    part=part,
+                )
         yield ev("response.output_item.done", output_index=k, item=item)
     yield ev("response.incomplete" if full["status"] == "incomplete" else "response.completed", response=full)
 
