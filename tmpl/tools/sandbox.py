@@ -24,7 +24,16 @@ limits), started by ``bwrap`` instead of the forkserver, in namespaces of its ow
   own init would not do: bwrap exits as soon as the command does, and its init, left behind,
   becomes a zombie of a PID 1 that may not reap);
 - an empty environment (``--clearenv``: no tokens or keys of the trainer), a new session (no
-  terminal to write to), IPC and UTS namespaces of its own.
+  terminal to write to), IPC and UTS namespaces of its own;
+- **a seccomp filter** (:mod:`.seccomp`, loaded by bwrap with ``--seccomp``): no new namespaces
+  (``unshare -U -r`` fails: no root in a user namespace of its own), no ``bpf``, ``ptrace``,
+  ``perf_event_open``, ``userfaultfd``, keyrings, mounts or kernel modules; where bwrap runs
+  unprivileged (0.8+) also ``--disable-userns``.
+
+:func:`wrap_command` puts any program (an agent harness: a node CLI, a Python venv) in the same
+kind of sandbox, hardened the same way, with one way out: the gateway, a Unix socket bound in and
+forwarded to ``127.0.0.1:PORT`` inside (:class:`GatewayRelay` makes such a socket for a gateway
+that serves TCP).
 
 >>> Sandbox(scratch_mb=16).scratch_mb
 16
