@@ -35,7 +35,10 @@ def _turns(message: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"role": "system", "content": _text(content)}]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     if role == "assistant":
-        turn: dict[str, Any] = {"role": "assistant", "content": "".join(b["text"] for b in blocks if b["type"] == "text")}
+        turn: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(b["text"] for b in blocks if b["type"] == "text"),
+        }
         thinking = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
         if thinking:
             turn["reasoning_content"] = thinking

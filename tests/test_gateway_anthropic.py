@@ -157,8 +157,17 @@ def test_sdk_episode_with_system_turns_thinking_and_server_tools(family, stream)
             sent_back = [{"type": "redacted_thinking", "data": "c2VjcmV0"}, *blocks]
             messages += [
                 {"role": "assistant", "content": sent_back},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "a.txt",
-                                              "cache_control": {"type": "ephemeral"}}]},  # fmt: skip
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use["id"],
+                            "content": "a.txt",
+                            "cache_control": {"type": "ephemeral"},
+                        }
+                    ],
+                },  # fmt: skip
             ]
     engine = prompts(backend)
     assert len(engine) == 2
@@ -170,9 +179,7 @@ def test_sdk_episode_with_system_turns_thinking_and_server_tools(family, stream)
 
 
 # -- the fallback: templates without a system turn mid-conversation ----------------------------------
-@pytest.mark.parametrize(
-    ("family", "leading"), [("gemma-2-it", "folded"), ("mistral-nemo-instruct-2407", "system")]
-)
+@pytest.mark.parametrize(("family", "leading"), [("gemma-2-it", "folded"), ("mistral-nemo-instruct-2407", "system")])
 def test_system_turns_are_folded_where_the_template_refuses_them(family, leading):
     """Claude Code's first call (user blocks, then the system turn; its tools left out: these templates
     take none here) and a later system turn after an answer: folded as documented, said in ``tmpl.roles``."""
@@ -241,7 +248,9 @@ def test_start_up_probes_are_answered():
                              ("GET", "/v1/models/claude-opus-4-8"), ("GET", "/s/probe/v1/models/claude-opus-4-8")]:  # fmt: skip
             got = http.request(method, path)
             assert got.status_code == 200, (method, path, got.status_code)
-        model = anthropic.Anthropic(base_url=f"{url}/s/probe", api_key="unused", max_retries=0).models.retrieve("claude-x")
+        model = anthropic.Anthropic(base_url=f"{url}/s/probe", api_key="unused", max_retries=0).models.retrieve(
+            "claude-x"
+        )
     assert model.id == "claude-x"
     assert len(gateway.sessions) == 0
 

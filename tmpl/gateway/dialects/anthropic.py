@@ -117,7 +117,7 @@ def _refused(kind: str, where: str) -> GatewayRequestError:
         why = f"{kind} blocks are server-tool blocks: the gateway runs no server tools"
     else:
         why = f"{kind!r} blocks are not served"
-    return GatewayRequestError(None, f"{where}: an {kind} block: {why}", param=where)
+    return GatewayRequestError(None, f"{where} ({kind} block): {why}", param=where)
 
 
 def _text_of(content: Any, where: str) -> str:
