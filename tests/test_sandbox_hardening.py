@@ -110,6 +110,7 @@ CONTROL = {
 SYSCTL = {
     "perf_event_open": ("kernel/perf_event_paranoid", lambda v: int(v) <= 2),
     "unshare_user_cli": ("user/max_user_namespaces", lambda v: int(v) > 0),
+    "ptrace_sibling": ("kernel/yama/ptrace_scope", lambda v: ROOT or v == "0"),  # Yama: 1 = descendants only
 }
 
 
