@@ -644,3 +644,24 @@ def test_only_the_named_descriptors_go_in(tmp_path):
     finally:
         os.close(report_r)
         os.close(other_r)
+
+
+def test_read_only_inside_the_workdir_stays_read_only(tmp_path):
+    """A harness's install inside the working directory (a repository's node_modules) and a
+    working directory inside a read-only tree: each mount where it belongs."""
+    install = tmp_path / "work" / "node_modules"
+    install.mkdir(parents=True)
+    code = "import sys\nfor p in sys.argv[1:]:\n    try: open(p, 'w').write('x'); print('wrote')\n    except OSError as e: print(e.strerror)"
+    done = _wrapped(
+        [PYTHON, "-I", "-S", "-c", code, str(install / "x.js"), str(tmp_path / "work" / "out.txt")],
+        tmp_path / "work",
+        read_only=[str(install)],
+    )
+    assert done.stdout.split("\n")[:2] == ["Read-only file system", "wrote"], done.stderr
+    (tmp_path / "tree" / "run").mkdir(parents=True)
+    done = _wrapped(
+        [PYTHON, "-I", "-S", "-c", code, str(tmp_path / "tree" / "x"), str(tmp_path / "tree" / "run" / "y")],
+        tmp_path / "tree" / "run",
+        read_only=[str(tmp_path / "tree")],
+    )
+    assert done.stdout.split("\n")[:2] == ["Read-only file system", "wrote"], done.stderr

@@ -491,12 +491,13 @@ def wrap_command(
             made.add(d)
         return [a for d in reversed(out) for a in ("--perms", "0755", "--dir", d)]
 
-    for path in ro_kept:
-        cmd += parents(path) + ["--ro-bind", path, path]
-    for path in [workdir] + ([home] if home else []):
+    writable = [workdir] + ([home] if home else [])
+    for path in writable:
         if path == "/" or _under(path, SYSTEM):
             raise SandboxError(f"{path!r} is a system directory: it cannot be the sandbox's writable directory")
-        cmd += parents(path) + ["--bind", path, path]
+    binds = [(p, "--ro-bind") for p in ro_kept if p not in writable] + [(p, "--bind") for p in writable]
+    for path, how in sorted(binds, key=lambda b: len(b[0])):  # outer first: a venv inside the workdir stays read-only
+        cmd += parents(path) + [how, path, path]
     cmd += ["--ro-bind", here, INIT_SCRIPT]
     if gateway_socket is not None:
         cmd += ["--bind", gateway_socket, GATEWAY_SOCKET]
