@@ -3,7 +3,9 @@ here from docs/gateway.md ("Gemini generateContent"), not from tmpl's code: the 
 harness tests compare every prompt with ``apply_chat_template`` of what this returns.
 
 - ``systemInstruction`` (its text parts joined) is the system message first;
-- a ``model`` content is an assistant turn: ``thought`` text parts its ``reasoning_content``, other text
+- a ``model`` content is an assistant turn: ``thought`` text parts its ``reasoning_content`` (without
+  them: the first ``thoughtSignature`` that is base64 of ``tmpl1.`` and JSON ``{"call", "text"}`` gives
+  the text), other text
   its content, ``functionCall`` parts its calls (id: the part's ``id``, else ``call_<i>_<j>``);
 - a ``user`` content: its ``functionResponse`` parts as tool messages in order (content
   ``response["output"]`` when the response is exactly ``{"output": <string>}``, else the response as
@@ -15,6 +17,7 @@ harness tests compare every prompt with ``apply_chat_template`` of what this ret
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -54,6 +57,17 @@ def gemini_tools(body: dict) -> list[dict] | None:
     return out or None
 
 
+def _signed(signature: Any) -> str | None:
+    """The text of a gateway's thoughtSignature (base64, standard or URL-safe, of tmpl1.{json})."""
+    if not isinstance(signature, str):
+        return None
+    try:
+        raw = base64.b64decode(signature.replace("-", "+").replace("_", "/"), validate=True)
+    except ValueError:
+        return None
+    return json.loads(raw[6:])["text"] if raw.startswith(b"tmpl1.") else None
+
+
 def _output(response: Any) -> str:
     if isinstance(response, dict) and list(response) == ["output"] and isinstance(response["output"], str):
         return response["output"]
@@ -75,6 +89,8 @@ def gemini_messages(body: dict) -> tuple[list[dict], list[dict] | None]:
                 "content": "".join(p["text"] for p in parts if "text" in p and not p.get("thought")),
             }
             thoughts = "".join(p["text"] for p in parts if "text" in p and p.get("thought"))
+            if not thoughts:
+                thoughts = next(filter(None, (_signed(p.get("thoughtSignature")) for p in parts)), "")
             if thoughts:
                 turn["reasoning_content"] = thoughts
             calls = [

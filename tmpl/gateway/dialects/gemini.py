@@ -6,7 +6,8 @@ mapping independently):
 
 - ``systemInstruction`` (a string or a content; its text parts joined) is a system message first;
 - each ``contents`` entry, in order: a ``model`` content is one assistant turn, its ``thought: true``
-  text parts its ``reasoning_content``, its other text parts its content, its ``functionCall`` parts
+  text parts its ``reasoning_content`` (none: the reasoning the first gateway ``thoughtSignature`` of
+  its parts holds), its other text parts its content, its ``functionCall`` parts
   its calls (``id`` the part's, or ``call_<content>_<part>`` where it has none); a ``user`` (or
   ``function``) content gives its ``functionResponse`` parts as tool messages, in order (each answers
   the call of its ``id``, else the first unanswered call of its ``name``), then its text as a user
@@ -21,8 +22,10 @@ mapping independently):
   docs/gateway.md's table say what is ignored or refused.
 
 A reply is a candidate whose content holds a ``thought`` part (the reasoning), a text part and a
-``functionCall`` part per call (its ``id`` the gateway's call id), so a client that sends the content
-back as it came continues the reply's sampled IDs.
+``functionCall`` part per call (its ``id`` the gateway's call id); the part after the thought carries a
+``thoughtSignature`` that holds the reasoning (:func:`thought_signature`). A client that sends the
+content back as it came, or without its thought parts but with the signature (Gemini CLI), continues
+the reply's sampled IDs: a model content without thought text takes its reasoning from such a signature.
 
 >>> req = parse({"systemInstruction": {"parts": [{"text": "Be brief."}]},
 ...              "contents": [{"role": "user", "parts": [{"text": "Hi"}]}]}, model="m", stream=False)
@@ -34,6 +37,8 @@ back as it came continues the reply's sampled IDs.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,9 +57,14 @@ __all__ = [
     "gemini_schema",
     "model_object",
     "parse",
+    "read_signature",
     "response",
     "stream_chunks",
+    "thought_signature",
 ]
+
+#: the bytes a thoughtSignature the gateway wrote begins with
+SIGNATURE_PREFIX = b"tmpl1."
 
 #: every field of a GenerateContentRequest (and of its generationConfig), and what the gateway does with it
 FIELDS: dict[str, str] = {
@@ -122,6 +132,38 @@ class GeminiRequest:
     model: str | None
     #: what the gateway left out of this request (hosted tools), kept in the session's notes
     notes: tuple[str, ...] = ()
+
+
+def thought_signature(call: str, text: str) -> str:
+    """The ``thoughtSignature`` the gateway puts on the part after a reply's thought: base64 of ``tmpl1.``
+    and the JSON ``{"call", "text"}``. Clients keep signatures where they drop thought parts (Gemini CLI
+    sends no thought back), so the reasoning, and the reply's sampled IDs, are found again.
+
+    >>> read_signature(thought_signature("gw1-0", "think"))
+    'think'
+    """
+    data = json.dumps({"call": call, "text": text}, ensure_ascii=False).encode("utf-8")
+    return base64.b64encode(SIGNATURE_PREFIX + data).decode("ascii")
+
+
+def read_signature(value: Any) -> str | None:
+    """The reasoning a :func:`thought_signature` holds (standard or URL-safe base64), or None for any other
+    signature (Gemini's own, Gemini CLI's ``skip_thought_signature_validator``).
+
+    >>> read_signature("skip_thought_signature_validator") is None
+    True
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
+        if not raw.startswith(SIGNATURE_PREFIX):
+            return None
+        data = json.loads(raw[len(SIGNATURE_PREFIX) :].decode("utf-8"))
+    except (ValueError, binascii.Error, UnicodeError):
+        return None
+    text = data.get("text") if isinstance(data, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def _bad(reason: str, param: str | None = None) -> GatewayRequestError:
@@ -223,12 +265,15 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
             raise _bad(f"{where}.role must be 'user' or 'model', not {role!r}", "contents")
         texts: list[str] = []
         thoughts: list[str] = []
+        signed: str | None = None  # the reasoning a gateway's thoughtSignature holds
         calls: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
         for j, part in enumerate(parts):
             pw = f"{where}.parts[{j}]"
             if not isinstance(part, Mapping):
                 raise _bad(f"{pw} must be an object", "contents")
+            if signed is None and "thoughtSignature" in part:
+                signed = read_signature(part["thoughtSignature"])
             media = [key for key in _MEDIA if key in part]
             if media:
                 raise _bad(f"{pw}: {media[0]} parts are not served (text and function parts only)", "contents")
@@ -260,8 +305,8 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
                 raise _bad(f"{pw}: a part needs text, functionCall or functionResponse", "contents")
         if role == "model":
             turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-            if thoughts:
-                turn["reasoning_content"] = "".join(thoughts)
+            if thoughts or signed:
+                turn["reasoning_content"] = "".join(thoughts) if thoughts else signed
             if calls:
                 turn["tool_calls"] = calls
             out.append(turn)
@@ -351,8 +396,9 @@ def parse(body: Any, *, model: str | None, stream: bool, count: bool = False) ->
 def _parts(reply: Reply) -> list[dict[str, Any]]:
     m = reply.message
     parts: list[dict[str, Any]] = []
-    if m.get("reasoning_content"):
-        parts.append({"text": m["reasoning_content"], "thought": True})
+    thought = m.get("reasoning_content")
+    if thought:
+        parts.append({"text": thought, "thought": True})
     if m.get("content") or not m.get("tool_calls"):
         parts.append({"text": m.get("content") or ""})
     for c in m.get("tool_calls", ()):
@@ -366,6 +412,8 @@ def _parts(reply: Reply) -> list[dict[str, Any]]:
                 }
             }
         )
+    if thought:  # on the first part after the thought: the one clients keep
+        parts[1]["thoughtSignature"] = thought_signature(reply.call, thought)
     return parts
 
 
