@@ -296,3 +296,52 @@ def test_a_refused_streamed_call_is_an_http_error(tok):
                                                               "temperature": -1}, timeout=10)  # fmt: skip
         assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
     assert not gateway.backend.requests  # refused before the engine
+
+
+# -- VLLMServer's stream (vLLM's event stream on /inference/v1/generate, the stand-in's) ---------------
+def test_vllm_server_passes_each_chunk_on_as_it_comes(tok):
+    from tmpl.backends import GenerationRequest, VLLMServer
+
+    from .vllm_standin import StandinServer
+
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    engine = Scripted(lambda req: ids)
+    with StandinServer(engine, chunk=4) as flaky, StandinServer(engine, chunk=4) as good:
+        flaky.drop_first = 1  # the first try loses its connection before any token: retried elsewhere
+        backend = VLLMServer([flaky.url, good.url], api="generate", retries=2, backoff=0.0, sticky=False)
+
+        async def run():
+            request = GenerationRequest("r1", full_render_ids(tok, QUESTION, None), 64, frozenset(ids[-1:]))
+            pieces = [p async for p in backend.astream(request)]
+            whole = await backend.agenerate(GenerationRequest("r2", request.prompt_ids, 64, request.stop_token_ids))
+            return pieces, whole
+
+        pieces, whole = asyncio.run(run())
+        backend.close()
+    assert "r1~a1" in good.request_ids and flaky.requests >= 1  # the dropped try was retried under a new id
+    assert [len(p.token_ids) for p in pieces[:-1]] == [min(4, len(ids) - a) for a in range(0, len(ids), 4)]
+    assert pieces[-1].token_ids == [] and pieces[-1].result is not None
+    result = pieces[-1].result
+    assert [t for p in pieces for t in p.token_ids] == result.token_ids == whole.token_ids == ids
+    assert [x for p in pieces[:-1] for x in p.logprobs] == result.logprobs == whole.logprobs
+    assert result.finish_reason == whole.finish_reason == "stop"
+
+
+def test_torch_passes_each_step_on_and_the_whole_result_last(tiny_qwen2):
+    from tmpl.backends import GenerationRequest, Sampling, Torch
+
+    model, tok = tiny_qwen2
+    backend = Torch(model)
+    stops = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    prompt = tok.encode("Hello there, how are you?")
+
+    async def run():
+        request = GenerationRequest("t1", prompt, 10, stops, Sampling(temperature=0.0))
+        return [p async for p in backend.astream(request)]
+
+    pieces = asyncio.run(run())
+    [whole] = backend.generate_batch([GenerationRequest("t2", prompt, 10, stops, Sampling(temperature=0.0))])
+    result = pieces[-1].result
+    assert len(pieces) > 3 and all(p.result is None and p.logprobs is None for p in pieces[:-1])
+    assert [t for p in pieces for t in p.token_ids] == result.token_ids == whole.token_ids
+    assert result.logprobs == pytest.approx(whole.logprobs, abs=1e-5)

@@ -12,6 +12,8 @@ vLLM's servers learn that a client gave up (they abort the request).
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -134,6 +136,49 @@ class HTTPClient:
         except httpx.TransportError as exc:
             raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
         raise HTTPConnectionError(url, f"the event stream ended without [DONE] after {len(events)} event(s)")
+
+    async def iter_events(
+        self, url: str, payload: Any, *, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[tuple[int, Any]]:
+        """POST ``payload`` to a streaming (server-sent events) endpoint and yield its events as they come.
+
+        Yields ``(200, event)`` for each ``data:`` line parsed as JSON, up to ``data: [DONE]``; for another
+        status, one ``(status, parsed JSON or text)``. Raises as :meth:`post_events` does (a stream cut
+        before ``[DONE]`` is a lost connection). Closing the iterator early closes the connection.
+
+        >>> async for status, event in client.iter_events(url, {"stream": True}):  # doctest: +SKIP
+        ...     print(event["choices"][0]["token_ids"])
+        """
+        httpx = _httpx()
+        count = 0
+        try:
+            async with self._pool(url).stream("POST", url, json=payload, headers=headers) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    try:
+                        yield response.status_code, json.loads(text)
+                    except ValueError:
+                        yield response.status_code, text
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    count += 1
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        event = {"error": {"message": f"an event that is not JSON: {data[:120]}"}}
+                    yield 200, event
+        except httpx.TimeoutException as exc:
+            raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
+        except httpx.ConnectError as exc:
+            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
+        raise HTTPConnectionError(url, f"the event stream ended without [DONE] after {count} event(s)")
 
     async def get_text(self, url: str, *, timeout: float | None = None) -> tuple[int, str]:
         """GET ``url``; return ``(status, body text)``. Raises as :meth:`post_json` does."""

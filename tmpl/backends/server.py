@@ -50,6 +50,12 @@ top-level on ``/v1/completions``) and each choice's ``routed_experts``, base64 o
 decoded (:mod:`tmpl.backends.routes`). ``stream=True`` (``api="generate"``) reads the answer as vLLM's event
 stream and merges its chunks (:func:`merge_stream`; the routes ride on the last). Tested on
 tests/vllm_standin.py's stand-in (vLLM 0.32's CPU build returns no routes).
+
+Streaming (:meth:`VLLMServer.astream`, the gateway's live streams): with ``api="generate"`` the request
+goes out as vLLM's event stream whatever ``stream`` says, and each chunk's token IDs and logprobs are
+passed on as they arrive; the merged answer ends the stream as :meth:`agenerate` would return it. A
+try that fails before its first token is retried on another server as :meth:`agenerate` retries; one
+that fails after it ends the stream with a failed result (its tokens were passed on already).
 """
 
 from __future__ import annotations
@@ -57,12 +63,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import BackendError, HTTPConnectionError, WeightUpdateError
-from .base import Backend, GenerationRequest, GenerationResult, UpdateMode, WeightSource, versions_from_spans
+from .base import (
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    StreamDelta,
+    UpdateMode,
+    WeightSource,
+    versions_from_spans,
+)
 from .http import HTTPClient
 from .routes import RoutesDecodeError, decode_npy, from_position
 from .vllm import engine_prompt_ids, expansion_problem, image_problem, sampling_kwargs
@@ -348,6 +362,104 @@ class VLLMServer(Backend):
         return GenerationResult.failed(
             request.request_id, f"gave up after {self.retries + 1} attempt(s); last error: {last_error}"
         )
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Generate on the least loaded server, passing each chunk of vLLM's event stream on as it comes
+        (``api="generate"``; with ``api="completions"`` or images: one piece after :meth:`agenerate`).
+
+        >>> async for piece in VLLMServer(url).astream(request):       # doctest: +SKIP
+        ...     print(piece.token_ids)
+        """
+        if self.api != "generate" or (request.images is not None and request.images.count):
+            async for piece in super().astream(request):
+                yield piece
+            return
+        avoid: set[str] = set()
+        last_error = ""
+        for attempt in range(self.retries + 1):
+            try:
+                server = self._pick(avoid, request.sample)
+            except BackendError as exc:
+                yield StreamDelta([], None, GenerationResult.failed(request.request_id, str(exc)))
+                return
+            aid = attempt_id(request.request_id, attempt)
+            path, payload = self._payload(request, aid)
+            payload["stream"] = True
+            entry = _Attempt(asyncio.current_task(), server, aid)
+            self._inflight[request.request_id] = entry
+            server.outstanding += 1
+            events: list[Any] = []
+            sent, status, body = 0, 0, None
+            stream = self.http.iter_events(server.url + path, payload, headers={"X-Request-Id": aid})
+            try:
+                async for status, event in stream:
+                    if status != 200:
+                        body = event
+                        break
+                    events.append(event)
+                    ids, logprobs = _stream_piece(event)
+                    if ids:
+                        sent += len(ids)
+                        yield StreamDelta(ids, logprobs)
+            except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
+                server.failures += 1
+                server.lost += 1
+                server.down_until = time.monotonic() + self.down_for
+                avoid.add(server.url)
+                last_error = str(exc)
+                status = 0
+            except asyncio.TimeoutError as exc:  # the server may still be generating: abort that try
+                server.failures += 1
+                avoid.add(server.url)
+                last_error = f"{server.url}: timed out after {self.timeout:g} s ({exc})"
+                self._abort_soon(server, aid)
+                status = 0
+            except (asyncio.CancelledError, GeneratorExit):  # cancelled, or the stream left mid-way
+                if not entry.cancelled:
+                    self._abort_soon(server, aid)
+                raise
+            finally:
+                server.outstanding -= 1
+                if self._inflight.get(request.request_id) is entry:
+                    del self._inflight[request.request_id]
+                await stream.aclose()  # type: ignore[attr-defined]  # its connection closed (vLLM aborts)
+            if status == 0:
+                if sent:  # its tokens were passed on: no retry could take them back
+                    failed = f"{last_error} (after {sent} streamed tokens)"
+                    yield StreamDelta([], None, GenerationResult.failed(request.request_id, failed))
+                    return
+                await asyncio.sleep(self.backoff * attempt)
+                continue
+            if status >= 500:
+                server.failures += 1
+                avoid.add(server.url)
+                last_error = f"{server.url}: HTTP {status}: {str(body)[:200]}"
+                continue
+            if status == 403 and "scale-out" in str(body).lower():
+                yield StreamDelta(
+                    [], None, GenerationResult.failed(request.request_id, scale_out_hint(server.url, body))
+                )
+                return
+            if status != 200:
+                failed = f"{server.url}: HTTP {status}: {str(body)[:300]}"
+                yield StreamDelta([], None, GenerationResult.failed(request.request_id, failed))
+                return
+            try:
+                merged = merge_stream(events)
+            except ValueError as exc:
+                yield StreamDelta([], None, GenerationResult.failed(request.request_id, f"{server.url}: {exc}"))
+                return
+            answered = merged.get("request_id")
+            if answered is not None and not str(answered).endswith(aid):
+                failed = f"{server.url}: answered request {answered!r}, not {aid!r}"
+                yield StreamDelta([], None, GenerationResult.failed(request.request_id, failed))
+                return
+            server.completed += 1
+            self._remember(request.sample, server)
+            yield StreamDelta([], None, self._parse(request, merged, server.url))
+            return
+        failed = f"gave up after {self.retries + 1} attempt(s); last error: {last_error}"
+        yield StreamDelta([], None, GenerationResult.failed(request.request_id, failed))
 
     def _parse(self, req: GenerationRequest, body: Any, url: str) -> GenerationResult:
         try:
@@ -648,6 +760,25 @@ def merge_stream(events: Sequence[Any]) -> dict[str, Any]:
     if content:
         merged["logprobs"] = {"content": content}
     return {**out, "choices": [merged]}
+
+
+def _stream_piece(event: Any) -> tuple[list[int], list[float] | None]:
+    """The new token IDs of one event of vLLM's stream (choice 0) and their logprobs (None when it sent none
+    for every one of them). An error event yields nothing here: :func:`merge_stream` fails it at the end."""
+    if not isinstance(event, dict) or "error" in event:
+        return [], None
+    for choice in event.get("choices") or []:
+        if choice.get("index", 0) != 0:
+            continue
+        lp = choice.get("logprobs") or {}
+        content = lp.get("content") or []
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = [entry_token_id(c) for c in content]
+        ids = [int(t) for t in ids]
+        logprobs = [float(c["logprob"]) for c in content] if len(content) == len(ids) else None
+        return ids, logprobs
+    return [], None
 
 
 def entry_token_id(entry: dict[str, Any]) -> int:

@@ -33,13 +33,14 @@ the generated length.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..trajectory.routes import compact_dtype
-from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling, image_misfit
+from .base import Backend, BackendError, GenerationRequest, GenerationResult, Sampling, StreamDelta, image_misfit
 
 #: the model generation_config's sampling warpers that Sampling does not name: switched off,
 #: so that what is sampled from is exactly Sampling's temperature, top-k and top-p
@@ -293,6 +294,7 @@ class Torch(Backend):
         self.pad_token_id = _pad_token(pad_token_id, tokenizer, getattr(model, "config", None))
         self.max_batch_size = max_batch_size
         self._top_k = _router_top_k(model)
+        self._local = threading.local()  # the streamer of the request a worker thread generates (astream)
         #: routes for a mixture-of-experts model that reports its router logits (see the module docstring)
         self.gives_routes = self._top_k is not None
 
@@ -314,6 +316,61 @@ class Torch(Backend):
                 for result in self._generate_halving(group[lo : lo + self.max_batch_size], sampling, stops):
                     out[result.request_id] = result
         return [out[r.request_id] for r in requests]
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """One request generated in a worker thread (a batch of one), its token IDs passed on step by step
+        (``generate``'s streamer) without logprobs; the last piece carries the whole result, logprobs
+        included (taken in the same pass). A consumer that leaves early does not stop ``generate``: the
+        thread runs to the end of the request (Torch has no :meth:`stop`), and its tokens are dropped.
+
+        >>> async for piece in Torch(model).astream(request):   # doctest: +SKIP
+        ...     piece.token_ids
+        [151657]
+        """
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[list[int]] = asyncio.Queue()
+
+        class Steps:  # transformers' streamer protocol: put(the prompt), put(each step's tokens), end()
+            prompt = True
+
+            def put(self, value: Any) -> None:
+                if self.prompt:
+                    self.prompt = False
+                    return
+                loop.call_soon_threadsafe(pieces.put_nowait, [int(t) for t in value.reshape(-1).tolist()])
+
+            def end(self) -> None:
+                pass
+
+        def run() -> GenerationResult:
+            self._local.streamer = Steps()
+            try:
+                return self.generate_batch([request])[0]
+            finally:
+                self._local.streamer = None
+
+        done = asyncio.ensure_future(asyncio.to_thread(run))
+        sent = 0
+        while True:
+            getting = asyncio.ensure_future(pieces.get())
+            try:
+                await asyncio.wait({getting, done}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getting.done():
+                    getting.cancel()
+            if not getting.done():  # the thread ended with no step waiting
+                break
+            ids = getting.result()[: max(0, request.max_tokens - sent)]
+            if ids:
+                sent += len(ids)
+                yield StreamDelta(ids)
+        result = done.result()
+        while not pieces.empty():  # the steps the thread put before it ended
+            ids = pieces.get_nowait()[: max(0, len(result.token_ids) - sent)]
+            if ids:
+                sent += len(ids)
+                yield StreamDelta(ids)
+        yield StreamDelta(list(result.token_ids[sent:]), None, result)
 
     def _generate_halving(self, chunk: list[GenerationRequest], sampling, stops) -> list[GenerationResult]:
         """Generate ``chunk``; out of memory splits it in halves and retries each (down to one
@@ -357,6 +414,9 @@ class Torch(Backend):
             stopping_criteria=StoppingCriteriaList([steps.criterion()]),
             **images,
         )
+        streamer = getattr(self._local, "streamer", None)
+        if streamer is not None and len(group) == 1:  # astream's request: its tokens step by step
+            kwargs["streamer"] = streamer
         processors: list[Any] = []
         if sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
