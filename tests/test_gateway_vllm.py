@@ -267,3 +267,27 @@ def test_a_client_gone_mid_generation_has_the_servers_partial_tokens_recorded(sc
                 pytest.fail(f"no try left the engine mid-generation: {misses}")
     finally:
         gateway.close()
+
+
+def test_a_streamed_chat_completion_is_sent_live_and_is_the_servers_ids(gateway):
+    """A streamed chat completion on ``VLLMServer(api="generate")``: the text comes in many deltas, as vLLM's
+    event stream sends the tokens (tmpl.gateway.streaming), joined it is the reply to the same request
+    answered whole, and the recorded call is the server's own prompt and sampled IDs."""
+    import time
+
+    from .vllm_servers import RAMBLE
+
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/live/v1", api_key="unused", max_retries=0, timeout=120)
+        arrived = []
+        for chunk in client.chat.completions.create(model="m", messages=RAMBLE, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrived.append((time.monotonic(), chunk.choices[0].delta.content))
+        whole = openai.OpenAI(base_url=f"{url}/s/whole/v1", api_key="unused", max_retries=0, timeout=120)
+        answer = whole.chat.completions.create(model="m", messages=RAMBLE)
+    assert len(arrived) >= 5 and arrived[-1][0] > arrived[0][0]  # sent as sampled, not in one piece at the end
+    assert "".join(text for _, text in arrived) == answer.choices[0].message.content
+    [call] = gateway.episode("live").calls
+    prompt, sampled = gateway.backend.seen[call.id]
+    assert call.prompt_ids.tolist() == prompt == gateway.tpl.prompt_ids(RAMBLE)
+    assert call.completion_ids.tolist() == sampled == gateway.episode("whole").calls[0].completion_ids.tolist()
