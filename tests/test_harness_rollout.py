@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import doctest
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -371,3 +372,40 @@ def test_sandboxed_runs_reach_the_gateway_and_nothing_else(monkeypatch, tmp_path
         for r in results:
             if r.workdir is not None:
                 shutil.rmtree(r.workdir.parent, ignore_errors=True)
+
+
+def test_an_npm_cli_per_sample_eight_at_once(monkeypatch):
+    """The issue's test: Codex CLI (the catalog's spec, unmodified) run per sample on a Scripted backend,
+    8 concurrent runs, a verifier that checks the file the harness's own shell tool wrote."""
+    from tmpl.harness.catalog.npm import HARNESSES
+
+    from .harness_util import NPM_BIN, PROOF_FILE, PROOF_TEXT, TASK, gateway_for, npm_bin, shell_command
+
+    npm_bin("codex")
+    spec = HARNESSES["codex"]
+
+    def wrote(workdir: Path, episode) -> float:
+        proof = workdir / PROOF_FILE
+        return float(proof.exists() and proof.read_text() == PROOF_TEXT)
+
+    with gateway_for("qwen2.5-instruct", "exec_command", {"cmd": shell_command()}, monkeypatch) as served_gw:
+        rollout = HarnessRollout(
+            spec,
+            served_gw.url,
+            n=8,
+            concurrency=8,
+            env={"PATH": f"{NPM_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}", "NO_COLOR": "1"},
+            model="tmpl",
+            progress=False,
+        )
+        results = rollout.run([HarnessTask(TASK, verifier=wrote, id="codex")])
+    assert [r.sample for r in results] == list(range(8)) and len({r.session for r in results}) == 8
+    for r in results:
+        assert (r.status, r.reward) == ("HARNESS_DONE", 1.0), (r.error, r.stderr_tail[-2000:])
+        assert r.calls >= 2
+        policy_calls = [c for c in r.episode.calls if c.id in served_gw.policy.calls]
+        assert len(policy_calls) == 1  # one call of its shell tool per run, then the answer
+        for call in r.episode.calls:  # what the engine sampled, unchanged, in exactly one loss mask
+            assert call.completion_ids.tolist() == served_gw.policy.sampled[call.id]
+        masked = sum(int(s.mask.sum()) for s in r.episode.sequences)
+        assert masked == sum(len(c.completion_ids) for c in r.episode.calls)

@@ -8,8 +8,9 @@ holds its write end died), the keeper kills the command (``SIGKILL``) and everyt
 reaps them, and exits as the command did (its exit code, or its signal). A command that cannot be
 executed exits 127 (not found) or 126 (not executable), as a shell says it, its reason on stderr.
 
-It loads ``proctree.py`` by its path, so starting a keeper imports nothing of tmpl or its dependencies:
-about 20 ms, not the seconds ``import tmpl`` takes.
+It loads ``proctree.py`` by its path, so starting a keeper imports nothing of tmpl or its dependencies
+(nor ``pathlib``, ``typing``, ``importlib``: it runs once per harness run): a few ms over the interpreter's
+own start, not the seconds ``import tmpl`` takes.
 
 >>> argv = keeper_argv(["true"], lifeline=-1)
 >>> argv[1:3], argv[-2:]
@@ -18,18 +19,19 @@ about 20 ms, not the seconds ``import tmpl`` takes.
 
 from __future__ import annotations
 
-import errno
-import importlib.util
 import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a keeper ~10 ms
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 __all__ = ["KEEPER", "keeper_argv"]
 
-KEEPER = str(Path(__file__).resolve())
-_PROCTREE = Path(__file__).resolve().parent.parent / "tools" / "proctree.py"
+KEEPER = os.path.realpath(__file__)
+_PROCTREE = os.path.join(os.path.dirname(os.path.dirname(KEEPER)), "tools", "proctree.py")
 
 
 def keeper_argv(argv: Sequence[str], lifeline: int = -1) -> list[str]:
@@ -53,7 +55,7 @@ def _exec(_conn: Any, argv: list[str], lifeline: int) -> None:
     except OSError as exc:
         sys.stderr.write(f"tmpl keeper: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
         sys.stderr.flush()
-        os._exit(127 if exc.errno == errno.ENOENT else 126)
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
 def main(args: list[str]) -> None:
@@ -61,11 +63,10 @@ def main(args: list[str]) -> None:
         sys.stderr.write("usage: keeper.py LIFELINE_FD -- ARGV...\n")
         os._exit(2)
     lifeline, argv = int(args[0]), args[2:]
-    spec = importlib.util.spec_from_file_location("_tmpl_proctree", _PROCTREE)
-    assert spec is not None and spec.loader is not None
-    proctree = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(proctree)
-    proctree.keep(_exec, _NoPipe(), argv, lifeline, lifeline=lifeline if lifeline >= 0 else None)
+    proctree: dict[str, Any] = {"__name__": "_tmpl_proctree", "__file__": _PROCTREE}
+    with open(_PROCTREE, "rb") as f:
+        exec(compile(f.read(), _PROCTREE, "exec"), proctree)  # noqa: S102 - tmpl's own module, by its path
+    proctree["keep"](_exec, _NoPipe(), argv, lifeline, lifeline=lifeline if lifeline >= 0 else None)
 
 
 if __name__ == "__main__":

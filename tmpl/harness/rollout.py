@@ -171,7 +171,7 @@ class HarnessRollout:
     async def arun(self, tasks: Iterable[HarnessTask | str]) -> list[HarnessResult]:
         """The async twin of :meth:`run` (the gateway, when in-process, is served on this loop meanwhile)."""
         batch = [self._task(t, k) for k, t in enumerate(tasks)]
-        root = Path(tempfile.mkdtemp(prefix="tmpl-harness-", dir=self.root))
+        root = Path(tempfile.mkdtemp(prefix="tmpl-runs-", dir=self.root))
         bar = self._bar(len(batch) * self.n)
         counts: Counter[str] = Counter()
         slots = asyncio.Semaphore(self.concurrency)

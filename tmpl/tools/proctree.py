@@ -31,9 +31,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a keeper ~10 ms
+
+if TYPE_CHECKING:  # a keeper starts for every harness run: it imports only what it runs
+    from collections.abc import Callable
+    from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -157,6 +160,8 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False,
             main(conn, *args)
             code = 0
         except BaseException:  # noqa: BLE001 - the worker's crash, on its stderr as a Process shows it
+            import traceback
+
             traceback.print_exc()
             sys.stderr.flush()
         finally:
