@@ -99,7 +99,7 @@ def episode_json(gateway: Gateway, key: str) -> dict[str, Any]:
         ],
         "ended": dict(session.ended),
         "problems": [{"call": c, "problem": p} for c, p in session.problems],
-        "notes": list(getattr(session, "notes", ())),
+        "notes": list(session.notes),
         "tokens": {"encoded": session.encoded_tokens, "reused": session.reused_tokens},
         "record": to_record(episode),
     }
@@ -229,8 +229,7 @@ def create_app(
             return
         with contextlib.suppress(GatewayError):  # an anonymous call's session has ended already
             session = gateway.sessions.get(key, create=False)
-            kept = session.__dict__.setdefault("notes", [])
-            kept += [n for n in notes if n not in kept]
+            session.notes += [n for n in notes if n not in session.notes]
 
     async def handle(request: Any, session: str | None, name: str) -> Any:
         """One call in dialect ``name``: parse, complete (cancelled if the client goes), answer or stream."""
@@ -264,17 +263,16 @@ def create_app(
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
 
-    async def stream_live(request: Any, key: str, name: str, req: Any) -> Any:
+    async def stream_live(request: Any, key: str, name: str, req: Any, body_of: Any = None) -> Any:
         """A streamed call of one choice, its text sent as the engine samples it (:mod:`.streaming`). Errors
         before the engine request starts (the plan's, a refused call) are answered as usual; later ones go
         in the stream. A client that goes away mid-stream has the call cancelled: the engine request stops,
-        the tokens it sampled are recorded as an aborted call (:meth:`Gateway.complete_streamed`)."""
-        _, body_of, _ = dialects[name]
+        the tokens it sampled are recorded as an aborted call (:meth:`Gateway.complete_streamed`).
+        ``body_of``: the dialect's whole answer (default: that of ``dialects[name]``)."""
+        body_of = body_of or dialects[name][1]
         live = streaming.LiveText(gateway.tpl, req.params.stop)
         lineage = request.headers.get(LINEAGE_HEADER)
-        task = asyncio.ensure_future(
-            gateway.complete_streamed(live, key, req.messages, req.tools, req.params, lineage)
-        )
+        task = asyncio.ensure_future(gateway.complete_streamed(live, key, req.messages, req.tools, req.params, lineage))
         task.add_done_callback(lambda _: done_with(key))
         started = asyncio.ensure_future(live.started_event.wait())
         try:
@@ -292,15 +290,20 @@ def create_app(
         model = req.model or gateway.model
 
         def final(done: Completion) -> dict[str, Any]:
-            return body_of(key, done, req, model)
+            body: dict[str, Any] = body_of(key, done, req, model)
+            return body
 
         events = streaming.follow(live, task, keepalive)
+        sse_form = name != "gemini" or request.query_params.get("alt") == "sse"  # Gemini's other form: a JSON array
         if name == "chat":
             encoded = streaming.chat_sse(live, events, final, model=model, include_usage=req.include_usage)
         elif name == "messages":
             encoded = streaming.anthropic_sse(key, live, events, final, model=model)
+        elif name == "gemini":
+            encoded = streaming.gemini_stream(live, events, final, model=model, sse=sse_form)
         else:  # responses
             encoded = streaming.responses_sse(key, live, events, final, model=model, echo=req.echo)
+        media = "text/event-stream" if sse_form else "application/json"
 
         async def sse() -> AsyncIterator[str]:
             try:
@@ -310,7 +313,7 @@ def create_app(
                 if not task.done():
                     task.cancel()
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={SESSION_HEADER: key})
+        return StreamingResponse(sse(), media_type=media, headers={SESSION_HEADER: key})
 
     def routes(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two routes of a dialect (a closure each: a default argument would be a query parameter)."""
@@ -545,6 +548,12 @@ def create_app(
                 raise GatewayError(None, 404, f"models/{model}:{method} is not served")
             key = session_of(request, session)
             req = gemini.parse(await read_json(request), model=model, stream=method == "streamGenerateContent")
+            if req.stream and req.params.n == 1:  # sent as the engine samples it
+
+                def whole(key: str, done: Completion, req: Any, name: str) -> dict[str, Any]:
+                    return gemini.response(key, done.plan, done.replies, model=name, notes=req.notes)
+
+                return await stream_live(request, key, "gemini", req, whole)
             try:
                 lineage = request.headers.get(LINEAGE_HEADER)
                 done = await run(request, lambda: gateway.complete(key, req.messages, req.tools, req.params, lineage))

@@ -183,6 +183,8 @@ class Session:
         self.ended: dict[str, str] = {}
         #: malformed tool calls the model wrote: (call id, what was wrong)
         self.problems: list[tuple[str, str]] = []
+        #: what the gateway left out of the session's requests (hosted tools...), each once, in order
+        self.notes: list[str] = []
         #: texts between kept replies already encoded (bounded: see :data:`MAX_GAPS`)
         self.gaps: dict[str, list[int]] = {}
         #: engine requests of this session under way (an ended session never has any)
