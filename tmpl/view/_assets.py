@@ -18,7 +18,7 @@ __all__ = ["CSS", "JS", "SKELETON"]
 
 def _asset(name: str) -> str:
     """The text of ``tmpl/view/assets/<name>`` as installed (a wheel, an editable install, a checkout)."""
-    return resources.files("tmpl.view").joinpath("assets", name).read_text(encoding="utf-8")
+    return (resources.files("tmpl.view") / "assets" / name).read_text(encoding="utf-8")
 
 
 #: the page's stylesheet (``assets/page.css``)
