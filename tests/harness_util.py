@@ -17,6 +17,7 @@ the gateway on a real tokenizer over a Scripted backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -346,3 +347,35 @@ def check_episode(served: Served, ran: Ran, session: str, *, proof: str = PROOF_
     assert all(where.get(c.id) == 1 for c in calls), f"calls not in exactly one sequence: {where}"
     assert sum(int(s.mask.sum()) for s in episode.sequences) == sum(len(c.completion_ids) for c in calls)
     return episode
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One harness test's run: the served gateway, how the harness ended, and the checked episode."""
+
+    served: Served
+    ran: Ran
+    episode: Any
+    seconds: float
+
+
+def run_harness(
+    spec: Harness,
+    family: str,
+    tool: str,
+    arguments: dict[str, Any],
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    session: str = "h1",
+    timeout: float = 240.0,
+) -> Outcome:
+    """A harness test's whole body: ``spec``'s CLI (skipped when not installed) against a gateway whose
+    policy calls ``tool(arguments)`` once, run on :data:`TASK`, then :func:`check_episode`."""
+    npm_bin(spec.argv[0])
+    start = time.monotonic()
+    limited = dataclasses.replace(spec, timeout=min(spec.timeout, timeout))
+    with gateway_for(family, tool, arguments, monkeypatch) as served:
+        ran = run_spec(limited, served.url, session, TASK, workdir)
+        episode = check_episode(served, ran, session)
+    return Outcome(served, ran, episode, time.monotonic() - start)

@@ -1,0 +1,26 @@
+"""Gemini CLI 0.61.0, unmodified, through the gateway (docs/harnesses.md, "npm CLIs"): the catalog's
+spec run as a real process on Qwen2.5, Llama 3.2, Qwen3; a Scripted policy makes one call of
+its ``run_shell_command`` tool (a shell command writing a file), then answers. tests/harness_util.py checks the five
+points (exit 0, the file, every prompt the full render of the raw request by the gemini mapping, the answer
+continuing the call's prompt and sampled IDs, every sampled token in exactly one mask).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tmpl.harness.catalog import npm
+
+from .harness_util import TEMPLATES, run_harness, shell_command
+
+SPEC = npm.HARNESSES["gemini-cli"]
+
+
+@pytest.mark.parametrize("family", TEMPLATES)
+def test_gemini_cli_runs_through_the_gateway(family, tmp_path, monkeypatch):
+    out = run_harness(SPEC, family, "run_shell_command", {"command": shell_command()}, tmp_path, monkeypatch)
+    assert {a.dialect for a in out.served.arrivals} == {"gemini"}
+    main = [a for a in out.served.arrivals if a.calls]
+    assert all(a.kwargs.get("stream") for a in main)  # :streamGenerateContent
+    last = main[-1].body["contents"]
+    assert any("functionResponse" in p for c in last for p in c["parts"])
