@@ -345,3 +345,52 @@ def test_torch_passes_each_step_on_and_the_whole_result_last(tiny_qwen2):
     assert len(pieces) > 3 and all(p.result is None and p.logprobs is None for p in pieces[:-1])
     assert [t for p in pieces for t in p.token_ids] == result.token_ids == whole.token_ids
     assert result.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+
+
+def test_gemini_stream_is_live_and_gives_the_function_call(tok):
+    genai = pytest.importorskip("google.genai", reason="google-genai is not installed (pip install -e '.[test]')")
+    types = genai.types
+    gate = Gate(hold=(2,))
+    gateway, app, _ = make(tok, CALL, gate, keepalive=0.1)
+    weather = types.FunctionDeclaration(
+        name="get_weather",
+        description="Weather",
+        parameters=types.Schema(
+            type=types.Type.OBJECT, properties={"city": types.Schema(type=types.Type.STRING)}, required=["city"]
+        ),
+    )
+    config = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[weather])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    with served(app) as url:
+        client = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=f"{url}/s/gem"))
+        chunks = []
+        for chunk in client.models.generate_content_stream(model="m", contents="Weather in Paris?", config=config):
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                assert chunk.candidates[0].content.parts[0].text == "Let me check."
+                assert not gateway.session("gem").episode.calls  # the engine is still sampling
+                time.sleep(0.3)  # keep-alives (blank lines) go out meanwhile: the SDK skips them
+                gate.release()
+        whole = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=f"{url}/s/gem2"))
+        answer = whole.models.generate_content(model="m", contents="Weather in Paris?", config=config)
+        with httpx.stream("POST", f"{url}/s/gem3/v1beta/models/m:streamGenerateContent",
+                          json={"contents": [{"role": "user", "parts": [{"text": "Hi"}]}]}, timeout=10) as r:  # fmt: skip
+            array = json.loads(r.read())  # without alt=sse: one JSON array, sent as it is made
+    parts = [p for c in chunks for p in c.candidates[0].content.parts]
+    assert "".join(p.text for p in parts if p.text) == answer.text == "Let me check."
+    [call] = [p.function_call for p in parts if p.function_call]
+    assert (
+        (call.name, call.args)
+        == ("get_weather", {"city": "Paris"})
+        == (
+            answer.function_calls[0].name,
+            answer.function_calls[0].args,
+        )
+    )
+    assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+    assert chunks[-1].usage_metadata.candidates_token_count == len(tok.encode(CALL))
+    assert recorded(gateway, "gem") == recorded(gateway, "gem2")
+    assert array[0]["candidates"][0]["content"]["parts"][0]["text"] == "Let me check."
+    assert array[-1]["candidates"][0]["finishReason"] == "STOP"

@@ -11,7 +11,7 @@ the parsed reply: the content not sent yet, the reasoning, the tool calls, the f
 
 While nothing is sent for ``keepalive`` seconds (a long prefill, a long held-back tool call) a keep-alive
 goes out in the dialect's own form: an SSE comment (``: ping``) for OpenAI's two APIs, Anthropic's
-``ping`` event. Templates whose calls need no marker (bare JSON calls, Llama 3's) or whose reasoning the
+``ping`` event, a blank line for Gemini (its Python SDK fails on a comment line). Templates whose calls need no marker (bare JSON calls, Llama 3's) or whose reasoning the
 prompt opens send their whole reply at the end (keep-alives until then).
 
 >>> live = LiveText(tpl)                                            # doctest: +SKIP
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 #: a dialect's whole answer to a finished call (its non-streamed body): what the end of a stream is built from
 Final = Callable[["Completion"], dict[str, Any]]
 
-__all__ = ["LiveText", "anthropic_sse", "chat_sse", "follow", "live_markers", "responses_sse"]
+__all__ = ["LiveText", "anthropic_sse", "chat_sse", "follow", "gemini_stream", "live_markers", "responses_sse"]
 
 log = logging.getLogger("tmpl.gateway")
 
@@ -442,3 +442,52 @@ def _responses_item(k: int, item: Mapping[str, Any]) -> list[tuple[str, dict[str
         out.append(("response.output_item.added", {"output_index": k, "item": {**item, "content": []}}))
     out.append(("response.output_item.done", {"output_index": k, "item": item}))
     return out
+
+
+# -- Gemini streamGenerateContent -----------------------------------------------------------
+async def gemini_stream(
+    live: LiveText, events: AsyncIterator[tuple[str, Any]], final: Final, *, model: str, sse: bool
+) -> AsyncIterator[str]:
+    """Gemini's stream of ``GenerateContentResponse`` chunks as they come: one per live text piece (a
+    model content of one text part), then one with the rest: the thought, the rest of the text (with
+    the thought's signature where the whole answer has it there), the function calls, ``finishReason``,
+    ``usageMetadata``. ``sse``: ``data:`` events (``?alt=sse``), else one JSON array sent as it is made;
+    either way a keep-alive is a blank line (no event in SSE, whitespace in JSON), the one form that both
+    google-genai SDKs' parsers (Python, JavaScript) skip: Python's reads a ``:`` comment line as JSON. The end is read from ``final(completion)``, the
+    call's whole response. A failure mid-stream: a chunk holding Gemini's error object."""
+    from .dialects import gemini
+
+    count = 0
+
+    def out(chunk: Mapping[str, Any]) -> str:
+        nonlocal count
+        count += 1
+        if sse:
+            return f"data: {json.dumps(chunk)}\r\n\r\n"
+        return ("[" if count == 1 else ",\r\n") + json.dumps(chunk)
+
+    head = {"modelVersion": model, "responseId": live.call_id}
+    async for kind, value in events:
+        if kind == "ping":  # a blank line: google-genai's parser reads a comment line as JSON and fails
+            yield "\r\n"
+        elif kind == "content":
+            parts = [{"text": value}]
+            yield out({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], **head})
+        elif kind == "error":
+            yield out(gemini.error_body(value))
+            break
+        else:
+            body = final(value)
+            candidate = dict(body["candidates"][0])
+            parts = []
+            for part in candidate["content"]["parts"]:
+                if "text" in part and not part.get("thought"):
+                    rest = {**part, "text": live.rest(part["text"])}
+                    if rest["text"] or len(rest) > 1:  # the rest of the text, or the part carrying the signature
+                        parts.append(rest)
+                else:
+                    parts.append(part)
+            candidate["content"] = {**candidate["content"], "parts": parts}
+            yield out({**body, "candidates": [candidate]})
+    if not sse:
+        yield "[]" if count == 0 else "]"
