@@ -250,6 +250,8 @@ def test_codex_cli_request_body(setup, family):
     ]
     prompt = gateway.tpl.tokenizer.decode(gateway.episode("codex").calls[0].prompt_ids.tolist())
     assert "multi_agent_v1__spawn_agent" in prompt and "You are a coding agent running in the Codex CLI" in prompt
+    # the developer messages are the system turn: no default system prompt before them (Qwen2.5's "You are Qwen")
+    assert "You are Qwen" not in prompt and "developer" not in prompt.split("You are a coding agent")[0]
     check_calls(gateway, backend, policy, "codex", bodies)
 
 
