@@ -16,11 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from .backends import VLLMClientBackend, server_url, trainer_backend
+from .harness import HARNESS_KEYS, HarnessRolloutFunc, harness_reward
 from .rollout_func import ENV_KEYS, REWARD_KEYS, TmplRolloutFunc, env_reward, make_rollout_func, to_trl_output
 from .version import SUPPORTED_TRL, check_trl_version, require_trl, supported
 
 __all__ = [
     "ENV_KEYS",
+    "HARNESS_KEYS",
+    "HarnessRolloutFunc",
     "REWARD_KEYS",
     "SUPPORTED_TRL",
     "TmplRolloutFunc",
@@ -28,6 +31,7 @@ __all__ = [
     "VLLMClientBackend",
     "check_trl_version",
     "env_reward",
+    "harness_reward",
     "make_rollout_func",
     "require_trl",
     "server_url",

@@ -265,8 +265,10 @@ def make_rollout_func(
     template: ChatTemplate | str | None = None,
     env_factory: Callable[[], Any] | None = None,
     environment_factory: Callable[[], Any] | None = None,
+    *,
+    harness: Any = None,
     **rollout_kwargs: Any,
-) -> TmplRolloutFunc:
+) -> Any:
     """A drop-in ``rollout_func`` for TRL's ``GRPOTrainer`` (and :class:`ToolRLOOTrainer`).
 
     ``tools``: callables or a :class:`tmpl.Toolbox` (give them here, never to the trainer).
@@ -291,7 +293,24 @@ def make_rollout_func(
     ...             rollout_func=rollout_func).train()                                # doctest: +SKIP
     >>> GRPOTrainer(model, reward_funcs=env_reward, args=args, train_dataset=ds,
     ...             rollout_func=make_rollout_func(environment_factory=WordleEnv)).train()  # doctest: +SKIP
+
+    ``harness``: a :class:`tmpl.harness.Harness`: each completion is then one run of that agent program
+    through a gateway instead of tmpl's own loop (:mod:`.harness`: ``tasks_from``, ``gateway``,
+    ``concurrency``, ``isolation``, ``mask_failed``, ``gateway_options`` and :class:`tmpl.harness.HarnessRollout`
+    options; reward functions get ``harness_reward`` and the run's status).
+
+    >>> make_rollout_func(harness=spec, tasks_from=lambda row: HarnessTask(...))      # doctest: +SKIP
     """
+    if harness is not None:
+        from .harness import HarnessRolloutFunc
+
+        if tools is not None or env_factory is not None or environment_factory is not None:
+            raise TypeError(
+                "make_rollout_func: a harness runs its own tools; tools, env_factory and environment_factory "
+                "do not apply with harness="
+            )
+        require_trl()
+        return HarnessRolloutFunc(harness, backend=backend, template=template, **rollout_kwargs)
     return TmplRolloutFunc(
         tools=tools,
         max_turns=max_turns,
