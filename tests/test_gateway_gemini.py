@@ -254,3 +254,26 @@ def test_errors_in_gemini_shape(setup):
     assert image.status_code == 400 and "inlineData" in image.json()["error"]["message"]
     assert broken.status_code == 400 and broken.json()["error"]["code"] == 400
     assert backend.requests == []
+
+
+def test_candidates_and_stop_sequences(setup):
+    """candidateCount is n (each candidate a recorded call of the prompt), stopSequences cut the text
+    (the string left out), toolConfig ANY is taken as AUTO, the parameters as the engine got them."""
+    make, bodies = setup
+    gateway, backend, policy = make("qwen2.5-instruct", script=[])
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
+        "generationConfig": {"candidateCount": 2, "stopSequences": [" done"], "seed": 7, "maxOutputTokens": 9},
+    }
+    with served(create_app(gateway)) as url:
+        reply = httpx.post(f"{url}/s/gn/v1beta/models/g:generateContent", json=body, timeout=60).json()
+    assert [(c["index"], c["content"]["parts"], c["finishReason"]) for c in reply["candidates"]] == [
+        (0, [{"text": "All"}], "STOP"),
+        (1, [{"text": "All"}], "STOP"),
+    ]
+    assert [(r.sampling.seed, r.max_tokens) for r in backend.requests] == [(7, 9), (8, 9)]  # a seed per candidate
+    calls = gateway.episode("gn").calls
+    assert len(calls) == 2 and calls[0].prompt_ids.tolist() == calls[1].prompt_ids.tolist()
+    messages, tools = gemini_messages(bodies[0])
+    assert calls[0].prompt_ids.tolist() == full_render_ids(gateway.tpl.tokenizer, messages, tools)
