@@ -77,7 +77,12 @@ TOOLS = [
             }
         ],
     },
-    {"type": "custom", "name": "apply_patch", "description": "Apply a patch to files."},
+    {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Apply a patch to files.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)+/'},
+    },
     {"type": "web_search"},
 ]
 
@@ -277,3 +282,17 @@ def test_refusals_in_openai_shape(setup, change, param):
     assert err.value.status_code == 400
     assert err.value.body["param"] == param and err.value.body["type"] == "invalid_request_error"
     assert backend.requests == []
+
+
+def test_every_request_field_is_in_the_table():
+    """Each field of the SDK's ResponseCreateParams (and Codex's client_metadata) has a row in FIELDS and in
+    docs/gateway.md's table: a field the API adds fails here until it is read, ignored or refused."""
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
+    fields = set(ResponseCreateParamsBase.__annotations__) | {"stream", "client_metadata"}
+    assert fields <= set(responses.FIELDS), sorted(fields - set(responses.FIELDS))
+    docs = (Path(__file__).parent.parent / "docs" / "gateway.md").read_text()
+    table = docs[
+        docs.index("### OpenAI Responses request fields") : docs.index("Input items (tests/mapping_responses.py")
+    ]
+    assert [f for f in sorted(fields) if f"`{f}`" not in table] == []
