@@ -41,18 +41,45 @@ def episode_of(
     *,
     tool: str = "shell",
     answer: str | None = None,
+    call: tuple[str, str] | None = None,
+    drops_reasoning: bool = False,
+    rewrites: str | None = None,
 ) -> tuple[Served, Ran, Any]:
     """One run of harness ``name`` on ``family``: its one call is ``tool`` running
     :func:`~tests.harness_util.shell_command`; ``answer`` (the family's text answer when ``None``) is what
-    the policy says once the call is in the prompt. Returns the served gateway, the run and its episode,
-    the five assertions checked."""
+    the policy says once the call is in the prompt; ``call``: (the text of the one call, the text whose
+    presence in a prompt asks for it) for a harness without function tools (aider's edit blocks). Returns
+    the served gateway, the run and its episode, the five assertions checked.
+
+    Two ways a harness cannot pass the fourth (the answer's prompt continues the call's prompt and sampled
+    IDs), each the harness's own doing with no setting to change it; there the run must pass the first
+    three, fail the fourth, and the gateway must have opened a second sequence whose branch names the
+    message field the client changed (docs/gateway.md: a client that changed its history gets the
+    template's render of what it sent). A harness that stops doing so fails its test, to be written as the
+    plain five then.
+
+    - ``drops_reasoning``: it sends no ``reasoning_content`` back: on Qwen3 only (whose template renders the
+      reasoning of the turns after the last user message), field ``reasoning_content``;
+    - ``rewrites``: it sends its earlier turns back rewritten, on every template: the field it changes."""
     spec = installed(name)
     session = f"{name}-{family}"
     with gateway_for(family, tool, {"command": shell_command()}, monkeypatch) as served:
         if answer is not None:
             served.policy.answer = answer
+        if call is not None:
+            served.policy.call, served.policy.shows = call
         workdir = tmp_path / "work"
         workdir.mkdir()
         ran = run_spec(spec, served.url, session, TASK, workdir)
-        episode = check_episode(served, ran, session)
+        field = "reasoning_content" if drops_reasoning and family == "qwen3" else rewrites
+        if field is None:
+            return served, ran, check_episode(served, ran, session)
+        with pytest.raises(AssertionError, match="no later call continues the tool call's prompt") as failed:
+            check_episode(served, ran, session)
+        episode = served.gateway.episode(session)
+        branches = [s.branch for s in episode.sequences[1:]]
+        assert any(b.kind == "diverged" and b.field == field for b in branches), failed.value
+        if field == "reasoning_content":  # the call's reply held the reasoning the client dropped
+            for call_id in served.policy.calls:
+                assert "<think>" in served.gateway.tpl.tokenizer.decode(served.policy.sampled[call_id])
     return served, ran, episode

@@ -18,10 +18,8 @@ def main() -> int:
 
     args = parse_args("smolagents_agent")
 
-    def shell(command: str) -> str:
+    def shell(command: str) -> str:  # smolagents reads the description and the argument's from the docstring
         """Run a shell command in the working directory and return its output and exit status.
-
-        (smolagents reads the tool's description and its argument's from this docstring.)
 
         Args:
             command: the command line, run with sh -c

@@ -81,6 +81,11 @@ def shell(command: str) -> str:
 '''
 
 
+#: aider's --test-cmd: shows the edited file and fails, so aider sends the output back once (a reflection,
+#: its second call) after the edit; an answer without an edit ends the run
+AIDER_TEST_CMD = "cat proof.txt; exit 1"
+
+
 def make(root: str | Path | None = None) -> dict[str, Harness]:
     """The specs with their venvs under ``root`` (default :func:`venvs_root`)."""
 
@@ -130,6 +135,43 @@ def make(root: str | Path | None = None) -> dict[str, Harness]:
             install=_install("mini-swe-agent"),
             notes="litellm chat completions with one tool, bash; ends when a command prints "
             "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+        ),
+        Harness(
+            "aider",
+            (
+                exe("aider", "aider"),
+                "--model",
+                "openai/{model}",
+                "--openai-api-base",
+                "{base_url}",
+                "--openai-api-key",
+                "unused",
+                "--message",
+                "{task}",
+                "--yes-always",
+                "--no-git",
+                "--edit-format",
+                "whole",
+                "--map-tokens",
+                "0",
+                "--no-check-update",
+                "--no-show-release-notes",
+                "--no-show-model-warnings",
+                "--analytics-disable",
+                "--no-pretty",
+                "--no-fancy-input",
+                "--no-detect-urls",
+                "--auto-test",
+                "--test-cmd",
+                AIDER_TEST_CMD,
+            ),
+            dialect="openai-chat",
+            env={**_LITELLM},
+            timeout=300,
+            version=_version("aider"),
+            install=_install("aider"),
+            notes="no function tools: its file tool is the edit format (whole files in fenced blocks); one "
+            "--message turn, then a reflection when --test-cmd fails after an edit (a second call)",
         ),
         agent(
             "smolagents",
