@@ -318,3 +318,42 @@ def test_a_compaction_of_the_main_history_is_a_branch_of_the_main_lineage():
     assert branch.branch.kind == "diverged" and branch.branch.against == first.index
     assert (branch.branch.message, branch.branch.field) == (1, "content"), str(branch.branch)
     assert "client changed messages[1] (content)" in branch.branch.edit
+
+
+def test_many_side_lineages_never_push_out_the_main_loop():
+    """More side lineages than a session keeps heads for (one title prompt per call, as a harness that puts
+    the date in its title prompt would): the main loop still continues by a suffix, and a side lineage whose
+    heads were dropped continues its own sequence through a render that keeps its sampled IDs."""
+    import asyncio
+
+    from tmpl.gateway.service import CallParams
+    from tmpl.gateway.session import MAX_LINEAGES
+
+    gateway, backend, policy = gateway_of("qwen2.5-instruct")
+
+    def call(messages: list[dict], tools: Any) -> Any:
+        return asyncio.run(gateway.complete("many", messages, tools, CallParams()))
+
+    main = [{"role": "system", "content": MAIN_SYSTEM}, {"role": "user", "content": QUESTION}]
+    first = call(main, MAIN_TOOLS).replies[0]
+    main += [
+        first.message,
+        {"role": "tool", "tool_call_id": first.message["tool_calls"][0]["id"], "content": "sunny, Paris"},
+    ]
+    titles = []
+    for k in range(MAX_LINEAGES + 2):
+        chat = [{"role": "system", "content": f"{TITLE_SYSTEM} ({k})"}, {"role": "user", "content": QUESTION}]
+        titles.append((chat, call(chat, None).replies[0]))
+    done = call(main, MAIN_TOOLS)
+    assert done.plan.mode == "append"
+    session = gateway.session("many")
+    assert len(session.lineages) == MAX_LINEAGES + 1 and session.main in session.lineages
+    chat, reply = titles[0]  # its heads were dropped: rendered, its sampled IDs kept, its sequence continued
+    again = call([*chat, reply.message, {"role": "user", "content": "Shorter?"}], None)
+    assert again.plan.mode == "render"
+    episode = gateway.episode("many")
+    calls = {c.id: c for c in episode.calls}
+    before, after = calls[reply.call], calls[again.replies[0].call]
+    assert continues(before, after) and episode.sequence_of(before.id) == episode.sequence_of(after.id)
+    assert episode.sequence_of(first.call) == episode.sequence_of(done.replies[0].call)
+    assert sum(int(s.mask.sum()) for s in episode.sequences) == sum(len(c.completion_ids) for c in episode.calls)
