@@ -1,0 +1,165 @@
+"""``make_rollout_func(harness=...)`` rows against the real TRL (1.16), on a Scripted backend (no engine): a real
+harness process (the ``openai`` SDK) whose second call rewrites its history, so its episode has two training
+sequences. ``ToolRLOOTrainer`` trains one row per sequence (``sample_index`` naming the run); ``GRPOTrainer``
+refuses such a run by name rather than train one sequence of it; a harness that never calls the gateway keeps
+its completion's place with a stand-in row outside every mask. Expectations come from the tokenizer's own
+``apply_chat_template`` of what the harness sent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("openai", reason="the openai SDK is not installed (pip install -e '.[test]')")
+pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
+
+import tmpl  # noqa: E402 (after the skips)
+from tmpl.backends import Scripted  # noqa: E402
+from tmpl.errors import TrainerConfigError  # noqa: E402
+from tmpl.harness import Harness, HarnessTask  # noqa: E402
+from tmpl.integrations.trl import harness_reward, make_rollout_func  # noqa: E402
+
+from .conftest import load_tokenizer  # noqa: E402
+from .trl_config import train_args  # noqa: E402
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+# two calls: the task, then a rewritten history (a "summary" of it): two training sequences
+REWRITER = """
+import os, sys, openai
+client = openai.OpenAI(max_retries=0)
+first = [{"role": "user", "content": sys.argv[1]}]
+reply = client.chat.completions.create(model=sys.argv[2], messages=first).choices[0].message.content
+client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "Summary: " + reply}])
+open("answer.txt", "w").write(reply)
+"""
+REWRITE = Harness(
+    "rewriter",
+    (sys.executable, "-c", REWRITER.replace("{", "{{").replace("}", "}}"), "{task}", "{model}"),
+    dialect="openai-chat",
+    env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "unused"},
+    timeout=60,
+)
+SILENT = Harness("silent", (sys.executable, "-c", "print('no model call')"), dialect="openai-chat", timeout=60)
+ANSWER = "Done."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("qwen2.5-instruct")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    """A random-weight 1-layer Qwen2 on disk (as tests/test_env_trl.py)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    path = tmp_path_factory.mktemp("tiny-qwen2-harness")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def answer_ids(tok) -> list[int]:
+    """The assistant turn 'Done.' as the template renders it, through its turn close."""
+    history = [{"role": "user", "content": "x"}]
+    prompt = tok.apply_chat_template(history, add_generation_prompt=True)["input_ids"]
+    full = tok.apply_chat_template([*history, {"role": "assistant", "content": ANSWER}])["input_ids"]
+    close = tok.convert_tokens_to_ids("<|im_end|>")
+    return list(full[len(prompt) : full.index(close, len(prompt)) + 1])
+
+
+def render(tok, text: str) -> list[int]:
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"])
+
+
+def dataset():
+    return datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": f"Write note {k}."}]} for k in range(2)])
+
+
+def verifier(workdir, episode) -> float:
+    return 1.0 if (workdir / "answer.txt").read_text() == ANSWER else 0.0
+
+
+def trainer_for(cls, config, harness, tok, model_dir, tmp_path, **overrides):
+    backend = Scripted(lambda request: answer_ids(tok))
+    outputs = []
+    func = make_rollout_func(
+        harness=harness,
+        backend=backend,
+        tasks_from=lambda row: HarnessTask(row["prompt"][-1]["content"], verifier=verifier),
+    )
+
+    def recording(prompts, trainer):
+        outputs.append(func(prompts, trainer))
+        return outputs[-1]
+
+    trainer = cls(
+        model=model_dir,
+        processing_class=tok,
+        args=train_args(config, tmp_path, max_steps=1, max_completion_length=96, **overrides),
+        reward_funcs=harness_reward,
+        train_dataset=dataset(),
+        rollout_func=recording,
+    )
+    return trainer, func, outputs
+
+
+def test_rloo_trains_one_row_per_sequence_of_each_harness_run(tok, model_dir, tmp_path):
+    from tmpl.integrations.trl import ToolRLOOTrainer
+
+    trainer, func, outputs = trainer_for(ToolRLOOTrainer, trl.RLOOConfig, REWRITE, tok, model_dir, tmp_path, beta=0.0)
+    trainer.train()
+    [out] = outputs
+    results = func.last_results
+    assert [r.status for r in results] == ["HARNESS_DONE"] * 2 and [r.reward for r in results] == [1.0, 1.0]
+    assert out["sample_index"] == [0, 0, 1, 1]  # two sequences per run
+    assert out["harness_reward"] == [1.0, 1.0] and len(out["harness_status"]) == 2
+    answer = answer_ids(tok)
+    tasks = [render(tok, f"Write note {n}.") for n in range(2)]
+    for row, prompt_ids in enumerate(out["prompt_ids"]):
+        # each sequence: the template's own render of what the harness sent (the task, then its rewrite),
+        # then the scripted answer, every sampled token in the mask
+        assert prompt_ids in tasks if row % 2 == 0 else prompt_ids == render(tok, f"Summary: {ANSWER}")
+        assert out["completion_ids"][row] == answer and out["env_mask"][row] == [1] * len(answer)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+
+
+def test_grpo_refuses_a_harness_run_with_several_sequences(tok, model_dir, tmp_path):
+    trainer, _, _ = trainer_for(trl.GRPOTrainer, trl.GRPOConfig, REWRITE, tok, model_dir, tmp_path)
+    with pytest.raises(
+        TrainerConfigError, match=r"completion 0 \(harness run sample0-0-\w+\) has 2 training sequences"
+    ):
+        trainer.train()
+
+
+def test_a_run_without_calls_keeps_its_place_outside_every_mask(tok, model_dir, tmp_path):
+    trainer, func, outputs = trainer_for(trl.GRPOTrainer, trl.GRPOConfig, SILENT, tok, model_dir, tmp_path)
+    trainer.train()
+    [out] = outputs
+    assert [r.status for r in func.last_results] == ["NO_CALLS"] * 2
+    assert out["harness_reward"] == [None, None]
+    tasks = [render(tok, f"Write note {n}.") for n in range(2)]
+    close = tmpl.ChatTemplate(tok).tool_close_ids[-1]
+    for k, prompt_ids in enumerate(out["prompt_ids"]):
+        assert prompt_ids in tasks
+        assert out["completion_ids"][k] == [close] and out["env_mask"][k] == [0]
