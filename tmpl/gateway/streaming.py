@@ -109,6 +109,9 @@ class LiveText:
         self.frozen = not self.live  # from the first marker (or a special token) on, nothing is sent live
         self._prefix = 0
         self._read = 0
+        self._start = 0  # where the content begins in ``text`` (its leading whitespace skipped)
+        self._scanned = 0  # ``text`` searched for markers up to here
+        self._longest = max((len(m) for m in self.markers), default=0)
 
     def started(self, request: GenerationRequest) -> None:
         """The engine request has started (the prompt is planned): the stream may begin."""
@@ -145,8 +148,10 @@ class LiveText:
     def _send(self, *, final: bool) -> None:
         t = self.text
         cut = len(t)
+        since = max(0, self._scanned - self._longest)  # a marker not found before ends in the new text
+        self._scanned = len(t)
         for m in self.markers:
-            at = t.find(m)
+            at = t.find(m, since)
             if at >= 0:
                 cut, final = min(cut, at), True
         if not final:  # hold back a tail that may grow into a marker
@@ -155,13 +160,20 @@ class LiveText:
                     if t.endswith(m[:k]):
                         cut = min(cut, len(t) - k)
                         break
-        safe = t[:cut]
-        if self.strip:  # the parser strips the content: leading whitespace never sent, trailing held back
-            safe = safe.strip()
         if final:
             self.frozen = True
-        if len(safe) > len(self.sent) and safe.startswith(self.sent):
-            piece, self.sent = safe[len(self.sent) :], safe
+        start = self._start
+        if self.strip:  # the parser strips the content: leading whitespace never sent, trailing held back
+            while start < cut and t[start].isspace():
+                start += 1
+            if not self.sent:
+                self._start = start
+            while cut > start and t[cut - 1].isspace():
+                cut -= 1
+        end = self._start + len(self.sent)  # where the text sent so far ends in ``t``
+        if cut > end:
+            piece = t[end:cut]
+            self.sent += piece
             self.queue.put_nowait(("content", piece))
 
     def rest(self, content: str) -> str:
