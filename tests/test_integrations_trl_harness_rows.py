@@ -9,7 +9,6 @@ its completion's place with a stand-in row outside every mask. Expectations come
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -22,32 +21,14 @@ pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e 
 import tmpl  # noqa: E402 (after the skips)
 from tmpl.backends import Scripted  # noqa: E402
 from tmpl.errors import TrainerConfigError  # noqa: E402
-from tmpl.harness import Harness, HarnessTask  # noqa: E402
+from tmpl.harness import HarnessTask  # noqa: E402
 from tmpl.integrations.trl import harness_reward, make_rollout_func  # noqa: E402
 
 from .conftest import load_tokenizer  # noqa: E402
+from .harness_trainers import ANSWER, REWRITE, SILENT, answer_ids, render, verifier  # noqa: E402
 from .trl_config import train_args  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-# two calls: the task, then a rewritten history (a "summary" of it): two training sequences
-REWRITER = """
-import os, sys, openai
-client = openai.OpenAI(max_retries=0)
-first = [{"role": "user", "content": sys.argv[1]}]
-reply = client.chat.completions.create(model=sys.argv[2], messages=first).choices[0].message.content
-client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "Summary: " + reply}])
-open("answer.txt", "w").write(reply)
-"""
-REWRITE = Harness(
-    "rewriter",
-    (sys.executable, "-c", REWRITER.replace("{", "{{").replace("}", "}}"), "{task}", "{model}"),
-    dialect="openai-chat",
-    env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "unused"},
-    timeout=60,
-)
-SILENT = Harness("silent", (sys.executable, "-c", "print('no model call')"), dialect="openai-chat", timeout=60)
-ANSWER = "Done."
 
 
 @pytest.fixture(scope="module")
@@ -78,25 +59,8 @@ def model_dir(tok, tmp_path_factory):
     return str(path)
 
 
-def answer_ids(tok) -> list[int]:
-    """The assistant turn 'Done.' as the template renders it, through its turn close."""
-    history = [{"role": "user", "content": "x"}]
-    prompt = tok.apply_chat_template(history, add_generation_prompt=True)["input_ids"]
-    full = tok.apply_chat_template([*history, {"role": "assistant", "content": ANSWER}])["input_ids"]
-    close = tok.convert_tokens_to_ids("<|im_end|>")
-    return list(full[len(prompt) : full.index(close, len(prompt)) + 1])
-
-
-def render(tok, text: str) -> list[int]:
-    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"])
-
-
 def dataset():
     return datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": f"Write note {k}."}]} for k in range(2)])
-
-
-def verifier(workdir, episode) -> float:
-    return 1.0 if (workdir / "answer.txt").read_text() == ANSWER else 0.0
 
 
 def trainer_for(cls, config, harness, tok, model_dir, tmp_path, **overrides):

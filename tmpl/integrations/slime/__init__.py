@@ -131,9 +131,14 @@ def make_generate(
     template: ChatTemplate | None = None,
     backend: Callable[[Any], Backend] | Backend | None = None,
     max_turns: int = 8,
+    harness: Any = None,
     **rollout_options: Any,
 ) -> Callable[[Any, Any, Mapping[str, Any]], Awaitable[Any]]:
     """slime's ``generate(args, sample, sampling_params)`` running tmpl's tool rollout.
+
+    ``harness``: a :class:`tmpl.harness.Harness`: each sample is then one run of that agent program
+    through a gateway (:mod:`.harness`: ``tasks_from``, ``gateway``, ``gateway_options`` and
+    :class:`tmpl.harness.HarnessRollout` options), answered with a ``list[Sample]`` rewarded by its verifier.
 
     ``template``: default the tokenizer of ``args.hf_checkpoint`` with its own chat template.
     ``backend``: a tmpl backend, or ``backend(args)`` making one; default :class:`tmpl.backends.SGLang`
@@ -149,6 +154,13 @@ def make_generate(
     >>> [(s.response_length, s.metadata["tmpl_branch"]) for s in await generate(args, sample, params)]  # doctest: +SKIP
     [(61, 'first'), (48, "diverged from sequence 0 at token 97 (...); edit: template dropped reasoning")]
     """
+
+    if harness is not None:
+        from .harness import make_harness_generate
+
+        if tools is not None:
+            raise TypeError("make_generate: a harness runs its own tools; tools do not apply with harness=")
+        return make_harness_generate(harness, template=template, backend=backend, **rollout_options)
 
     async def generate(args: Any, sample: Any, sampling_params: Mapping[str, Any]) -> Any:
         tpl = template or _template(str(args.hf_checkpoint))
