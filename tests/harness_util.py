@@ -127,6 +127,25 @@ class Served:
     policy: OneCall
     family: str
     arrivals: list[Arrival]
+    #: every HTTP request the harness made: (method, path, status), in order
+    routes: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def recording(app: Any, routes: list[tuple[str, str, int]]) -> Any:
+    """``app`` (ASGI) with every HTTP request's method, path and response status appended to ``routes``."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+
+        async def sent(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                routes.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        return await app(scope, receive, sent)
+
+    return asgi
 
 
 def _dialect_modules() -> list[tuple[str, Any]]:
@@ -175,8 +194,9 @@ def gateway_for(family: str, tool: str, arguments: dict[str, Any], monkeypatch: 
         return done
 
     monkeypatch.setattr(gateway, "complete", tied)
-    with served(create_app(gateway)) as url:
-        yield Served(url, gateway, backend, policy, family, arrivals)
+    routes: list[tuple[str, str, int]] = []
+    with served(recording(create_app(gateway), routes)) as url:
+        yield Served(url, gateway, backend, policy, family, arrivals, routes)
 
 
 @dataclass(frozen=True)
