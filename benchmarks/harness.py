@@ -14,15 +14,18 @@ Per concurrency level (``--levels``), in the same process, on the same gateway:
   ``/dev/null``) with its environment pointed at a fresh session, ``--runs`` of them at the level's
   concurrency: the harness's own time, process start included (the baseline);
 - ``tmpl``: the same harness through ``HarnessRollout(..., concurrency=level)``: session, working
-  directory and HOME, file copy, the keeper (``python -I -S`` around the command, the subreaper), kill
-  and reap, the verifier's call, the session finished and its episode taken, the directory removed.
+  directory and HOME, file copy, the keeper (the subreaper around the command, forked from the batch's
+  warm keeper server), kill and reap, the verifier's call (its own keeper too), the session finished and its
+  episode taken, the directory removed.
 
 ``overhead`` = a ``tmpl`` run's seconds minus the ``bare`` median at that level (p50 and p90 over the
 runs), the figure the goal (<= 300 ms per run) is read against; ``wall`` is each batch's elapsed time
 and ``runs/s`` the throughput. The breakdown (medians, ms) comes from each result's ``timings``:
 ``setup`` (directories, files, rendering), ``harness`` minus ``bare`` (the keeper: its start, the
 sweep), ``verifier``, ``finish`` (episode read, reward, finish), and ``rest`` (the directory's removal
-and the scheduling around them). Last, a 10-second harness (the same program sleeping 10 s after its
+and the scheduling around them). ``CPU per run``: the CPU seconds of this process and of every process it
+started (``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``) over each batch, per run: what tmpl adds there does not
+depend on what else loads the machine, as wall times do. Last, a 10-second harness (the same program sleeping 10 s after its
 call) at concurrency 8: its runs' seconds against 10 s, the goal being <= 5 %.
 
 Every figure shares this machine's cores with whatever else runs (``load`` is printed): on a busy
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -54,6 +58,13 @@ with open("answer.txt", "w") as f:
     f.write("ok")
 time.sleep(float(sys.argv[2]))
 """
+
+
+def cpu() -> float:
+    """CPU seconds of this process and of every child it (and they) waited for: what a batch cost the
+    machine's cores, whatever else runs on them."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def pct(values: list[float], q: float) -> float:
@@ -156,10 +167,15 @@ def main() -> None:
         f"{'wall bare':>9} {'wall tmpl':>9} {'runs/s b/t':>11} | setup keeper verif finish rest (ms p50)"
     )
     verdicts = []
+    cpus: list[tuple[int, float, float]] = []
     for level in args.levels:
         runs = max(args.runs, level)
+        c0 = cpu()
         plain, wall_b = asyncio.run(bare(gateway, script, runs, level, 0.0))
+        c1 = cpu()
         results, wall_t = through_tmpl(gateway, script, runs, level, 0.0)
+        c2 = cpu()
+        cpus.append((level, (c1 - c0) / runs, (c2 - c1) / runs))
         base = statistics.median(plain)
         over = [r.seconds - base for r in results]
         parts = {
@@ -175,6 +191,11 @@ def main() -> None:
             f"{level:>4} {runs:>4} | {base * 1e3:>6.0f}ms {statistics.median(r.seconds for r in results) * 1e3:>6.0f}ms | "
             f"{p50 * 1e3:>10.0f}ms {pct(over, 90) * 1e3:>4.0f}ms | {wall_b:>8.2f}s {wall_t:>8.2f}s "
             f"{runs / wall_b:>5.1f}/{runs / wall_t:<5.1f} | " + " ".join(f"{v * 1e3:>5.0f}" for v in parts.values())
+        )
+    for level, b, t in cpus:
+        print(
+            f"CPU per run at concurrency {level}: bare {b * 1e3:.0f} ms, tmpl {t * 1e3:.0f} ms: tmpl adds "
+            f"{(t - b) * 1e3:.0f} ms of CPU (this process and every process it started, waited for)"
         )
     for level, p50 in verdicts:
         print(

@@ -167,6 +167,10 @@ def test_rows_are_the_recorded_calls_in_groups_of_n(monkeypatch, tmp_path):
     assert [e.reward for e in back] == [1.0] * 4
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["session"] for line in lines] == [r.session for r in results]
+    from tmpl.view import write_page
+
+    summary = write_page(path, tmp_path / "view.html")  # `tmpl view` of the runs
+    assert (summary.shown, summary.total, summary.problems) == (4, 4, [])
 
 
 def test_eight_concurrent_runs_each_named_and_no_process_left(monkeypatch, tmp_path):
@@ -409,3 +413,31 @@ def test_an_npm_cli_per_sample_eight_at_once(monkeypatch):
             assert call.completion_ids.tolist() == served_gw.policy.sampled[call.id]
         masked = sum(int(s.mask.sum()) for s in r.episode.sequences)
         assert masked == sum(len(c.completion_ids) for c in r.episode.calls)
+
+
+def test_a_trainer_killed_mid_run_takes_every_harness_tree_with_it(tmp_path):
+    """SIGKILL to the trainer (no cleanup of its own runs): its keeper server dies with it, and each keeper,
+    told by its parent-death signal, kills its harness and the daemon that harness started."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    trainer = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("harness_dying_trainer.py")), str(marks)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + SLOW
+        while len(list(marks.glob("*.pid"))) + len(list(marks.glob("*.daemon"))) < 4:
+            assert trainer.poll() is None, trainer.stderr.read().decode()
+            assert time.monotonic() < deadline, "the harnesses did not start"
+            time.sleep(0.1)
+        time.sleep(0.3)  # the files are written as the processes start: let them all be running
+        found = [int(p.read_text()) for p in (*marks.glob("*.pid"), *marks.glob("*.daemon"))]
+        assert not any(gone(p) for p in found)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 30
+    while not all(gone(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in found if not gone(p)] == []

@@ -41,6 +41,9 @@ class Local:
         self.gateway = gateway
         self.server = LocalGateway(gateway, uds=uds, admin_token=admin_token)
         self.model = gateway.model
+        #: how a sandboxed harness reaches it, and the batch's keeper server (set by the rollout), or None
+        self.inside: Any = None
+        self.keepers: Any = None
 
     @property
     def url(self) -> str:
@@ -92,6 +95,9 @@ class Remote:
         self.model = model or ""
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.client: Any = None
+        #: how a sandboxed harness reaches it, and the batch's keeper server (set by the rollout), or None
+        self.inside: Any = None
+        self.keepers: Any = None
 
     async def __aenter__(self) -> Remote:
         import httpx

@@ -58,15 +58,100 @@ def _exec(_conn: Any, argv: list[str], lifeline: int) -> None:
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
-def main(args: list[str]) -> None:
-    if len(args) < 3 or args[1] != "--":
-        sys.stderr.write("usage: keeper.py LIFELINE_FD -- ARGV...\n")
-        os._exit(2)
-    lifeline, argv = int(args[0]), args[2:]
+def _load_proctree() -> dict[str, Any]:
     proctree: dict[str, Any] = {"__name__": "_tmpl_proctree", "__file__": _PROCTREE}
     with open(_PROCTREE, "rb") as f:
         exec(compile(f.read(), _PROCTREE, "exec"), proctree)  # noqa: S102 - tmpl's own module, by its path
-    proctree["keep"](_exec, _NoPipe(), argv, lifeline, lifeline=lifeline if lifeline >= 0 else None)
+    return proctree
+
+
+def _exec_env(_conn: Any, argv: list[str], env: dict[str, str]) -> None:
+    """In a served keeper's child: become the command, with its environment."""
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        sys.stderr.write(f"tmpl keeper: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
+        sys.stderr.flush()
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def serve(fd: int) -> None:
+    """The keeper server: on the Unix socket ``fd`` (SOCK_SEQPACKET), each request ``{"id", "argv",
+    "cwd", "env"}`` with its stdout and stderr descriptors attached forks a keeper (warm: no interpreter
+    start), answered ``{"id", "pid"}``; each keeper reaped is told ``{"pid", "status"}`` (its wait
+    status). At the socket's EOF (the trainer closed it, or died) it exits, and every keeper it forked,
+    whose parent-death signal is ``SIGTERM``, kills its tree."""
+    import json
+    import socket
+    import threading
+
+    proctree = _load_proctree()
+    proctree["prctl"](proctree["PR_SET_PDEATHSIG"], 9)  # the trainer gone: this server too (then the keepers)
+    sock = socket.socket(fileno=fd)
+    lock = threading.Lock()
+    forked = threading.Condition()
+    alive = [0]
+
+    def send(message: dict[str, Any]) -> None:
+        with lock:
+            try:
+                sock.send(json.dumps(message).encode())
+            except OSError:
+                pass
+
+    def reap() -> None:
+        while True:
+            with forked:
+                while alive[0] == 0:
+                    forked.wait()
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                continue
+            with forked:
+                alive[0] -= 1
+            send({"pid": pid, "status": status})
+
+    threading.Thread(target=reap, daemon=True).start()
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 22, 2)
+        except OSError:
+            break
+        if not data:
+            break
+        request = json.loads(data)
+        with forked:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    sock.close()
+                    os.dup2(fds[0], 1)
+                    os.dup2(fds[1], 2)
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    for f in (*fds, null):
+                        os.close(f)
+                    os.chdir(request["cwd"])
+                    proctree["keep"](_exec_env, _NoPipe(), request["argv"], request["env"])
+                finally:
+                    os._exit(126)
+            alive[0] += 1
+            forked.notify()
+        for f in fds:
+            os.close(f)
+        send({"id": request["id"], "pid": pid})
+    os._exit(0)
+
+
+def main(args: list[str]) -> None:
+    if len(args) == 2 and args[0] == "--serve":
+        serve(int(args[1]))
+    if len(args) < 3 or args[1] != "--":
+        sys.stderr.write("usage: keeper.py LIFELINE_FD -- ARGV...  |  keeper.py --serve SOCKET_FD\n")
+        os._exit(2)
+    lifeline, argv = int(args[0]), args[2:]
+    _load_proctree()["keep"](_exec, _NoPipe(), argv, lifeline, lifeline=lifeline if lifeline >= 0 else None)
 
 
 if __name__ == "__main__":

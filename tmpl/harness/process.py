@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .keeper import keeper_argv
+from .keeper import KEEPER, keeper_argv
 
-__all__ = ["Ran", "run_kept", "tail"]
+__all__ = ["KeeperServer", "Ran", "run_kept", "tail"]
 
 #: seconds the keeper may take to kill and reap the tree after SIGTERM before it is killed itself
 KILL_WAIT = 15.0
@@ -53,10 +56,17 @@ async def run_kept(
     out: Path,
     err: Path,
     wrap: Sequence[str] | None = None,
+    server: KeeperServer | None = None,
 ) -> Ran:
     """Run ``argv`` in ``cwd`` with ``env`` (None: this process's) under a keeper, up to ``timeout``
     seconds; its output to the files ``out`` and ``err``. ``wrap``: an argv put before the keeper's (a
-    sandbox launcher: the keeper then runs inside it). Raises OSError if the keeper cannot start."""
+    sandbox launcher: the keeper then runs inside it). ``server``: fork the keeper from this
+    :class:`KeeperServer` instead of starting one. Raises OSError if the keeper cannot start."""
+    if server is not None and server.sock is not None and not wrap:
+        try:
+            return await _run_served(server, argv, cwd, env, timeout, out, err)
+        except _NotStarted:  # nothing was started (the request too large for its socket, the server gone)
+            pass
     read, write = os.pipe()
     began = time.perf_counter()
     try:
@@ -89,6 +99,163 @@ async def run_kept(
         os.close(write)
     code = proc.returncode
     return Ran(code if code is not None else -signal.SIGKILL, timed_out, time.perf_counter() - began, proc.pid)
+
+
+class KeeperServer:
+    """One warm keeper server (``keeper.py --serve``) per batch: each run's keeper is forked from it, so a
+    run costs no interpreter start (tens of ms of CPU each, the better part of tmpl's overhead per run). It
+    dies with this process (its parent-death signal, and its socket's EOF), and its keepers with it.
+
+    >>> import tempfile
+    >>> async def main():
+    ...     async with KeeperServer() as server:
+    ...         d = Path(tempfile.mkdtemp())
+    ...         return await run_kept(["sh", "-c", "exit 4"], cwd=d, env=None, timeout=30, out=d / "o", err=d / "e", server=server)
+    >>> asyncio.run(main()).exit_code
+    4
+    """
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self._ids = 0
+        self._started: dict[int, asyncio.Future[int]] = {}
+        self._ended: dict[int, asyncio.Future[int]] = {}
+
+    async def __aenter__(self) -> KeeperServer:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", KEEPER, "--serve", str(theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        asyncio.get_running_loop().add_reader(ours.fileno(), self._read)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.sock is not None:
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            self.sock.close()  # its EOF ends the server
+            self.sock = None
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        for future in (*self._started.values(), *self._ended.values()):
+            if not future.done():
+                future.set_exception(OSError("the keeper server stopped"))
+
+    def _read(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:  # the server died: every run waiting on it fails
+                asyncio.get_running_loop().remove_reader(self.sock.fileno())
+                for future in (*self._started.values(), *self._ended.values()):
+                    if not future.done():
+                        future.set_exception(OSError("the keeper server exited"))
+                return
+            message = json.loads(data)
+            ended = self._ending(message["pid"])  # made here: its status may come before start() resumes
+            if "id" in message:
+                started = self._started.pop(message["id"], None)
+                if started is not None and not started.done():
+                    started.set_result(message["pid"])
+            elif not ended.done():
+                ended.set_result(os.waitstatus_to_exitcode(message["status"]))
+
+    def _ending(self, pid: int) -> asyncio.Future[int]:
+        future = self._ended.get(pid)
+        if future is None:
+            future = self._ended[pid] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None, out: int, err: int) -> int:
+        """Fork a keeper of ``argv`` (its output to the descriptors ``out``, ``err``); its PID."""
+        if self.sock is None:
+            raise OSError("the keeper server is not running")
+        loop = asyncio.get_running_loop()
+        self._ids += 1
+        key = self._ids
+        started: asyncio.Future[int] = loop.create_future()
+        self._started[key] = started
+        body = json.dumps({"id": key, "argv": list(argv), "cwd": str(cwd), "env": dict(env or os.environ)}).encode()
+        until = time.monotonic() + 30
+        while True:
+            try:
+                socket.send_fds(self.sock, [body], [out, err])
+                break
+            except BlockingIOError:  # its queue is full: let the loop read its answers meanwhile
+                if time.monotonic() > until:
+                    self._started.pop(key, None)
+                    raise
+                await asyncio.sleep(0.002)
+            except OSError:
+                self._started.pop(key, None)
+                raise
+        return await started
+
+    async def wait(self, pid: int) -> int:
+        """The exit code of the keeper ``pid`` (``-N``: killed by signal N) once it ended."""
+        future = self._ending(pid)
+        code = await asyncio.shield(future)
+        if self._ended.get(pid) is future:
+            del self._ended[pid]  # PIDs are reused: the next keeper with this one gets a fresh future
+        return code
+
+
+class _NotStarted(Exception):
+    """The keeper server did not take the request: nothing runs (start it another way)."""
+
+
+async def _run_served(
+    server: KeeperServer,
+    argv: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str] | None,
+    timeout: float,
+    out: Path,
+    err: Path,
+) -> Ran:
+    began = time.perf_counter()
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        try:
+            pid = await server.start(argv, cwd, env, stdout.fileno(), stderr.fileno())
+        except OSError as exc:
+            raise _NotStarted from exc
+    timed_out = False
+
+    async def stop() -> int:
+        with contextlib.suppress(ProcessLookupError):  # not reaped yet (its status not in): the PID is its own
+            os.kill(pid, signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(server.wait(pid), KILL_WAIT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            return await server.wait(pid)
+
+    try:
+        try:
+            code = await asyncio.wait_for(server.wait(pid), timeout)
+        except TimeoutError:
+            timed_out = True
+            code = await stop()
+    except BaseException:
+        await asyncio.shield(stop())
+        raise
+    return Ran(code, timed_out, time.perf_counter() - began, pid)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:

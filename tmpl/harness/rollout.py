@@ -5,7 +5,8 @@ For each task, ``n`` runs (a GRPO group), at most ``concurrency`` at once; each 
 1. opens a fresh gateway session (``<task id>-<sample>-<uuid>``) and lays the task's files into a fresh
    working directory (with a throwaway ``HOME`` beside it) under a temporary root;
 2. renders the :class:`~tmpl.harness.Harness` (its ``{base_url}`` the session's), writes its files, runs
-   its ``setup``, then starts it under a keeper (:mod:`.keeper`): past its ``timeout`` the harness's
+   its ``setup``, then starts it under a keeper (:mod:`.keeper`, forked from one keeper server per batch:
+   :class:`~.process.KeeperServer`): past its ``timeout`` the harness's
    whole process tree is killed, a daemon it forked included; when it exits by itself, whatever it left
    running is killed too;
 3. reads the session's episode, runs the task's verifier (:mod:`.verifier`) for the reward, sets it on the
@@ -47,7 +48,7 @@ from typing import Any
 
 from ..errors import HarnessError, HarnessTaskError, HarnessVerifierError, TmplError
 from .gateways import Local, Remote
-from .process import run_kept, tail
+from .process import KeeperServer, run_kept, tail
 from .result import (
     CALLS_REFUSED,
     HARNESS_DONE,
@@ -143,7 +144,6 @@ class HarnessRollout:
         unknown = sorted(set(self.sandbox) - {"read_only", "scratch_mb", "max_processes"})
         if unknown:
             raise HarnessError(harness.name, f"sandbox options are read_only, scratch_mb, max_processes; not {unknown}")
-        self._inside: _Inside | None = None
 
     # -- the batch ---------------------------------------------------------------------------------
     def run(self, tasks: Iterable[HarnessTask | str]) -> list[HarnessResult]:
@@ -176,8 +176,9 @@ class HarnessRollout:
         counts: Counter[str] = Counter()
         slots = asyncio.Semaphore(self.concurrency)
         try:
-            async with self._gateway() as gw, self._relay(gw) as relay:
-                self._inside = relay
+            async with self._gateway() as gw, self._relay(gw) as relay, _keepers() as keepers:
+                gw.inside = relay  # per batch: one rollout may run several batches at once
+                gw.keepers = keepers
 
                 async def one(task: HarnessTask, sample: int) -> HarnessResult:
                     async with slots:
@@ -253,7 +254,7 @@ class HarnessRollout:
             t0 = time.perf_counter()
             try:
                 rendered = await asyncio.to_thread(self._prepare, task, key, workdir, home, gw)
-                setup_failed = await self._setup(rendered, workdir, run_dir, timeout)
+                setup_failed = await self._setup(rendered, workdir, run_dir, timeout, gw)
             except (HarnessError, OSError) as exc:
                 setup_failed = str(exc)
             result.timings["setup"] = time.perf_counter() - t0
@@ -265,7 +266,7 @@ class HarnessRollout:
 
             t0 = time.perf_counter()
             try:
-                argv, env = self._command(rendered.argv, rendered, workdir, home)
+                argv, env = self._command(rendered.argv, rendered, workdir, home, gw)
                 ran = await run_kept(
                     argv,
                     cwd=workdir,
@@ -273,6 +274,7 @@ class HarnessRollout:
                     timeout=timeout,
                     out=run_dir / "stdout",
                     err=run_dir / "stderr",
+                    server=gw.keepers,
                 )
             except (OSError, TmplError) as exc:
                 result.status, result.error = SETUP_FAILED, f"the harness could not start: {exc}"
@@ -303,7 +305,9 @@ class HarnessRollout:
             if calls and task.verifier is not None:
                 t1 = time.perf_counter()
                 try:
-                    result.reward = await verify(task.verifier, workdir, episode, self.verifier_timeout)
+                    result.reward = await verify(
+                        task.verifier, workdir, episode, self.verifier_timeout, server=gw.keepers
+                    )
                 except HarnessVerifierError as exc:
                     verifier_failed = True
                     reasons.append(str(exc))
@@ -354,7 +358,7 @@ class HarnessRollout:
         home.mkdir()
         task.lay_out(workdir)
         rendered = self.harness.render(
-            gateway=self._inside.url if self._inside else gw.url,
+            gateway=gw.inside.url if gw.inside else gw.url,
             session=key,
             task=task.prompt,
             workdir=str(workdir),
@@ -379,11 +383,11 @@ class HarnessRollout:
             raise HarnessError(self.harness.name, f"the executable {executable!r} is not on PATH")
         return rendered
 
-    async def _setup(self, rendered: RenderedRun, workdir: Path, run_dir: Path, timeout: float) -> str | None:
+    async def _setup(self, rendered: RenderedRun, workdir: Path, run_dir: Path, timeout: float, gw: Any) -> str | None:
         """Run the harness's setup command; why it failed, or None."""
         if not rendered.setup:
             return None
-        argv, env = self._command(rendered.setup, rendered, workdir, run_dir / "home")
+        argv, env = self._command(rendered.setup, rendered, workdir, run_dir / "home", gw)
         ran = await run_kept(
             argv,
             cwd=workdir,
@@ -391,6 +395,7 @@ class HarnessRollout:
             timeout=timeout,
             out=run_dir / "setup.stdout",
             err=run_dir / "setup.stderr",
+            server=gw.keepers,
         )
         if ran.timed_out:
             return f"its setup command did not finish within {timeout:g} s"
@@ -400,12 +405,12 @@ class HarnessRollout:
         return None
 
     def _command(
-        self, argv: Sequence[str], rendered: RenderedRun, workdir: Path, home: Path
+        self, argv: Sequence[str], rendered: RenderedRun, workdir: Path, home: Path, gw: Any
     ) -> tuple[list[str], dict[str, str] | None]:
         """The argv and environment that run ``argv`` for this run: as it is, its environment this
         process's with ``HOME`` the run's; or (sandbox) wrapped by :func:`tmpl.tools.sandbox.wrap_command`,
         its environment only the rollout's ``env`` and the harness's (SandboxError when it cannot be)."""
-        if self._inside is None:
+        if gw.inside is None:
             return list(argv), {**os.environ, "HOME": str(home), **self.env, **rendered.env}
         from ..tools.sandbox import wrap_command
 
@@ -415,11 +420,27 @@ class HarnessRollout:
             workdir=str(workdir),
             home=str(home),
             env={**self.env, **rendered.env, "HOME": str(home)},
-            gateway_socket=self._inside.socket,
-            gateway_port=self._inside.port,
+            gateway_socket=gw.inside.socket,
+            gateway_port=gw.inside.port,
             **options,
         )
         return wrapped, None
+
+
+@contextlib.asynccontextmanager
+async def _keepers() -> AsyncIterator[KeeperServer | None]:
+    """A keeper server for the batch (each run's keeper forked warm from it), or None when it cannot
+    start (each keeper is then an interpreter of its own: slower, the same behaviour)."""
+    server = KeeperServer()
+    try:
+        await server.__aenter__()
+    except OSError:
+        yield None
+        return
+    try:
+        yield server
+    finally:
+        await server.__aexit__(None, None, None)
 
 
 def _inside(path: Path, folder: Path) -> bool:

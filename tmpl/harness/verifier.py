@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HarnessVerifierError
-from .process import run_kept, tail
+from .process import KeeperServer, run_kept, tail
 
 __all__ = ["CommandVerifier", "verifier_name", "verify"]
 
@@ -67,12 +67,18 @@ class CommandVerifier:
         return f"CommandVerifier({shlex.join(self.argv)!r}, timeout={self.timeout:g})"
 
     async def __call__(self, workdir: Path, episode: Any = None) -> float:  # noqa: ARG002 - a verifier's signature
+        return await self.run(workdir)
+
+    async def run(self, workdir: Path, server: KeeperServer | None = None) -> float:
+        """The reward (``server``: fork its keeper from this :class:`~.process.KeeperServer`)."""
         name = verifier_name(self)
         with tempfile.TemporaryDirectory(prefix="tmpl-verifier-") as logs:
             out, err = Path(logs) / "stdout", Path(logs) / "stderr"
             env = {**os.environ, **self.env} if self.env else None
             try:
-                ran = await run_kept(self.argv, cwd=workdir, env=env, timeout=self.timeout, out=out, err=err)
+                ran = await run_kept(
+                    self.argv, cwd=workdir, env=env, timeout=self.timeout, out=out, err=err, server=server
+                )
             except OSError as exc:
                 raise HarnessVerifierError(name, f"could not start: {exc}") from None
             if ran.timed_out:
@@ -107,12 +113,15 @@ def verifier_name(verifier: Any) -> str:
     return getattr(verifier, "__qualname__", None) or type(verifier).__name__
 
 
-async def verify(verifier: Any, workdir: Path, episode: Any, timeout: float) -> float:
+async def verify(
+    verifier: Any, workdir: Path, episode: Any, timeout: float, server: KeeperServer | None = None
+) -> float:
     """The reward ``verifier`` gives the run in ``workdir`` (HarnessVerifierError when it gives none).
-    ``timeout``: seconds a callable may take (a :class:`CommandVerifier` has its own)."""
+    ``timeout``: seconds a callable may take (a :class:`CommandVerifier` has its own); ``server``: where a
+    command's keeper is forked from."""
     name = verifier_name(verifier)
     if isinstance(verifier, CommandVerifier):
-        return await verifier(workdir, episode)
+        return await verifier.run(workdir, server)
     try:
         if inspect.iscoroutinefunction(verifier) or inspect.iscoroutinefunction(type(verifier).__call__):
             value = await asyncio.wait_for(verifier(workdir, episode), timeout)
