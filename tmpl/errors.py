@@ -1090,3 +1090,38 @@ class HarnessVerifierError(HarnessError):
         self.verifier = verifier
         self.reason = reason
         TmplError.__init__(self, f"verifier {verifier!r}: {reason}")
+
+
+class StoreCorruptError(GatewayError):
+    """A gateway store (``tmpl serve --store``) that cannot be loaded whole: damaged pages, a truncated
+    file, a row failing its checksum, another schema. ``path`` names the file and ``record`` the row
+    (its ``seq``) where one is at fault; the gateway refuses to start rather than load part of it.
+
+    >>> raise StoreCorruptError("/data/gw.db", 42, "the 'call' event of session 's1' fails its CRC32")
+    Traceback (most recent call last):
+    ...
+    tmpl.errors.StoreCorruptError: store '/data/gw.db', record 42: the 'call' event of session 's1' fails its CRC32
+    """
+
+    kind = "api_error"
+
+    def __init__(self, path: str, record: int | None, reason: str) -> None:
+        self.path = path
+        self.record = record
+        where = f"store {path!r}" + (f", record {record}" if record is not None else "")
+        super().__init__(None, 500, f"{where}: {reason}")
+
+
+class StoreFullError(GatewayError):
+    """A call the gateway's store could not keep (the disk is full, ``max_store_bytes`` reached with no
+    read episode left to drop, the file unwritable): the call fails (507) and nothing of it is written.
+
+    >>> StoreFullError("/data/gw.db", "over max_store_bytes=1000000").status
+    507
+    """
+
+    kind = "api_error"
+
+    def __init__(self, path: str, reason: str, session: str | None = None) -> None:
+        self.path = path
+        super().__init__(session, 507, f"store {path!r}: {reason}")

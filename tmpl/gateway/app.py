@@ -121,6 +121,10 @@ def create_app(
     if not keepalive > 0:
         raise ValueError(f"keepalive must be positive seconds, not {keepalive!r}")
     app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
+    if gateway.durable is not None:  # a retried request answered once (docs/gateway.md, "Durable sessions")
+        from .durable import RetryHeaders
+
+        app.add_middleware(RetryHeaders)
 
     async def read_json(request: Any) -> Any:
         length = request.headers.get("content-length")
@@ -433,6 +437,8 @@ def create_app(
                 if isinstance(exc, GatewayError):
                     raise
                 raise GatewayRequestError(session, str(exc), param="reward") from exc
+            if gateway.durable is not None:  # in the store before the answer
+                await gateway.durable.flush()
             return {"session": session, "reward": body["reward"], "call": body.get("call")}
         except GatewayError as exc:
             return plain_error(exc)
@@ -445,6 +451,8 @@ def create_app(
             done = gateway.finish(session)
         except GatewayError as exc:
             return plain_error(exc)
+        if gateway.durable is not None:  # in the store before the answer
+            await gateway.durable.flush()
         return finished_entry(done)
 
     @app.post("/s/{session}/env/reset")
@@ -482,6 +490,8 @@ def create_app(
 
     def finished_entry(done: Any) -> dict[str, Any]:
         entry = {"session": done.key, "reason": done.reason, "record": to_record(done.episode)}
+        if done.ack is not None:  # a durable store keeps it until acknowledged (POST /episodes/ack)
+            entry["ack"] = done.ack
         if done.env is not None:  # the environment's name, state, summed reward, info, error (as JSON)
             entry["env"] = json.loads(json.dumps(done.env, default=str))
         return entry
@@ -492,6 +502,23 @@ def create_app(
             return refused
         out = gateway.drain(limit)
         return {"episodes": [finished_entry(f) for f in out]}
+
+    @app.post("/episodes/ack")
+    async def ack(request: Request) -> Any:
+        """Acknowledge episodes read: ``{"acks": [ack ids]}``; a durable store then lets them go."""
+        if (refused := trainer_only(request)) is not None:
+            return refused
+        try:
+            body = await read_json(request)
+            acks = body.get("acks") if isinstance(body, dict) else None
+            if not isinstance(acks, list) or not all(isinstance(a, str) for a in acks):
+                raise GatewayRequestError(None, 'the body must be {"acks": [<ack id>, ...]}', param="acks")
+            acked = gateway.ack(acks)
+            if gateway.durable is not None:
+                await gateway.durable.flush()
+            return {"acked": acked}
+        except GatewayError as exc:
+            return plain_error(exc)
 
     @app.get("/episodes/stream")
     async def stream(request: Request, limit: int | None = None, idle: float = 30.0) -> Any:

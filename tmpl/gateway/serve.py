@@ -52,6 +52,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="tokens (prompts and samples of every call) one session's episode may hold (default 4000000)",
     )
     serve.add_argument("--strict", action="store_true", help="refuse (409) a history the gateway never produced")
+    serve.add_argument(
+        "--store",
+        metavar="PATH",
+        help="keep every recorded call in this SQLite file (WAL) before answering; started again on it, the "
+        "gateway resumes its open sessions and gives again the finished episodes no reader acknowledged",
+    )
+    serve.add_argument(
+        "--max-store-bytes",
+        type=int,
+        help="bytes the store may hold: past it, episodes read and not acknowledged are dropped, then calls "
+        "are refused (507)",
+    )
     serve.add_argument("--model-name", help="the name /v1/models lists (default: the template's)")
     serve.add_argument(
         "--admin-token",
@@ -96,18 +108,22 @@ def build_gateway(args: argparse.Namespace) -> Any:
         strict=args.strict,
         call_timeout=args.call_timeout,
         max_session_tokens=args.max_session_tokens,
+        store=getattr(args, "store", None),
+        max_store_bytes=getattr(args, "max_store_bytes", None),
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted (SIGINT or SIGTERM): open sessions are ended on the way out."""
+def run(args: argparse.Namespace, gateway: Any = None) -> int:
+    """Serve until interrupted (SIGINT or SIGTERM): open sessions are ended on the way out (with a
+    ``--store`` they stay in it). ``gateway``: serve this one instead of the one the arguments describe."""
     try:
         import uvicorn
     except ImportError as exc:
         raise ImportError("tmpl serve needs FastAPI and uvicorn: pip install 'tmpl[gateway]'") from exc
     from .app import create_app
 
-    gateway = build_gateway(args)
+    if gateway is None:
+        gateway = build_gateway(args)
     app = create_app(gateway, admin_token=args.admin_token)
     where = f"http://{args.host}:{args.port}"
     print(

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ..chat_template import ChatTemplate
     from ..env.protocol import EnvReset, EnvStep
     from ..episode import Episode
+    from .durable import Durable
 
 __all__ = ["CallParams", "Completion", "Gateway"]
 
@@ -132,6 +133,9 @@ class Gateway:
         call_timeout: float | None = 600.0,
         max_session_tokens: int = 4_000_000,
         env_factory: Callable[[], Any] | None = None,
+        store: str | None = None,
+        max_store_bytes: int | None = None,
+        redeliver: float = 300.0,
     ) -> None:
         if call_timeout is not None and not call_timeout > 0:
             raise ValueError(f"call_timeout must be positive seconds or None, not {call_timeout!r}")
@@ -173,9 +177,31 @@ class Gateway:
         self._updating: asyncio.Lock | None = None  # one weight update at a time (made on the loop)
         self._inflight = 0  # engine requests under way
         self._idle: asyncio.Event | None = None  # set when the last of them ends (a drain waits for it)
+        #: the durable store (``store=PATH``: :mod:`tmpl.gateway.durable`), its sessions resumed; else None
+        self.durable: Durable | None = None
+        if store is not None:
+            from .durable import Durable
+
+            self.durable = Durable(store, max_bytes=max_store_bytes, redeliver=redeliver)
+            self.durable.attach(self)
 
     # -- calls -----------------------------------------------------------------------
     async def complete(
+        self,
+        session_key: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        params: CallParams,
+        lineage: str | None = None,
+    ) -> Completion:
+        """Generate ``params.n`` replies to ``messages`` (canonical) in session ``session_key``, each
+        recorded (see :meth:`_complete`); with a durable store, kept on disk before the answer, a retried
+        request answered once and the calls of one lineage run one at a time (:mod:`tmpl.gateway.durable`)."""
+        if self.durable is None:
+            return await self._complete(session_key, messages, tools, params, lineage)
+        return await self.durable.complete(self._complete, session_key, messages, tools, params, lineage)
+
+    async def _complete(
         self,
         session_key: str,
         messages: Sequence[Mapping[str, Any]],
@@ -243,23 +269,25 @@ class Gateway:
         self._inflight += params.n  # counted before any await: an update that drains sees them
         session.inflight += 1
         try:
-            results = await asyncio.gather(
-                *(self._generate(session, plan, max_tokens, sampling, version, k) for k in range(params.n))
-            )
+            results = await self._choices(session, plan, max_tokens, sampling, version, params.n)
         finally:  # also when the call is cancelled (its tasks may not have started)
             session.inflight -= 1
             self._inflight -= params.n
             if self._inflight == 0 and self._idle is not None:
                 self._idle.set()
-        replies = []
+        replies: list[Reply] = []
         for call_id, result in results:
             result, cut = _cut_at_stop(self.tpl, result, params.stop)
             reply = self._reply(call_id, plan, result, tools, cut)
             try:
                 session.record(plan, reply, version=version)
             except TmplError as exc:  # e.g. a logprob the engine gave that is not finite: not trainable
+                if self.durable is not None and replies:  # the choices recorded before it are kept
+                    await self.durable.record_call(session, plan, replies, version)
                 raise GatewayError(session_key, 502, f"the engine's output cannot be recorded: {exc}") from exc
             replies.append(reply)
+        if self.durable is not None:  # on disk before the answer is sent
+            await self.durable.record_call(session, plan, replies, version)
         self.calls += 1
         self.appended += plan.mode == "append"
         return Completion(session_key, plan, replies)
@@ -279,6 +307,43 @@ class Gateway:
         else:
             self._tool_lists.move_to_end(key)
         return found
+
+    async def _choices(
+        self, session: Session, plan: Plan, max_tokens: int, sampling: Sampling, version: int, n: int
+    ) -> list[tuple[str, GenerationResult]]:
+        """The ``n`` generations of a call. Where one fails (or the call is cancelled) none is lost: the
+        others still running are stopped (their sampled tokens recorded as aborted calls, see :meth:`_stop`),
+        and those already done are recorded as aborted calls (sampled, never returned); then it raises."""
+        tasks = [
+            asyncio.ensure_future(self._generate(session, plan, max_tokens, sampling, version, k)) for k in range(n)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException as exc:
+            for task in tasks:
+                task.cancel()  # a running one stops its engine request and records what it sampled
+            await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            for task in tasks:
+                if task.cancelled() or task.exception() is not None:
+                    continue
+                call_id, result = task.result()
+                kept: GenerationResult | None = result
+                why = f"another choice of the call failed ({type(exc).__name__})"
+                if result.logprobs is None:
+                    session.ended[call_id] = f"aborted: {why}; its tokens have no logprobs and are not recorded"
+                    continue
+                try:
+                    session.record_aborted(plan, call_id, result, version=version)
+                except TmplError as bad:
+                    session.ended[call_id] = f"aborted: {why}; its sampled tokens could not be recorded ({bad})"
+                    kept = None
+                else:
+                    session.ended[call_id] = (
+                        f"aborted: {why}; its {len(result.token_ids)} sampled tokens are recorded (never returned)"
+                    )
+                if self.durable is not None:
+                    await asyncio.shield(self.durable.record_aborted(session, plan, call_id, kept, version))
+            raise
 
     async def _generate(
         self, session: Session, plan: Plan, max_tokens: int, sampling: Sampling, version: int, k: int
@@ -391,13 +456,17 @@ class Gateway:
                 session.record_aborted(plan, call_id, result, version=version)
             except TmplError as exc:  # e.g. a logprob that is not finite: nothing recorded, said why
                 session.ended[call_id] = f"aborted: {why}; its sampled tokens could not be recorded ({exc})"
-                return
-            session.ended[call_id] = (
-                f"aborted: {why}; the engine stopped and its {len(result.token_ids)} sampled tokens are recorded "
-                "(never returned to the client)"
-            )
+                result = None
+            else:
+                session.ended[call_id] = (
+                    f"aborted: {why}; the engine stopped and its {len(result.token_ids)} sampled tokens are "
+                    "recorded (never returned to the client)"
+                )
         else:
+            result = None
             session.ended[call_id] = f"aborted: {why} (the engine request was cancelled; nothing sampled came back)"
+        if self.durable is not None:
+            await self.durable.record_aborted(session, plan, call_id, result, version)
 
     def _reply(self, call_id: str, plan: Plan, result: GenerationResult, tools: Any, stop: str | None = None) -> Reply:
         """The assistant message of a generation: content, reasoning and calls from the template's parser;
@@ -546,6 +615,8 @@ class Gateway:
             episode.reward = value
         else:
             episode.set_call_reward(call, value)
+        if self.durable is not None:
+            self.durable.reward(key, value, call)
 
     def finish(self, key: str) -> Finished:
         """End a session now; its episode goes to :meth:`drain`."""
@@ -554,7 +625,18 @@ class Gateway:
     def drain(self, limit: int | None = None) -> list[Finished]:
         """Finished episodes (ended, expired or closed for room), oldest first, each given once."""
         self.sessions.expire()
-        return self.sessions.drain(limit)
+        if self.durable is None:
+            return self.sessions.drain(limit)
+        self.sessions._finished.extendleft(reversed(self.durable.due()))  # given, never acknowledged
+        out = self.sessions.drain(limit)
+        self.durable.given(out)
+        return out
+
+    def ack(self, acks: Sequence[str]) -> int:
+        """Acknowledge finished episodes read (their :attr:`Finished.ack` ids): with a durable store they
+        leave it; until then one is given again after ``redeliver`` seconds and after a restart. How many
+        of ``acks`` were waiting for it (0 without a store)."""
+        return 0 if self.durable is None else self.durable.ack(acks)
 
     async def stream(self, *, limit: int | None = None, idle: float = 30.0) -> AsyncIterator[Finished]:
         """Finished episodes as they end (expired ones too), each given once, oldest first; stops after
@@ -580,8 +662,12 @@ class Gateway:
             await self.sessions.wait_finished(min(left, 1.0))  # at least each second: TTLs end sessions
 
     def close(self) -> None:
-        """End every session (their episodes stay to be drained) and close the backend."""
-        self.sessions.close_all()
+        """End every session (their episodes stay to be drained) and close the backend. With a durable
+        store the sessions stay open in it instead (resumed by the next gateway on the file)."""
+        if self.durable is not None:
+            self.durable.close()
+        else:
+            self.sessions.close_all()
         self.backend.close()
 
 

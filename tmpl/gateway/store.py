@@ -36,6 +36,8 @@ class Finished:
     reason: str
     #: the session's environment's state, info and error (``Gateway(env_factory=...)``), else None
     env: dict[str, Any] | None = None
+    #: with a durable store (``Gateway(store=...)``): the id to acknowledge it by once read (:meth:`Gateway.ack`)
+    ack: str | None = None
 
 
 class SessionStore:
@@ -71,6 +73,10 @@ class SessionStore:
         #: finished episodes dropped unread because the queue was full
         self.dropped = 0
         self._arrived: asyncio.Event | None = None  # set when an episode is queued (made on the loop)
+        #: a durable store's hooks (:mod:`tmpl.gateway.durable`): told of each session's end (returns
+        #: the finished episode's ack id) and of each episode taken by :meth:`forget`
+        self.on_end: Callable[[Session, str, dict[str, Any] | None, bool], str | None] | None = None
+        self.on_forget: Callable[[Finished], None] | None = None
 
     def __len__(self) -> int:
         return len(self._open)
@@ -144,6 +150,8 @@ class SessionStore:
             self._finished.remove(done)
         except ValueError:
             return False
+        if self.on_forget is not None:
+            self.on_forget(done)
         return True
 
     def close_all(self, reason: str = "the gateway shut down") -> None:
@@ -170,7 +178,8 @@ class SessionStore:
                 "info": held.info,
                 "error": held.error,
             }
-        done = Finished(key, episode, reason, env)
+        ack = self.on_end(session, reason, env, bool(episode.calls)) if self.on_end is not None else None
+        done = Finished(key, episode, reason, env, ack)
         if episode.calls:
             if len(self._finished) >= self.max_finished:
                 lost = self._finished.popleft()
