@@ -394,3 +394,33 @@ def test_gemini_stream_is_live_and_gives_the_function_call(tok):
     assert recorded(gateway, "gem") == recorded(gateway, "gem2")
     assert array[0]["candidates"][0]["content"]["parts"][0]["text"] == "Let me check."
     assert array[-1]["candidates"][0]["finishReason"] == "STOP"
+
+
+def test_an_engine_failing_mid_stream_is_each_sdks_error(tok):
+    class Breaks(Scripted):
+        """Streams its first pieces, then the engine is lost."""
+
+        async def astream(self, request):
+            async for piece in super().astream(request):
+                if piece.result is not None:
+                    raise RuntimeError("the engine was lost")
+                yield piece
+
+    backend = Breaks(lambda req: tok.encode(TEXT, add_special_tokens=False), pieces=4)
+    gateway = Gateway(tmpl.ChatTemplate(tok), backend)
+    with served(create_app(gateway)) as url:
+        client = openai.OpenAI(base_url=f"{url}/s/a/v1", api_key="x", max_retries=0)
+        got = []
+        with pytest.raises(openai.APIError, match="the engine was lost"):
+            for chunk in client.chat.completions.create(model="m", messages=QUESTION, stream=True):
+                got += [chunk.choices[0].delta.content or ""] if chunk.choices else []
+        assert "".join(got) and TEXT.startswith("".join(got))  # the text before the failure came live
+        with client.responses.stream(model="m", input="Weather in Paris?") as stream:
+            events = list(stream)  # the SDK parses each event; the stream ends failed
+        claude = anthropic.Anthropic(base_url=f"{url}/s/b", api_key="x", max_retries=0)
+        with pytest.raises(anthropic.APIError, match="the engine was lost"):
+            with claude.messages.stream(model="m", max_tokens=64, messages=QUESTION) as stream:
+                stream.get_final_message()
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    assert "the engine was lost" in events[-2].message and events[-1].response.status == "failed"
+    assert not gateway.session("a").episode.calls and not gateway.session("b").episode.calls  # as a failed call

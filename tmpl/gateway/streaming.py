@@ -355,7 +355,7 @@ async def responses_sse(
     with its ``response.output_text.delta`` events sent live, then the rest of the text, the reasoning and
     function-call items, ``response.completed`` (or ``response.incomplete``); ``: ping`` comments while
     nothing else goes out. The end is read from ``final(completion)``, the call's ``response`` object. A
-    failure mid-stream: an ``error`` event."""
+    failure mid-stream: an ``error`` event, then ``response.failed``."""
     seq = iter(range(1 << 30))
 
     def ev(kind: str, **data: Any) -> str:
@@ -400,6 +400,8 @@ async def responses_sse(
         elif kind == "error":
             err = value
             yield ev("error", code=str(err.status), message=str(err), param=err.param)
+            failed = {**shell, "status": "failed", "error": {"code": err.kind, "message": str(err)}}
+            yield ev("response.failed", response=failed)
             return
         else:
             full = final(value)
