@@ -309,9 +309,13 @@ def test_bad_input_is_named_and_other_runs_untouched(monkeypatch, tmp_path):
 def test_a_gateway_at_a_url(monkeypatch, tmp_path):
     world = World(monkeypatch)
     task = HarnessTask("mode:ok Weather in Paris?", verifier=CommandVerifier("grep -q sunny answer.txt"), id="url")
-    with served(create_app(world.gateway)) as url:
-        [r] = HarnessRollout(agent(), url, progress=False).run([task])
+    with served(create_app(world.gateway, admin_token="s3cret")) as url:
+        [r] = HarnessRollout(agent(), url, admin_token="s3cret", progress=False).run([task])
         queued = world.gateway.drain()
+        # without the gateway's admin token its trainer routes refuse: named, the run's calls not taken
+        [refused] = HarnessRollout(agent(), url, progress=False).run(["mode:ok Weather in Paris?"])
+    assert refused.status == "GATEWAY_FAILED" and "401" in refused.error, refused.error
+    assert "the gateway failed reading its episode" in refused.error
     assert r.status == "HARNESS_DONE" and r.reward == 1.0, (r.error, r.stderr_tail)
     check_rows(world, r)
     # the reward went through the gateway's route: its finished episode (the one the trainer could drain) has it

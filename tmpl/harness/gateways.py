@@ -153,4 +153,4 @@ def _check(answer: Any, key: str, route: str) -> None:
         message = answer.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = answer.text[:300]
-    raise GatewayError(key, answer.status_code, f"the gateway's {route} route answered: {message}")
+    raise GatewayError(key, answer.status_code, f"the gateway's {route} route answered {answer.status_code}: {message}")

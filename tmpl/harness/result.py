@@ -12,10 +12,12 @@ status              meaning
 ``VERIFIER_FAILED`` its verifier hung, crashed or gave something that is not a number (``error`` says which)
 ``SETUP_FAILED``    the run could not start: the task's files are gone, a harness file outside its places,
                     the harness's ``setup`` command failed, the sandbox could not start
+``GATEWAY_FAILED``  the gateway could not be read for it (a remote gateway's episode, reward or finish
+                    route failed): ``error`` says how
 =================== =========================================================================================
 
-The first that applies, in the order ``SETUP_FAILED``, ``HARNESS_TIMEOUT``, ``HARNESS_EXITED``,
-``CALLS_REFUSED``, ``NO_CALLS``, ``VERIFIER_FAILED``, ``HARNESS_DONE``, is the status; ``error`` joins
+The first that applies, in the order ``SETUP_FAILED``, ``GATEWAY_FAILED``, ``HARNESS_TIMEOUT``,
+``HARNESS_EXITED``, ``CALLS_REFUSED``, ``NO_CALLS``, ``VERIFIER_FAILED``, ``HARNESS_DONE``, is the status; ``error`` joins
 every reason that applied. The verifier runs for every run with calls (a harness that timed out may have
 done the task), so ``reward`` is set whenever the verifier gave one, whatever the status.
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CALLS_REFUSED",
+    "GATEWAY_FAILED",
     "HARNESS_DONE",
     "HARNESS_EXITED",
     "HARNESS_TIMEOUT",
@@ -55,8 +58,18 @@ CALLS_REFUSED = "CALLS_REFUSED"
 NO_CALLS = "NO_CALLS"
 VERIFIER_FAILED = "VERIFIER_FAILED"
 SETUP_FAILED = "SETUP_FAILED"
+GATEWAY_FAILED = "GATEWAY_FAILED"
 #: every status, in the order the first that applies is chosen
-STATUSES = (SETUP_FAILED, HARNESS_TIMEOUT, HARNESS_EXITED, CALLS_REFUSED, NO_CALLS, VERIFIER_FAILED, HARNESS_DONE)
+STATUSES = (
+    SETUP_FAILED,
+    GATEWAY_FAILED,
+    HARNESS_TIMEOUT,
+    HARNESS_EXITED,
+    CALLS_REFUSED,
+    NO_CALLS,
+    VERIFIER_FAILED,
+    HARNESS_DONE,
+)
 
 
 @dataclass

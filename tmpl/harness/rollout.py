@@ -51,6 +51,7 @@ from .gateways import Local, Remote
 from .process import KeeperServer, run_kept, tail
 from .result import (
     CALLS_REFUSED,
+    GATEWAY_FAILED,
     HARNESS_DONE,
     HARNESS_EXITED,
     HARNESS_TIMEOUT,
@@ -69,8 +70,6 @@ __all__ = ["GATEWAY_FAILED", "HarnessRollout"]
 #: gateway's own port is a privileged one
 SANDBOX_PORT = 8100
 
-#: the gateway could not be read for the run (its episode, reward or finish route failed): ``error`` says how
-GATEWAY_FAILED = "GATEWAY_FAILED"
 ISOLATIONS = ("process", "sandbox")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
