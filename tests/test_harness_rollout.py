@@ -445,3 +445,20 @@ def test_a_trainer_killed_mid_run_takes_every_harness_tree_with_it(tmp_path):
     while not all(gone(p) for p in found) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [p for p in found if not gone(p)] == []
+
+
+def test_the_async_twin_and_run_from_inside_a_loop(monkeypatch):
+    """``await arun(...)`` serves the in-process gateway on the caller's loop; ``run(...)`` called from a
+    coroutine (a notebook, a trainer's loop) runs the batch on a thread of its own instead of failing."""
+    world = World(monkeypatch)
+    rollout = HarnessRollout(agent(), world.gateway, n=2, progress=False)
+
+    async def both():
+        awaited = await rollout.arun(["mode:nocall a"])
+        nested = rollout.run(["mode:nocall b"])
+        return awaited, nested
+
+    awaited, nested = asyncio.run(both())
+    for results in (awaited, nested):
+        assert [(r.status, r.sample, r.exit_code) for r in results] == [("NO_CALLS", 0, 0), ("NO_CALLS", 1, 0)]
+        assert all("nothing to do" in r.stdout_tail for r in results)
