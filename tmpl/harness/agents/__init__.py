@@ -14,11 +14,12 @@ module                  SDK and loop
 ``openai_agents_agent`` ``agents.Runner`` (OpenAI Agents SDK) on ``OpenAIChatCompletionsModel``
 ``langgraph_agent``     ``langgraph.prebuilt.create_react_agent`` on ``langchain_openai.ChatOpenAI``
 ``pydantic_ai_agent``   ``pydantic_ai.Agent`` on its OpenAI chat model
+``openhands_agent``     ``openhands.sdk.Agent`` with its own ``TerminalTool`` (tool ``terminal``)
 ======================= ====================================================================
 
 (A module is not named after its SDK: the script's folder is first on ``sys.path`` and would shadow it.)
 
 >>> from pathlib import Path
 >>> sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem != "__init__")
-['_shell', 'langgraph_agent', 'openai_agents_agent', 'pydantic_ai_agent', 'smolagents_agent']
+['_shell', 'langgraph_agent', 'openai_agents_agent', 'openhands_agent', 'pydantic_ai_agent', 'smolagents_agent']
 """

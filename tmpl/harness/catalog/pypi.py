@@ -41,7 +41,7 @@ VENV_PINS: dict[str, tuple[str, str, str]] = {
     "llm": ("llm", "3.11", "llm==0.36"),
     "pydantic-ai": ("pydantic-ai", "3.11", "pydantic-ai-slim[openai]==2.68.0"),
     "openhands": ("openhands", "3.12", "openhands-sdk==1.58.2 openhands-tools==1.58.2"),
-    "kimi-cli": ("kimi-cli", "3.12", "kimi-cli==1.52.0"),
+    "kimi-cli": ("kimi-cli", "3.12", "kimi-cli==1.51.0"),
     "harbor": ("harbor", "3.12", "harbor==0.26.0"),
 }
 
@@ -86,18 +86,34 @@ def shell(command: str) -> str:
 AIDER_TEST_CMD = "cat proof.txt; exit 1"
 
 
+#: kimi-cli's ~/.kimi/config.toml: the session's chat-completions endpoint as its only model
+KIMI_CONFIG = """default_model = "tmpl"
+telemetry = false
+
+[providers.gateway]
+type = "openai_legacy"
+base_url = "{base_url}"
+api_key = "unused"
+
+[models.tmpl]
+provider = "gateway"
+model = "{model}"
+max_context_size = 131072
+"""
+
+
 def make(root: str | Path | None = None) -> dict[str, Harness]:
     """The specs with their venvs under ``root`` (default :func:`venvs_root`)."""
 
     def exe(name: str, program: str) -> str:
         return str(venv_dir(name, root) / "bin" / program)
 
-    def agent(name: str, script: str, notes: str) -> Harness:
+    def agent(name: str, script: str, notes: str, **env: str) -> Harness:
         return Harness(
             name,
             (exe(name, "python"), str(AGENTS_DIR / script), "--model", "{model}", "{task}"),
             dialect="openai-chat",
-            env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "unused"},
+            env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "unused", **env},
             timeout=300,
             version=_version(name),
             install=_install(name),
@@ -182,6 +198,26 @@ def make(root: str | Path | None = None) -> dict[str, Harness]:
         agent("openai-agents", "openai_agents_agent.py", "Runner on OpenAIChatCompletionsModel; tracing off"),
         agent("langgraph", "langgraph_agent.py", "create_react_agent on langchain-openai's ChatOpenAI"),
         agent("pydantic-ai", "pydantic_ai_agent.py", "Agent on OpenAIChatModel"),
+        agent(
+            "openhands",
+            "openhands_agent.py",
+            "openhands-sdk's Agent in a local Conversation with its TerminalTool (litellm chat completions); "
+            "sends reasoning_effort and prompt_cache_key",
+            **_LITELLM,
+            OPENHANDS_SUPPRESS_BANNER="1",
+        ),
+        Harness(
+            "kimi-cli",
+            (exe("kimi-cli", "kimi"), "--print", "--yolo", "--prompt", "{task}"),
+            dialect="openai-chat",
+            files={"{home}/.kimi/config.toml": KIMI_CONFIG},
+            timeout=300,
+            version=_version("kimi-cli"),
+            install=_install("kimi-cli"),
+            notes="print mode; an openai_legacy provider in ~/.kimi/config.toml (reasoning_content sent back); "
+            "telemetry off; 1.51.0 is the last working release (1.52.0 only prints that the package is "
+            "archived)",
+        ),
         Harness(
             "llm",
             (exe("llm", "llm"), "prompt", "--model", "tmpl", "--no-log", "--functions", LLM_FUNCTIONS, "{task}"),
