@@ -304,6 +304,11 @@ def test_bad_input_is_named_and_other_runs_untouched(monkeypatch, tmp_path):
         [r] = HarnessRollout(harness, world.gateway, root=root, progress=False).run(["mode:ok x"])
         assert r.status == "SETUP_FAILED" and why in r.error, r.error
     assert not Path("/etc/tmpl-stray.json").exists()
+    # a gateway at a URL that went away: the run that cannot read its episode says so, the batch goes on
+    quiet = Harness("quiet", ("true",), dialect="openai-chat")
+    [r] = HarnessRollout(quiet, "http://127.0.0.1:9", model="m", root=root, progress=False).run(["x"])
+    assert (r.status, r.exit_code) == ("GATEWAY_FAILED", 0) and "ConnectError" in r.error, r.error
+    assert list(root.iterdir()) == []
 
 
 def test_a_gateway_at_a_url(monkeypatch, tmp_path):

@@ -292,7 +292,7 @@ class HarnessRollout:
             t0 = time.perf_counter()
             try:
                 episode = await gw.episode(key)
-            except (TmplError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the gateway's failure (HTTP, a route's error): named
                 return self._gateway_failed(result, reasons, "reading its episode", exc)
             result.refused = gw.refused(key)
             if result.refused:
@@ -314,11 +314,11 @@ class HarnessRollout:
                 if result.reward is not None:
                     try:
                         await gw.reward(key, result.reward)
-                    except (TmplError, OSError) as exc:
+                    except Exception as exc:  # noqa: BLE001 - the gateway's failure: named
                         return self._gateway_failed(result, reasons, "setting its reward", exc)
             try:
                 finished = await gw.finish(key)
-            except (TmplError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the gateway's failure (HTTP, a route's error): named
                 return self._gateway_failed(result, reasons, "finishing its session", exc)
             if calls:
                 result.episode = finished if finished is not None else episode
