@@ -49,7 +49,8 @@ def episode_of(
     :func:`~tests.harness_util.shell_command`; ``answer`` (the family's text answer when ``None``) is what
     the policy says once the call is in the prompt; ``call``: (the text of the one call, the text whose
     presence in a prompt asks for it) for a harness without function tools (aider's edit blocks). Returns
-    the served gateway, the run and its episode, the five assertions checked.
+    the served gateway, the run and its episode, the five assertions checked, and every request the harness
+    made a POST of its session's chat completions (each of these harnesses sends nothing else).
 
     Two ways a harness cannot pass the fourth (the answer's prompt continues the call's prompt and sampled
     IDs), each the harness's own doing with no setting to change it; there the run must pass the first
@@ -71,6 +72,9 @@ def episode_of(
         workdir = tmp_path / "work"
         workdir.mkdir()
         ran = run_spec(spec, served.url, session, TASK, workdir)
+        # nothing beyond its main loop reaches the gateway: no model listing, no side route
+        main_loop = ("POST", f"/s/{session}/v1/chat/completions", 200)
+        assert served.routes and set(served.routes) == {main_loop}, (served.routes, ran.tail())
         field = "reasoning_content" if drops_reasoning and family == "qwen3" else rewrites
         if field is None:
             return served, ran, check_episode(served, ran, session)

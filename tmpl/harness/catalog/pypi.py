@@ -42,7 +42,6 @@ VENV_PINS: dict[str, tuple[str, str, str]] = {
     "pydantic-ai": ("pydantic-ai", "3.11", "pydantic-ai-slim[openai]==2.68.0"),
     "openhands": ("openhands", "3.12", "openhands-sdk==1.58.2 openhands-tools==1.58.2"),
     "kimi-cli": ("kimi-cli", "3.12", "kimi-cli==1.51.0"),
-    "harbor": ("harbor", "3.12", "harbor==0.26.0"),
 }
 
 
