@@ -323,6 +323,8 @@ def check_episode(served: Served, ran: Ran, session: str, *, proof: str = PROOF_
     made = ran.workdir / proof
     assert made.is_file(), f"{proof} was not written: the tool did not run\n{ran.tail()}"
     assert made.read_text().strip() == text
+    refused = [r for r in served.routes if r[2] >= 400]
+    assert not refused, f"the gateway refused some of the harness's requests: {refused}\n{ran.tail()}"
     gateway, backend, policy = served.gateway, served.backend, served.policy
     tok = gateway.tpl.tokenizer
     episode = gateway.episode(session)

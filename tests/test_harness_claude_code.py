@@ -21,6 +21,8 @@ def test_claude_code_runs_through_the_gateway(family, tmp_path, monkeypatch):
     out = run_harness(
         SPEC, family, "Bash", {"command": shell_command(), "description": "Write the file"}, tmp_path, monkeypatch
     )
+    # beyond its main loop: a HEAD probe of the base URL (answered 200), no side calls in -p mode
+    assert {(m, p) for m, p, _ in out.served.routes} == {("HEAD", "/s/h1"), ("POST", "/s/h1/v1/messages")}
     bodies = [a.body for a in out.served.arrivals if a.dialect == "anthropic"]
     assert len(bodies) == len(out.served.arrivals) >= 2  # only the Messages route: no other dialect
     main = [b for b in bodies if any(t["name"] == "Bash" for t in b.get("tools") or [])]

@@ -25,5 +25,6 @@ def test_opencode_runs_through_the_gateway(family, tmp_path, monkeypatch):
     # besides its main loop: a title call without tools, an episode lineage of its own
     side = [a for a in out.served.arrivals if not a.body.get("tools")]
     assert side and all(a.calls for a in side)
+    assert any((s.agent or "").startswith("side-") for s in out.episode.sequences)
     main = [a for a in out.served.arrivals if a.body.get("tools")]
     assert [m["role"] for m in main[-1].body["messages"]][-2:] == ["assistant", "tool"]
