@@ -3,7 +3,7 @@
 venv is missing) and one run of it through the gateway on a template, checked by
 :func:`tests.harness_util.check_episode`.
 
->>> served, ran, episode = episode_of("llm", "qwen2.5-instruct", monkeypatch)  # doctest: +SKIP
+>>> served, ran, episode = episode_of("llm", "qwen2.5-instruct", monkeypatch, tmp_path)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ tmpl inside: a harness is a separate process talking HTTP to the gateway). ``<ve
 checkout), so the argv of every spec is an absolute path with no placeholder: the spec runs as it is.
 :func:`make` builds the specs for another folder.
 
-The SDK agents (smolagents, the OpenAI Agents SDK, LangGraph, pydantic-ai) are scripts of
+The SDK agents (smolagents, the OpenAI Agents SDK, LangGraph, pydantic-ai, the OpenHands SDK) are scripts of
 :mod:`tmpl.harness.agents` run by path with their venv's python; each gives its model one tool,
-``shell(command)``.
+``shell(command)``, but the OpenHands one, which uses the SDK's own ``TerminalTool`` (``terminal``). Harbor's
+Terminus-2 has no spec: it runs only inside a Harbor environment (a container or a cloud sandbox).
 
 >>> specs = make("/opt/venvs")
 >>> specs["llm"].argv[0]
@@ -66,7 +67,7 @@ def _install(name: str) -> str:
     return f".ci/harnesses_py {name}  (venv-h-{VENV_PINS[name][0]}: pip install {VENV_PINS[name][2]})"
 
 
-#: litellm (under mini-swe-agent and aider) fetches its model-price map from GitHub at import unless told not to
+#: litellm (under mini-swe-agent, aider and the OpenHands SDK) fetches its model-price map from GitHub at import unless told not to
 _LITELLM = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 #: the ``--functions`` code given to the ``llm`` CLI: one tool, shell(command)
