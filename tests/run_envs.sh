@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 if [ -x build/venv-verl/bin/python ]; then
     # vLLM (for the agent-loop test's server) runs with this environment's python, not verl's
     TMPL_VLLM_PYTHON="$(python -c 'import sys; print(sys.executable)')" \
-        build/venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_agent_loop.py tests/test_integrations_verl_vision.py \
+        build/venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_agent_loop.py tests/test_integrations_verl_vision.py tests/test_integrations_verl_harness.py \
         'tests/test_install_extras.py::test_each_extra_imports_its_modules_with_only_what_it_declares[verl]'
 else
     echo "tests/run_envs.sh: build/venv-verl not found: verl tests skipped (bash .ci/run makes it)"
