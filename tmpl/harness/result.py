@@ -123,3 +123,21 @@ class HarnessResult:
     def rows(self) -> list[Any]:
         """The episode's training rows (one per sequence) for :func:`tmpl.collate`; [] without calls."""
         return [] if self.episode is None else self.episode.rows()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A result pickles (to and from workers: :mod:`tmpl.harness.distributed`) with its episode as a
+        record (:func:`tmpl.episode.records.to_record`), the compiled episode itself not being picklable."""
+        from ..episode.records import to_record
+
+        state = dict(self.__dict__)
+        if self.episode is not None:
+            state["episode"] = ("record", to_record(self.episode), self.episode.sample_id)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        episode = state.get("episode")
+        if isinstance(episode, tuple) and episode and episode[0] == "record":
+            from ..episode.records import from_record
+
+            state = {**state, "episode": from_record(episode[1], sample_id=episode[2])}
+        self.__dict__.update(state)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from ...errors import WorkerError
 from ..collector import fewer_collections
-from .worker import Shard, WorkerRuntime
+from .worker import Shard, WorkerRuntime, runtime_for
 
 EventKind = Literal["ready", "setup", "done", "failed", "cancelled", "died"]
 
@@ -128,7 +128,7 @@ def _process_main(conn: Connection, blob: bytes, name: str) -> None:
     """A worker process: build the rollout, say ready, then run the shards the driver sends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's, which cancels the workers
     try:
-        runtime = WorkerRuntime(pickle.loads(blob), name)
+        runtime = runtime_for(pickle.loads(blob), name)
     except BaseException as exc:  # noqa: BLE001 - the driver raises it as WorkerSetupError
         conn.send(("setup", None, setup_text(exc), os.getpid()))
         return
@@ -346,7 +346,7 @@ class RayWorker:
         self.runtime: WorkerRuntime | None = None
         self.task: asyncio.Future[Any] | None = None
         try:
-            self.runtime = WorkerRuntime(factory, name)
+            self.runtime = runtime_for(factory, name)
         except BaseException as exc:  # noqa: BLE001 - reported by ready() and run(), raised by the driver
             self.error = setup_text(exc)
 

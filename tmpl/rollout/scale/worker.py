@@ -164,6 +164,17 @@ def warm(rollout: Rollout) -> str:
     return tpl.fingerprint
 
 
+def runtime_for(factory: Callable[[], Any], name: str) -> Any:
+    """The runtime of one worker: ``factory.worker_runtime(name)`` where the factory has one (a
+    :class:`tmpl.harness.distributed.HarnessSettings`: harness runs instead of a rollout), else a
+    :class:`WorkerRuntime` of the rollout ``factory`` builds. Either has ``fingerprint``, ``cancelled``,
+    ``run_shard(shard) -> ShardOutput`` and ``close()``."""
+    make = getattr(factory, "worker_runtime", None)
+    if callable(make):
+        return make(name)
+    return WorkerRuntime(factory, name)
+
+
 class WorkerRuntime:
     """One worker's rollout (built by ``factory`` here) and the shards it runs, one at a time."""
 
