@@ -131,7 +131,7 @@ class Remote:
         _check(await self.client.post(f"/s/{key}/reward", json={"reward": value, "call": None}), key, "reward")
 
     async def finish(self, key: str) -> Episode | None:
-        from ..export import episode_from_entry
+        from ..episode.records import from_record
 
         until = time.monotonic() + FINISH_WAIT
         while True:
@@ -142,7 +142,7 @@ class Remote:
                 await asyncio.sleep(0.02)
                 continue
             _check(answer, key, "finish")
-            return episode_from_entry(answer.json(), f"{self.url}/s/{key}/finish")
+            return from_record(answer.json()["record"], sample_id=key)
 
 
 def _check(answer: Any, key: str, route: str) -> None:

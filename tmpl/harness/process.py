@@ -63,10 +63,10 @@ async def run_kept(
     sandbox launcher: the keeper then runs inside it). ``server``: fork the keeper from this
     :class:`KeeperServer` instead of starting one. Raises OSError if the keeper cannot start."""
     if server is not None and server.sock is not None and not wrap:
-        try:
-            return await _run_served(server, argv, cwd, env, timeout, out, err)
-        except _NotStarted:  # nothing was started (the request too large for its socket, the server gone)
-            pass
+        ran = await _run_served(server, argv, cwd, env, timeout, out, err)
+        if ran is not None:
+            return ran
+        # None: nothing was started (the request too large for its socket, the server gone): a keeper of its own
     read, write = os.pipe()
     began = time.perf_counter()
     try:
@@ -215,10 +215,6 @@ class KeeperServer:
         return code
 
 
-class _NotStarted(Exception):
-    """The keeper server did not take the request: nothing runs (start it another way)."""
-
-
 async def _run_served(
     server: KeeperServer,
     argv: Sequence[str],
@@ -227,13 +223,13 @@ async def _run_served(
     timeout: float,
     out: Path,
     err: Path,
-) -> Ran:
+) -> Ran | None:
     began = time.perf_counter()
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         try:
             pid = await server.start(argv, cwd, env, stdout.fileno(), stderr.fileno())
-        except OSError as exc:
-            raise _NotStarted from exc
+        except OSError:
+            return None
     timed_out = False
 
     async def stop() -> int:
