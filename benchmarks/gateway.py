@@ -468,7 +468,7 @@ async def part1(ctx, args) -> list[tuple]:
         f"{'direct p50':>10s} {'p99':>8s} | {'floor p50':>9s} {'p99':>8s} | {'net p50':>8s} {'p99':>8s} | "
         f"{'gw/floor p50':>12s} | goal (256: p50<=2, p99<=10)"
     )
-    rows, load_rows, kept = [], [], []
+    rows, load_rows, kept, store_rows = [], [], [], []
     for n in args.sessions:
         backend = Canned(ctx["call_ids"], ctx["answer_ids"], turns, delay)
         gateway = Gateway(ctx["tpl"], backend)
@@ -493,6 +493,27 @@ async def part1(ctx, args) -> list[tuple]:
             floor_app(delay, turns), {**cfg, "tag": f"floor{n}", "fetch": []}, args.timeout, warm
         )
         kept.append((n, gateway, keys, gw, fetched))
+        if args.store:  # the same load on a gateway with the durable store (a fresh file): CPU per call beside
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="tmpl-bench-store-")
+            durable = Gateway(
+                ctx["tpl"], Canned(ctx["call_ids"], ctx["answer_ids"], turns, delay), store=f"{folder}/gw.db"
+            )
+            st, st_app, st_cpu, _ = await through_http(
+                create_app(durable), {**cfg, "tag": f"store{n}", "fetch": []}, args.timeout, warm
+            )
+            s_added = [x - delay for x in st["lat"]]
+            scalls = max(len(st["lat"]), 1)
+            log = durable.durable.log
+            store_rows.append(
+                f"{n:8d} {len(st['lat']):6d} | {ms(pct(s_added, 50)):>11s} {ms(pct(s_added, 99))} | "
+                f"{ms(pct(s_added, 50) - pct(d_added, 50))} {ms(pct(s_added, 99) - pct(d_added, 99))} | "
+                f"{st_cpu / scalls * 1e3:8.3f} {gw_cpu / max(len(gw['lat']), 1) * 1e3:8.3f} "
+                f"{(st_cpu / scalls) / (gw_cpu / max(len(gw['lat']), 1)):6.2f}x | "
+                f"{log.rows / max(log.commits, 1):6.1f} {log.size() / 2**20:7.1f} | {st['ok']:5d}/{n:<5d} {st['bad']:4d}"
+            )
+            durable.close()
         g_added = [x - delay for x in gw["lat"]]
         a_added = [x - delay for x in gw_app]
         f_added = [x - delay for x in fl["lat"]]
@@ -531,6 +552,15 @@ async def part1(ctx, args) -> list[tuple]:
         "prompts (gateway)"
     )
     print("\n".join(load_rows))
+    if store_rows:
+        print("\n   durable store (--store): the same sessions on a gateway keeping every call in SQLite (WAL, group")
+        print("   commit) before answering; net = gateway+store minus direct; srv cpu ms per call with the store and")
+        print("   without (the gateway row above, same run), their ratio (goal: at most 1.20x); rows per commit; MiB")
+        print(
+            f"{'sessions':>8s} {'calls':>6s} | {'store p50':>11s} {'p99':>8s} | {'net p50':>8s} {'p99':>8s} | "
+            f"{'cpu store':>8s} {'cpu off':>8s} {'ratio':>7s} | {'rows/c':>6s} {'MiB':>7s} | {'ok':>11s} {'fail':>4s}"
+        )
+        print("\n".join(store_rows))
     return kept
 
 
@@ -953,6 +983,9 @@ def main() -> None:
     parser.add_argument("--vllm-model", help="part 5: a model folder to start a vLLM server of (no --vllm-url)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a load-generator run may take")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
+    parser.add_argument(
+        "--store", action="store_true", help="part 1: also run each load on a gateway with the durable store"
+    )
     args = parser.parse_args()
     q = args.quick
     args.sessions = args.sessions or ([32, 128] if q else [16, 256, 1024])

@@ -309,7 +309,7 @@ def test_a_full_disk_fails_the_call_whole(tmp_path):
         held = rows(path)
         db = gateway.durable.log._db
         pages = db.execute("PRAGMA page_count").fetchone()[0]
-        await asyncio.wrap_future(gateway.durable.log.submit([]))
+        await gateway.durable.flush()
         db.execute(f"PRAGMA max_page_count={pages}")  # the disk is full
         big = [*messages, {"role": "user", "content": "x " * 20000}]
         with pytest.raises(StoreFullError) as exc:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import secrets
 import time
@@ -84,6 +85,8 @@ class Durable:
         self._given: OrderedDict[str, tuple[Finished, float]] = OrderedDict()  # ack id -> (episode, when)
         self._locks: dict[tuple[str, str], list[Any]] = {}  # lane -> [lock, calls using it]
         self.gateway: Gateway | None = None
+        self._run = secrets.token_hex(4)  # uids: this start's random prefix and a count
+        self._count = itertools.count()
         #: sessions and finished episodes found in the store on start
         self.resumed = 0
         self.requeued = 0
@@ -146,7 +149,7 @@ class Durable:
             found = self._idem.get(f"{key}\0{idem}")
             if found is not None:
                 return found[1]
-        request = digest([list(messages), tools, repr(params), lineage])
+        request = digest((messages, tools, params, lineage))
         if retries > 0:
             last = self._last.get(key)
             if last is not None and last[0] == request:
@@ -226,18 +229,20 @@ class Durable:
         """Write a reward given to a session's episode or one of its calls (committed with the next batch)."""
         uid = self._uid.get(key)
         if uid is not None:
-            self.log.submit([(uid, key, "reward", dumps({"value": value, "call": call}))])
+            self.log.send([(uid, key, "reward", dumps({"value": value, "call": call}))])
 
     async def flush(self) -> None:
         """Wait until everything queued is in the file."""
-        await asyncio.wrap_future(self.log.submit([]))
+        done = self.log.submit([])
+        if done is not None:
+            await done
 
     def _rows_for(self, session: Session, plan: Plan | None) -> tuple[str, list[tuple[str, str, str, bytes]]]:
         """The session's uid and the ``m`` rows of the plan's messages and tools not yet written (their
         digests left in ``self._messages`` and ``self._tools``)."""
         uid = self._uid.get(session.key)
         if uid is None:
-            uid = self._uid[session.key] = secrets.token_hex(8)
+            uid = self._uid[session.key] = f"{self._run}-{next(self._count)}"
         written = self._written.setdefault(uid, set())
         rows: list[tuple[str, str, str, bytes]] = []
         self._messages: list[str] = []
@@ -259,7 +264,9 @@ class Durable:
 
     async def _write(self, session: Session, uid: str, rows: list[tuple[str, str, str, bytes]]) -> None:
         try:
-            await asyncio.wrap_future(self.log.submit(rows))
+            done = self.log.submit(rows)
+            if done is not None:
+                await done
         except StoreFullError as exc:
             self._restore(session, uid)
             raise StoreFullError(self.path, exc.reason.split(": ", 1)[-1], session.key) from exc
@@ -289,7 +296,9 @@ class Durable:
             log.warning(
                 "store %s over max_store_bytes: dropped session %r, read and not acknowledged", self.path, done.key
             )
-            await asyncio.wrap_future(self.log.delete([ack]))
+            pending = self.log.delete([ack])
+            if pending is not None:
+                await pending
         if self.log.used > self.max_bytes:
             raise StoreFullError(
                 self.path,
@@ -307,9 +316,9 @@ class Durable:
             return None
         self._written.pop(uid, None)
         if not queued:  # nothing recorded to read: its rows go
-            self.log.delete([uid])
+            self.log.send([(uid, "", "-delete", b"")])
             return None
-        self.log.submit([(uid, session.key, "finish", dumps({"reason": reason, "env": env}))])
+        self.log.send([(uid, session.key, "finish", dumps({"reason": reason, "env": env}))])
         return uid
 
     def given(self, batch: Iterable[Finished]) -> None:
@@ -335,14 +344,14 @@ class Durable:
         """Acknowledge episodes read (their ack ids): their rows leave the store; how many were held."""
         known = [a for a in acks if self._given.pop(a, None) is not None]
         if known:
-            self.log.delete(known)
+            self.log.send([(a, "", "-delete", b"") for a in known])
         return len(known)
 
     def _forgotten(self, done: Finished) -> None:
         """An episode its reader took another way (SessionStore.forget): acknowledged."""
         if done.ack is not None:
             self._given.pop(done.ack, None)
-            self.log.delete([done.ack])
+            self.log.send([(done.ack, "", "-delete", b"")])
 
     def close(self) -> None:
         """Commit what is queued and close the file."""

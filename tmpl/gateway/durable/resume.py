@@ -6,8 +6,10 @@ in order: the same heads, replies, issued call ids and episode, so the harness's
 its sequence with the same IDs and the same reuse. Messages and tool lists are kept once per session
 by digest; a prompt is kept as the head it extends (a call id and a length) plus the IDs after it.
 
->>> digest({"role": "user", "content": "Hi"}) == digest({"content": "Hi", "role": "user"})
+>>> digest({"role": "user", "content": "Hi"}) == digest({"role": "user", "content": "Hi"})
 True
+>>> digest({"role": "user", "content": "Hi"}) == digest({"role": "user", "content": "Hi!"})
+False
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ __all__ = ["Rebuilt", "call_body", "digest", "dumps", "rebuild"]
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` as compact JSON bytes (keys sorted: equal values give equal bytes)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")
+    """``value`` as compact JSON bytes."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")
 
 
 def digest(value: Any) -> str:
-    """A short digest of ``value``'s JSON (a message, a tool list, a request)."""
-    return hashlib.blake2b(dumps(value), digest_size=12).hexdigest()
+    """A short digest of ``value`` (a message, a tool list, a request) by its ``repr``: several times
+    cheaper than its JSON, and the same for the same JSON read the same way (a client's retry, a message
+    sent back on each call); two equal values whose keys come in another order digest apart (then they
+    are kept twice, or a retry is answered anew: never a wrong match)."""
+    return hashlib.blake2b(repr(value).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 def base_of(session: Session, plan: Plan, fresh: set[str]) -> tuple[str | None, int]:

@@ -6,14 +6,15 @@ replies), ``abort`` (tokens an engine sampled for a call nobody waits for), ``re
 session's rows are deleted together when a reader acknowledges its finished episode. Each row carries a
 CRC32 of its body: a row whose body does not match is named on start (the file and the row's ``seq``).
 
-Writes go through :meth:`SqliteLog.submit`: rows are queued and a writer thread commits everything
-queued in one transaction (group commit: while one commit runs, the next batch gathers). A commit that
-fails (the disk is full, the file unwritable) rolls back whole: every caller in that batch gets the
-error, and nothing of the batch is in the file.
+Writes go through :meth:`SqliteLog.submit`: rows are queued and committed at the event loop's next
+turn, everything queued by then in one transaction (group commit: the calls that end in one turn of the
+loop share a commit, on the loop's own thread: no thread hand-offs, no lock). A commit that fails (the
+disk is full, the file unwritable) rolls back whole: every caller in that batch gets the error, and
+nothing of the batch is in the file.
 
 >>> import tempfile, os
 >>> log = SqliteLog(os.path.join(tempfile.mkdtemp(), "s.db"))
->>> log.submit([("u1", "s1", "reward", b'{"value": 1.0}')]).result()
+>>> log.submit([("u1", "s1", "reward", b'{"value": 1.0}')])  # off an event loop: committed now
 >>> [(uid, key, kind) for _, uid, key, kind, _ in log.load()]
 [('u1', 's1', 'reward')]
 >>> log.close()
@@ -21,16 +22,18 @@ error, and nothing of the batch is in the file.
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import logging
 import os
 import sqlite3
-import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
 from ...errors import StoreCorruptError, StoreFullError
 
 __all__ = ["SCHEMA", "SqliteLog"]
+
+log = logging.getLogger("tmpl.gateway")
 
 #: the schema's version, kept in the file's ``meta`` table (a file of another version is refused)
 SCHEMA = 1
@@ -60,9 +63,8 @@ class SqliteLog:
             self._check()
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(self.path, None, f"SQLite cannot read it: {exc}") from exc
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._queue: list[tuple[list[Row], concurrent.futures.Future[None]]] = []
+        self._queue: list[tuple[list[Row], asyncio.Future[None] | None]] = []
+        self._scheduled = False  # a commit is due at the loop's next turn
         self._closing = False
         self._reader: sqlite3.Connection | None = None
         #: bytes the store's rows take (pages in use, updated at each commit; free pages are reused)
@@ -70,8 +72,6 @@ class SqliteLog:
         #: commits made and rows written (how well calls were grouped: rows / commits)
         self.commits = 0
         self.rows = 0
-        self._writer = threading.Thread(target=self._write_loop, name="tmpl-store-writer", daemon=True)
-        self._writer.start()
 
     # -- opening ---------------------------------------------------------------------
     def _check(self) -> None:
@@ -115,42 +115,56 @@ class SqliteLog:
         return total
 
     # -- writing ---------------------------------------------------------------------
-    def submit(self, rows: Iterable[Row]) -> concurrent.futures.Future[None]:
-        """Queue ``rows`` for the next group commit: the future is done once they are in the file (or
-        holds the error that kept the whole batch out of it)."""
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        with self._wake:
-            if self._closing:
-                raise StoreFullError(self.path, "the store is closed")
-            self._queue.append((list(rows), done))
-            self._wake.notify()
+    def submit(self, rows: Iterable[Row]) -> asyncio.Future[None] | None:
+        """Queue ``rows`` for the next group commit. On an event loop: a future done once they are in the
+        file (or holding the error that kept the whole batch out of it); the commit runs at the loop's
+        next turn, with every write queued by then. Off a loop: committed now (raising on a failure)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._closing:
+            raise StoreFullError(self.path, "the store is closed")
+        if loop is None:
+            self._commit([(list(rows), None)])
+            return None
+        done: asyncio.Future[None] = loop.create_future()
+        self._queue.append((list(rows), done))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
         return done
 
-    def delete(self, uids: Iterable[str]) -> concurrent.futures.Future[None]:
+    def send(self, rows: Iterable[Row]) -> None:
+        """:meth:`submit` without waiting for the commit (a failure is logged, not raised)."""
+        done = self.submit(rows)
+        if done is not None:
+            done.add_done_callback(_logged)
+
+    def delete(self, uids: Iterable[str]) -> asyncio.Future[None] | None:
         """Delete every event of the session incarnations ``uids`` (in the next group commit)."""
         return self.submit([(uid, "", "-delete", b"") for uid in uids])
 
-    def _write_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:
-                    return
-                batch, self._queue = self._queue, []
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._queue = self._queue, []
+        if batch:
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[list[Row], concurrent.futures.Future[None]]]) -> None:
+    def _commit(self, batch: list[tuple[list[Row], asyncio.Future[None] | None]]) -> None:
         db = self._db
         inserts = []
         deletes = []
+        checkpoint = False
         for rows, _ in batch:
             for uid, key, kind, body in rows:
                 if kind == "-delete":
                     deletes.append((uid,))
-                elif kind != "-checkpoint":
+                elif kind == "-checkpoint":
+                    checkpoint = True
+                else:
                     inserts.append((uid, key, kind, body, zlib.crc32(body)))
-        error: BaseException | None = None
+        error: StoreFullError | None = None
         try:
             db.execute("BEGIN IMMEDIATE")
             if inserts:
@@ -160,7 +174,7 @@ class SqliteLog:
             db.execute("COMMIT")
             self.commits += 1
             self.rows += len(inserts)
-            if any(kind == "-checkpoint" for rows, _ in batch for _, _, kind, _ in rows):
+            if checkpoint:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             pages, free, size = (
                 db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
@@ -173,14 +187,19 @@ class SqliteLog:
                 pass
             error = StoreFullError(self.path, f"the write failed and was rolled back whole: {exc}")
         for _, done in batch:
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
+            if done is None:
+                if error is not None:
+                    raise error
+            elif not done.done():
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
 
     def checkpoint(self) -> None:
         """Move the write-ahead log into the file and truncate it (the store's size then counts rows only)."""
-        self.submit([("", "", "-checkpoint", b"")]).result()
+        self._flush()
+        self._commit([([("", "", "-checkpoint", b"")], None)])
 
     def events_of(self, uid: str) -> list[tuple[int, str, str, str, bytes]]:
         """The events of one session incarnation, oldest first, read on a connection of their own."""
@@ -196,10 +215,18 @@ class SqliteLog:
 
     def close(self) -> None:
         """Commit what is queued, then close the file."""
-        with self._wake:
+        if self._closing:
+            return
+        try:
+            self._flush()
+        finally:
             self._closing = True
-            self._wake.notify()
-        self._writer.join()
-        self._db.close()
+            self._db.close()
         if self._reader is not None:
             self._reader.close()
+
+
+def _logged(done: asyncio.Future[None]) -> None:
+    """A write nobody waited for: its failure logged."""
+    if not done.cancelled() and done.exception() is not None:
+        log.error("%s", done.exception())
