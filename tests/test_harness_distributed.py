@@ -148,3 +148,28 @@ def test_a_killed_workers_runs_run_again_with_fresh_sessions_and_nothing_twice(t
     while _alive(killed["harness"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(killed["harness"]), "the killed worker's harness process is still running"
+
+
+def test_ray_actors_share_one_served_gateway_and_record_each_run_once(tmp_path):
+    """Two Ray actors, one shared gateway (its URL: the ``tmpl serve`` path, its trainer routes): every run
+    finished there once, its episode in the gateway's drain queue once, the results the same as in processes."""
+    from tmpl.gateway import create_app
+
+    from .gateway_util import served
+    from .ray_cluster import local_ray
+
+    tok = load_tokenizer("qwen2.5-instruct")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    tasks = ["note a", "note b"]
+    gateway = make_gateway()
+    with local_ray(), served(create_app(gateway)) as url:
+        settings = HarnessSettings(harness(marks), url, {"n": 2})
+        with tmpl.DistributedRollout(settings, workers=2, shard_size=1) as runner:
+            assert runner.mode == "ray"
+            results = runner.run([HarnessTask(t, verifier=verifier) for t in tasks])
+            pids = runner.pids()
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        check(results, tasks, 2, tok)
+        drained = [f.key for f in gateway.sessions.drain()]
+    assert sorted(drained) == sorted(r.session for r in results)  # each run recorded once, by the gateway
