@@ -173,3 +173,25 @@ def test_ray_actors_share_one_served_gateway_and_record_each_run_once(tmp_path):
         check(results, tasks, 2, tok)
         drained = [f.key for f in gateway.sessions.drain()]
     assert sorted(drained) == sorted(r.session for r in results)  # each run recorded once, by the gateway
+
+
+def test_a_workers_error_reaches_the_driver_whole():
+    """What a worker sends when a shard's own error does not pickle (``pools.portable``) unpickles again, each
+    subclass with its attributes (the driver raises it, rather than failing to read the worker's answer)."""
+    import pickle
+
+    from tmpl.errors import WorkerError, WorkerLostError, WorkerSetupError
+    from tmpl.rollout.scale.pools import portable
+
+    class Local(Exception):  # a class pickle cannot find by name
+        pass
+
+    sent = portable(Local("the tool raised"), "process 1")
+    back = pickle.loads(pickle.dumps(sent))
+    assert type(back) is WorkerError and back.worker == "process 1" and "the tool raised" in str(back)
+    for err in (
+        WorkerSetupError("process 0", "no factory"),
+        WorkerLostError("ray actor 1", "shard 2 (conversations 4-5)", "killed", 3),
+    ):
+        again = pickle.loads(pickle.dumps(err))
+        assert type(again) is type(err) and str(again) == str(err) and again.__dict__ == err.__dict__

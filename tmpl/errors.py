@@ -872,6 +872,9 @@ class WorkerError(TmplError):
         self.reason = reason
         super().__init__(f"rollout worker {worker}: {reason}" if worker is not None else reason)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # sent from a worker to the driver: its attributes survive pickling
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
 
 class WorkerSetupError(WorkerError, ValueError):
     """A worker could not be set up: its rollout factory does not pickle, raised, returned no
