@@ -14,15 +14,34 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..toolcalls.types import CallProblem, ToolCall
 from .metrics import CallOutcome
 from .outcomes import _from_worker, _ok, _raised, _refused, _timed_out, _Tool
-from .procpool import Answer
+from .procpool import Answer, ProcessPool
+from .workers import WorkerPool
 
-if TYPE_CHECKING:  # a batch belongs to its Toolbox, which imports this module
-    from .toolbox import Toolbox
+
+class BatchOwner(Protocol):
+    """What a batch uses of the :class:`~tmpl.tools.Toolbox` that runs it (which imports this module)."""
+
+    max_concurrency: int
+    max_hung: int
+    max_output_chars: int | None
+    _workers: WorkerPool
+    _processes: ProcessPool | None
+    _hung: dict[str, set[concurrent.futures.Future[Any]]]
+
+    def _check(self, item: ToolCall | CallProblem) -> CallOutcome | tuple[_Tool, ToolCall, dict[str, Any]]: ...
+
+    def _hung_calls(self, name: str) -> int: ...
+
+    async def _execute_async(self, tool: _Tool, call: ToolCall, args: dict[str, Any]) -> CallOutcome: ...
+
+    async def _returned(
+        self, tool: _Tool, call: ToolCall, value: Any, began: float, latency: float | None
+    ) -> CallOutcome: ...
 
 
 #: the tool call an async tool was started for, readable inside it (a sub-agent names its run by it)
@@ -41,7 +60,7 @@ class _Batch:
     the pool to add workers when every worker is stuck (see :mod:`.workers`).
     """
 
-    def __init__(self, box: Toolbox, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, box: BatchOwner, loop: asyncio.AbstractEventLoop) -> None:
         self.box, self.loop = box, loop
         self.free = box.max_concurrency
         self.waiting: collections.deque[Any] = collections.deque()  # launches waiting for a free slot

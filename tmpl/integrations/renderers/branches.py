@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ...chat_template import ChatTemplate
 from ...episode import Branch, BranchKind, first_difference
 from ...rollout.history import REASONING_FIELDS
-
-if TYPE_CHECKING:
-    from .renderer import TmplRenderer
 
 
 def _branch(
@@ -58,8 +56,9 @@ def _describe(branch: Branch) -> str:
     return text
 
 
-def _ends_open(renderer: TmplRenderer, completion: Sequence[int]) -> bool:
-    return not completion or int(completion[-1]) not in renderer.tpl.stop_token_ids
+def _ends_open(tpl: ChatTemplate, completion: Sequence[int]) -> bool:
+    """Whether ``completion`` stops before the template's turn close (a truncated completion)."""
+    return not completion or int(completion[-1]) not in tpl.stop_token_ids
 
 
 def _normalized(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -69,7 +69,7 @@ class Bridge:
         ids = prior + added
         if node is not None:
             self._known.put(ids, node)
-        indices, content = self._attribute(added, new_messages, truncated=_ends_open(self, previous_completion_ids))
+        indices, content = self._attribute(added, new_messages, truncated=_ends_open(self.tpl, previous_completion_ids))
         return RenderedTokens(
             token_ids=ids,
             message_indices=[-1] * len(prior) + indices,
