@@ -154,6 +154,10 @@ async def footprint(args, tpl) -> None:
     gateway = build(tpl, 0.0, f"{folder}/gw.db" if args.store else None)
     from tmpl.gateway.service import CallParams
 
+    for i in range(300):  # warm-up: caches filled, and memory freed back to the allocator's pools
+        await gateway.complete(f"w{i}", [{"role": "user", "content": f"Weather? (w{i})"}], TOOLS, CallParams())
+        gateway.finish(f"w{i}")
+    gateway.ack([d.ack for d in gateway.drain() if d.ack is not None])
     gc.collect()
     before = rss()
     n = args.sessions

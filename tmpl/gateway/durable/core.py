@@ -14,7 +14,7 @@ every open session (:mod:`.resume`) and queues again every finished episode no r
   first); with none left to drop, a new call is refused (507) before it reaches the engine.
 - A retried request answered once: the same ``Idempotency-Key`` header, or an ``x-stainless-retry-count``
   above 0 on a request equal to the session's last (the OpenAI and Anthropic SDKs' retries), is given
-  the recorded answer again.
+  the recorded answer again (non-streamed requests; a streamed one is generated anew).
 - Calls of one session's lineage run one at a time (two processes sending one session are serialized).
 
 >>> gateway = Gateway(tpl, backend, store="/data/gw.db", max_store_bytes=2**30)   # doctest: +SKIP
@@ -145,6 +145,10 @@ class Durable:
         """Run the call ``inner`` once: answered from the store when it is a retry of a recorded one,
         after the other calls of its lineage, and refused (507) when the store is full."""
         idem, retries = RETRY.get()
+        from ..service import _LIVE
+
+        if _LIVE.get() is not None:  # a streamed call: its answer is the stream the engine feeds, not kept
+            idem, retries = None, 0
         if idem is not None:
             found = self._idem.get(f"{key}\0{idem}")
             if found is not None:
