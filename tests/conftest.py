@@ -274,6 +274,11 @@ SERIAL_GROUPS = {
 }
 
 
+#: the agent harnesses' modules run last: CI installs their CLIs and venvs beside the suite
+#: (tests/harness_installs.py), so by the time these start the installs have usually ended
+HARNESS_MODULES = ("test_harness_",)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Group the tests for pytest-xdist (see :data:`SERIAL_GROUPS`); nothing changes without it.
@@ -282,11 +287,11 @@ def pytest_collection_modifyitems(config, items):
     each ``xdist_group`` mark into its node id's ``@group`` there; with pytest 9.2 a ``tryfirst``
     conftest hook ran after it and the groups were lost)."""
     if getattr(config.option, "loadgroup", False):  # --dist loadgroup, on the controller and each worker
-        first, rest = [], []
+        first, rest, last = [], [], []
         for item in items:
             module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
             group = SERIAL_GROUPS.get(module)
             item.add_marker(pytest.mark.xdist_group(group or module))
-            (first if group else rest).append(item)
-        items[:] = first + rest
+            (first if group else last if module.startswith(HARNESS_MODULES) else rest).append(item)
+        items[:] = first + rest + last
     return (yield)

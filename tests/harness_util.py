@@ -38,6 +38,7 @@ from tmpl.harness import Harness
 
 from .conftest import load_tokenizer
 from .gateway_util import full_render_ids, served
+from .harness_installs import wait_for_installs
 
 ROOT = Path(__file__).resolve().parent.parent
 #: where .ci/harnesses installs the npm CLIs
@@ -75,6 +76,7 @@ MARKER = "tmpl-harness"
 
 def npm_bin(name: str) -> str:
     """The path of an npm CLI installed by .ci/harnesses; skips the test (naming the install) when absent."""
+    wait_for_installs()  # in CI, the npm install may still run beside the suite
     path = NPM_BIN / name
     if not path.exists():
         pytest.skip(f"{name} is not installed: run .ci/harnesses (npm install into build/harnesses)")
