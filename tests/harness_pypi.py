@@ -17,11 +17,14 @@ import pytest
 from tmpl.harness import Harness
 from tmpl.harness.catalog import pypi
 
+from .harness_installs import wait_for_installs
 from .harness_util import FAMILIES, TASK, Ran, Served, check_episode, gateway_for, run_spec, shell_command
 
 
 def installed(name: str) -> Harness:
-    """The catalog's spec of ``name`` whose venv ``.ci/harnesses_py`` made; skips the test when it is absent."""
+    """The catalog's spec of ``name`` whose venv ``.ci/harnesses_py`` made; skips the test when it is absent
+    (in CI, where the venvs are made beside the suite, it first waits for them: tests/harness_installs.py)."""
+    wait_for_installs()
     venv = pypi.venv_dir(name)
     if not (venv / ".tmpl-pins").is_file():
         pytest.skip(f"{name} is not installed ({venv} missing): run .ci/harnesses_py {pypi.VENV_PINS[name][0]}")
