@@ -18,7 +18,7 @@ from tmpl.harness import Harness
 from tmpl.harness.catalog import pypi
 
 from .harness_installs import wait_for_installs
-from .harness_util import FAMILIES, TASK, Ran, Served, check_episode, gateway_for, run_spec, shell_command
+from .harness_util import FAMILIES, TASK, Ran, Served, check_episode, check_masks, gateway_for, run_spec, shell_command
 
 
 def installed(name: str) -> Harness:
@@ -86,6 +86,7 @@ def episode_of(
         episode = served.gateway.episode(session)
         branches = [s.branch for s in episode.sequences[1:]]
         assert any(b.kind == "diverged" and b.field == field for b in branches), failed.value
+        check_masks(served, session)  # the fifth still holds on the branch
         if field == "reasoning_content":  # the call's reply held the reasoning the client dropped
             for call_id in served.policy.calls:
                 assert "<think>" in served.gateway.tpl.tokenizer.decode(served.policy.sampled[call_id])

@@ -362,6 +362,16 @@ def check_episode(served: Served, ran: Ran, session: str, *, proof: str = PROOF_
         answer = later[0]
         assert policy.sampled[answer.id] != policy.sampled[call.id], "the answer repeated the call"
     # 5. every sampled token in exactly one loss mask
+    check_masks(served, session)
+    return episode
+
+
+def check_masks(served: Served, session: str) -> None:
+    """The fifth assertion alone (also where a harness's own rewrite of its history makes a branch, so
+    that the fourth cannot hold): every call's sampled IDs in exactly one training sequence, all in its
+    loss mask, and nothing else in any mask."""
+    episode = served.gateway.episode(session)
+    calls, policy = episode.calls, served.policy
     where: dict[str, int] = {}
     for seq in episode.sequences:
         for cid, span in zip(seq.calls, seq.spans):
@@ -370,7 +380,6 @@ def check_episode(served: Served, ran: Ran, session: str, *, proof: str = PROOF_
             where[cid] = where.get(cid, 0) + 1
     assert all(where.get(c.id) == 1 for c in calls), f"calls not in exactly one sequence: {where}"
     assert sum(int(s.mask.sum()) for s in episode.sequences) == sum(len(c.completion_ids) for c in calls)
-    return episode
 
 
 @dataclass(frozen=True)
