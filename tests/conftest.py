@@ -264,6 +264,7 @@ SERIAL_GROUPS = {
     "test_view_browser": "engines-2",  # its real rollout on the session's scale-out server
     "test_tools_mcp_vllm": "engines-2",  # on the session's scale-out server too
     "test_integrations_trl_harness": "engines-2",  # its harness runs on the session's scale-out server too
+    "test_harness_vllm_dialects": "engines-2",  # one harness per dialect on the session's scale-out server
     "test_integrations_verl_agent_loop": "engines-1",
     "test_integrations_verl_vision": "engines-2",
     "test_integrations_renderers_verifiers": "engines-1",
