@@ -45,6 +45,7 @@ from ...backends import Backend
 from ...chat_template import ChatTemplate
 from ...errors import TrainerConfigError
 from .backends import trainer_backend, trainer_name
+from .trainer import check_trainer, default_max_length, fill_id, sampling_of, template_for
 
 __all__ = ["HARNESS_KEYS", "HarnessRolloutFunc", "harness_reward", "harness_rows", "task_from_prompt"]
 
@@ -138,15 +139,12 @@ class HarnessRolloutFunc:
 
     def chat_template(self, trainer: Any) -> ChatTemplate:
         """The trainer's :class:`tmpl.ChatTemplate` (built once per trainer)."""
-        from .rollout_func import template_for
-
         if self._tpl is None or self._tpl_trainer is not trainer:
             self._tpl, self._tpl_trainer = template_for(trainer, self.template), trainer
         return self._tpl
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, Any]:
         from ...harness import HarnessRollout
-        from .rollout_func import check_trainer
 
         check_trainer(trainer)
         tpl = self.chat_template(trainer)
@@ -173,7 +171,7 @@ class HarnessRolloutFunc:
         return harness_rows(
             results,
             [tpl.prompt_ids(_messages(row)) for row in rows],
-            fill_id=_fill_id(tpl),
+            fill_id=fill_id(tpl),
             rows=bool(getattr(trainer, "takes_sequence_rows", False)),
             mask_failed=self.mask_failed,
             trainer=trainer_name(trainer),
@@ -186,7 +184,6 @@ class HarnessRolloutFunc:
             yield self.gateway
             return
         from ...gateway import Gateway
-        from .rollout_func import default_max_length, sampling_of
 
         sampling = sampling_of(trainer)
         options = {
@@ -274,12 +271,6 @@ def _messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     return [dict(m) for m in prompt]
-
-
-def _fill_id(tpl: ChatTemplate) -> int:
-    from .rollout_func import _fill_id as fill
-
-    return fill(tpl)
 
 
 def _run(rollout: Any, tasks: list[Any]) -> list[Any]:

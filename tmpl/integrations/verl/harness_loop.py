@@ -31,7 +31,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, _agent_loop_registry, register
 
 from ...chat_template import ChatTemplate
-from ...errors import TrainerConfigError
+from ...errors import TmplError, TrainerConfigError
 from .agent_loop import ROW_ESTIMATORS, TmplToolAgentLoop, _is_tmpl_manager, _setting, training_rows
 from .backend import VerlServerBackend
 
@@ -136,8 +136,6 @@ class TmplHarnessAgentLoop(TmplToolAgentLoop):
 
     def _stand_in(self, result: Any, kwargs: Mapping[str, Any]) -> AgentLoopOutput:
         """A run without calls keeps its sample's place: the prompt as rendered, one token outside the mask."""
-        from ..trl.rollout_func import _fill_id
-
         messages = [dict(m) for m in kwargs.get("raw_prompt") or [{"role": "user", "content": ""}]]
         extra = self._harness_fields(result)
         extra |= {"tmpl_sequence": 0, "tmpl_sequences": 0, "tmpl_branch": "none", "tmpl_agent": None}
@@ -146,7 +144,7 @@ class TmplHarnessAgentLoop(TmplToolAgentLoop):
         assert isinstance(tpl, ChatTemplate)  # text-only: run() refuses a processor
         return AgentLoopOutput(
             prompt_ids=tpl.prompt_ids(messages),
-            response_ids=[_fill_id(tpl)],
+            response_ids=[_stand_in_token(tpl)],
             response_mask=[0],
             response_logprobs=[0.0],
             num_turns=0,
@@ -182,6 +180,15 @@ class TmplHarnessAgentLoop(TmplToolAgentLoop):
                 "verl", setting, f"{sample} has {len(rows)} training sequences: set it to "
                 "tmpl.integrations.verl.TmplAgentLoopManager",
             )  # fmt: skip
+
+
+def _stand_in_token(tpl: ChatTemplate) -> int:
+    """The token that stands in for an empty response: the template's turn close, else EOS."""
+    try:
+        return int(tpl.tool_close_ids[-1])
+    except TmplError:  # a template that cannot render tool turns
+        eos = getattr(tpl.tokenizer, "eos_token_id", None)
+        return int(eos if eos is not None else min(tpl.stop_token_ids))
 
 
 def register_harness_agent(
