@@ -11,15 +11,22 @@ import tempfile
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from ...errors import MCPServerError
 from ..mcp_results import reply_of
 from ..reply import ToolReply
 from .servers import Server, sdk
 
-if TYPE_CHECKING:  # the toolset owns its links; a link only names its owner's type
-    from .toolset import MCPToolset
+
+class LinkOwner(Protocol):
+    """What a link reads of the :class:`~tmpl.tools.mcp.toolset.MCPToolset` that owns it (which imports this
+    module): its timeouts and how results are shown."""
+
+    connect_timeout: float
+    probe_timeout: float
+    retry_after: float
+    structured: Any
 
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,7 @@ class _Link:
     """One server's session, kept on the toolset's loop: opened, checked, restarted, closed."""
 
     server: Server
-    owner: MCPToolset
+    owner: LinkOwner
     current: _Session | None = None
     starts: int = 0  #: sessions opened (the first, then one per restart)
     failed: tuple[float, str] | None = None  #: when the last start failed, and why
