@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from .backends import VLLMClientBackend, server_url, trainer_backend
+from .environments import env_reward
 from .harness import HARNESS_KEYS, HarnessRolloutFunc, harness_reward
-from .rollout_func import ENV_KEYS, REWARD_KEYS, TmplRolloutFunc, env_reward, make_rollout_func, to_trl_output
+from .output import ENV_KEYS, REWARD_KEYS, to_trl_output
+from .rollout_func import TmplRolloutFunc, make_rollout_func
 from .version import SUPPORTED_TRL, check_trl_version, require_trl, supported
 
 __all__ = [

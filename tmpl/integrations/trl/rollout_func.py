@@ -69,23 +69,22 @@ from ...tools.toolbox import as_toolbox
 from ...vision.parts import is_image_part, is_pil_image
 from ...vision.template import VisionTemplate
 from .backends import trainer_backend, trainer_name
+from .environments import _first_assistant, env_tasks
+from .output import ENV_KEYS as ENV_KEYS
+from .output import REWARD_KEYS as REWARD_KEYS
+from .output import _log, to_trl_output
 from .trainer import check_trainer, default_max_length, sampling_of, template_for
 from .trainer import fill_id as _fill_id
 from .version import require_trl
-
-#: Keys this function adds for the reward functions (besides TRL's required ones and env_mask).
-REWARD_KEYS: tuple[str, ...] = (
-    "messages",
-    "tool_results",
-    "status",
-    "reason",
-    "turns",
-    "tool_calls",
-    "tool_failures",
-    "rollout_metrics",
+from .vision import (
+    _TRL_IMAGES_CHECKED,
+    check_no_tool_images,
+    check_trl_rebuild,
+    check_vision_trainer,
+    vision_processor,
+    vision_template_for,
 )
-#: Keys added with environments (``env_factory`` / ``environment_factory``), one value per sample.
-ENV_KEYS: tuple[str, ...] = ("environments", "env_reward")
+
 #: Rollout options that come from the trainer and cannot be overridden here.
 _FROM_TRAINER = {"max_completion_length": "GRPOConfig(max_completion_length=...)"}
 
@@ -325,33 +324,6 @@ def make_rollout_func(
     )
 
 
-def env_reward(env_reward: Sequence[float | None], **kwargs: Any) -> list[float | None]:  # noqa: ARG001 - TRL passes every column
-    """A TRL reward function: each completion's environment reward (None where its environment gave none,
-    which TRL leaves out of that completion's reward). Use with ``make_rollout_func(env_factory=...)`` or
-    ``environment_factory=...``.
-
-    >>> env_reward([1.0, None], completions=["a", "b"])
-    [1.0, None]
-    """
-    return [None if r is None else float(r) for r in env_reward]
-
-
-def env_tasks(conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any) -> list[dict[str, Any]]:
-    """Each completion's environment task: its dataset row where the trainer gives it (ToolRLOOTrainer keeps
-    the batch's rows), else ``{"prompt": conversation}`` (GRPOTrainer hands a rollout_func the prompts only)."""
-    rows = getattr(trainer, "_tmpl_inputs", None)
-    if isinstance(rows, list) and len(rows) == len(conversations):
-        return [{**row, "prompt": list(conv)} for row, conv in zip(rows, conversations)]
-    return [{"prompt": list(conv)} for conv in conversations]
-
-
-def _first_assistant(messages: Sequence[Mapping[str, Any]]) -> int:
-    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-
-
-# -- what comes from the trainer -----------------------------------------------------------------
-
-
 def _conversations(
     prompts: Sequence[Any], trainer: Any, *, processor: Any = None
 ) -> tuple[list[list[dict[str, Any]]], bool]:
@@ -404,170 +376,6 @@ def _conversations(
     return out, with_images
 
 
-def vision_processor(trainer: Any) -> Any:
-    """The trainer's ``processing_class`` when it is a processor with an image processor, else None."""
-    processing_class = getattr(trainer, "processing_class", None)
-    if getattr(processing_class, "image_processor", None) is None:
-        return None
-    if getattr(processing_class, "tokenizer", None) is None:
-        return None
-    return processing_class
-
-
-def vision_template_for(trainer: Any, template: ChatTemplate | str | None) -> VisionTemplate:
-    """The :class:`VisionTemplate` of the trainer's processor: its chat template (or ``template``'s
-    text, or the template tmpl ships under that name) with the trainer's ``chat_template_kwargs``."""
-    processor = vision_processor(trainer)
-    if processor is None:
-        raise TrainerConfigError(
-            trainer_name(trainer), "processing_class", "prompts with images need a processor with an image processor"
-        )
-    kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
-    if isinstance(template, ChatTemplate):
-        raise TrainerConfigError(
-            trainer_name(trainer),
-            "processing_class",
-            f"template {template.name!r} is a text ChatTemplate: prompts with images render through the processor "
-            "(make_rollout_func(template=None) uses the processor's own chat template, as TRL's loss pass does)",
-        )
-    text = template
-    if isinstance(template, str):
-        from ... import templates
-
-        if template in {t.name for t in templates.available()}:
-            text = templates.load(template)
-    return VisionTemplate(processor, text, **kwargs)
-
-
-def check_vision_trainer(trainer: Any, toolbox: Any, *, forced_backend: bool = False) -> None:
-    """Refuse, before any rollout, image prompts whose images TRL's loss pass would not rebuild.
-
-    TRL (1.16) rebuilds a VLM's loss-pass inputs in ``_generate_and_score_completions`` from the dataset's
-    ``images``/``image`` column and its own render of the prompts, ``apply_chat_template(prompt,
-    processing_class, tools=trainer.tools, **chat_template_kwargs)``; ``trainer.tools`` must be None
-    with tmpl's rollout_func (else TRL runs its own tool loop and its tool mask replaces ``env_mask``),
-    so tmpl's rollout must render the prompts without tools too.
-    """
-    if toolbox is not None and len(toolbox):
-        names = ", ".join(toolbox.names)
-        raise TrainerConfigError(
-            trainer_name(trainer),
-            "tools",
-            f"prompts with images and tools ({names}) cannot go through TRL's rollout_func: TRL "
-            f"{_TRL_IMAGES_CHECKED} rebuilds the loss pass's image inputs (pixel_values, image_grid_thw, "
-            "mm_token_type_ids) from its own render of the prompts with trainer.tools, which must be None with "
-            "tmpl's rollout_func (TRL's own tool loop would run and replace env_mask), so its prompts would "
-            "lack the tool schemas tmpl renders; use make_rollout_func() without tools for image prompts",
-        )
-    generation = getattr(trainer, "vllm_generation", None)
-    if not forced_backend and getattr(trainer, "use_vllm", False) and getattr(generation, "mode", None) == "server":
-        raise TrainerConfigError(
-            trainer_name(trainer),
-            "vllm_mode",
-            "'server' with prompts holding images is not wired: TRL's VLLMClient takes a prompt's images as "
-            "`features` from its image_features() call, which tmpl's client backend does not send (it would "
-            "generate from the placeholders alone); use vllm_mode='colocate', or pass backend=VLLMServer(..., "
-            "api='generate') to make_rollout_func",
-        )
-    training = getattr(getattr(trainer, "model", None), "training", True)
-    dataset = getattr(trainer, "train_dataset" if training else "eval_dataset", None)
-    found = list(dataset.values()) if isinstance(dataset, Mapping) else [dataset]
-    for d in found:
-        columns = getattr(d, "column_names", None)
-        if columns is None or not {"images", "image"} & set(columns):
-            raise TrainerConfigError(
-                trainer_name(trainer),
-                "train_dataset" if training else "eval_dataset",
-                f"prompts hold images but the dataset's columns are {columns}: TRL {_TRL_IMAGES_CHECKED}'s loss "
-                "pass takes a prompt's images only from an 'images' (or 'image') column; images written into "
-                "the prompts alone would reach its forward pass as placeholders without pixel_values",
-            )
-
-
-def check_no_tool_images(
-    results: Sequence[RolloutResult], conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any
-) -> None:
-    """Refuse completions in which a tool returned an image: TRL has no channel for them from a rollout_func.
-
-    TRL (1.16) keeps only ``prompt_ids``/``completion_ids``/``logprobs`` from a ``rollout_func``; its loss
-    pass gets images returned by tools only from its own tool loop (``tool_images``), so a tool image in
-    tmpl's completion would reach the model as placeholders without ``pixel_values``.
-    """
-    for i, (r, conversation) in enumerate(zip(results, conversations)):
-        for j, message in enumerate(r.messages[len(conversation) :], start=len(conversation)):
-            content = message.get("content")
-            if message.get("role") != "tool" or isinstance(content, str) or not isinstance(content, Sequence):
-                continue
-            if any(map(is_image_part, content)):
-                raise TrainerConfigError(
-                    trainer_name(trainer),
-                    "rollout_func",
-                    f"sample {i}, message {j}: the tool {message.get('name')!r} returned an image. TRL "
-                    f"{_TRL_IMAGES_CHECKED} takes no images from a rollout_func (only prompt_ids, completion_ids, "
-                    "logprobs); its loss pass gets images returned by tools only from its own tool loop "
-                    "(tool_images), so this one would reach the model as placeholders without pixel_values",
-                )
-
-
-def check_trl_rebuild(
-    results: Sequence[RolloutResult], conversations: Sequence[Sequence[Mapping[str, Any]]], trainer: Any
-) -> None:
-    """Check that each prompt_ids equals what TRL's loss pass rebuilds, and that its rows line up.
-
-    TRL renders each prompt with ``trl.data_utils.apply_chat_template(..., tools=trainer.tools,
-    **chat_template_kwargs)`` and calls the processor on that text and the prompt's images
-    (``padding=True``); its ``mm_token_type_ids`` (and ``pixel_values``/``image_grid_thw``, in order)
-    go with tmpl's ``prompt_ids`` left-padded. This does the same per prompt and compares the IDs;
-    a processor padding on the right is refused when the batch's prompts differ in length.
-    """
-    from trl.data_utils import apply_chat_template as trl_render
-
-    processor = vision_processor(trainer)
-    kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
-    tools = getattr(trainer, "tools", None)
-    done: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    for i, (r, conversation) in enumerate(zip(results, conversations)):
-        images = [
-            part["image"]
-            for m in conversation
-            if isinstance(m.get("content"), list)
-            for part in m["content"]
-            if is_image_part(part)
-        ]
-        text = trl_render({"prompt": list(conversation)}, processor, tools=tools, **kwargs)["prompt"]
-        key = (text, tuple(id(im) for im in images))
-        if key not in done:
-            rebuilt = processor(images=images or None, text=[text])["input_ids"][0]
-            done[key] = [int(t) for t in rebuilt]
-        ours = r.prompt_ids.tolist()
-        if ours != done[key]:
-            at = next((k for k, (a, b) in enumerate(zip(ours, done[key])) if a != b), min(len(ours), len(done[key])))
-            raise TrainerConfigError(
-                trainer_name(trainer),
-                "train_dataset",
-                f"prompt {i}: tmpl's prompt_ids ({len(ours)} tokens) differ from what TRL {_TRL_IMAGES_CHECKED}'s "
-                f"loss pass rebuilds with the processor ({len(done[key])} tokens), first at token {at}: its "
-                "pixel_values/mm_token_type_ids would not line up with the IDs",
-            )
-    side = getattr(processor.tokenizer, "padding_side", "right")
-    lengths = {len(r.prompt_ids) for r in results}
-    if side != "left" and len(lengths) > 1:
-        raise TrainerConfigError(
-            trainer_name(trainer),
-            "processing_class",
-            f"the processor's tokenizer pads on the {side} and the batch's prompts differ in length "
-            f"({min(lengths)}-{max(lengths)} tokens): TRL pads prompt_ids on the left but its mm_token_type_ids "
-            "with the processor, so they would be shifted; set processing_class.tokenizer.padding_side = 'left'",
-        )
-
-
-#: the TRL version whose GRPOTrainer._generate / _generate_and_score_completions were read for images
-_TRL_IMAGES_CHECKED = "1.16"
-
-
-# -- running and converting ------------------------------------------------------------------------
-
-
 @contextmanager
 def _backend(forced: Backend | None, trainer: Any) -> Iterator[Backend]:
     """The forced backend, or the trainer's own for the duration of the rollout."""
@@ -586,102 +394,3 @@ def _run(rollout: Rollout, conversations: Sequence[Any]) -> list[RolloutResult]:
         return rollout.run(conversations)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmpl-rollout") as pool:
         return pool.submit(rollout.run, conversations).result()
-
-
-def to_trl_output(
-    results: Sequence[RolloutResult],
-    metrics: RolloutMetrics,
-    conversations: Sequence[Sequence[Mapping[str, Any]]],
-    *,
-    fill_id: int,
-    mask_aborted: bool = True,
-    mask_truncated: bool = False,
-    rows: bool = False,
-    trainer: str = "GRPOTrainer",
-) -> dict[str, Any]:
-    """TRL's ``rollout_func`` output for finished rollouts (one row per result, in order).
-
-    A completion that holds no token (a sample aborted before its first token) becomes one
-    ``fill_id`` token with ``env_mask`` 0, because TRL reads every completion's last token.
-    With ``mask_aborted`` (``mask_truncated``), an ABORTED (TRUNCATED) completion's ``env_mask``
-    is all 0: it keeps its place in its group but adds nothing to the loss.
-
-    ``rows=True`` (a trainer that takes several rows per sample, :class:`ToolRLOOTrainer`): one row per
-    training sequence (``result.rows()``: the sequence's prompt up to its first sampled token, its
-    completion, its loss mask as ``env_mask``) and ``sample_index``, the sample of each row; the reward
-    keys stay one per sample. ``rows=False`` (GRPOTrainer): a sample with several sequences (template
-    mode, ``edit_history``, sub-agents) raises TrainerConfigError rather than losing all but one.
-
-    >>> out = to_trl_output(results, metrics, conversations, fill_id=0, rows=True)   # doctest: +SKIP
-    >>> out["sample_index"], len(out["status"])                                      # doctest: +SKIP
-    ([0, 0, 1], 2)
-    """
-    out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
-    sample_index: list[int] = []
-    extras: dict[str, list[Any]] = {k: [] for k in REWARD_KEYS if k != "rollout_metrics"}
-    for i, (r, conversation) in enumerate(zip(results, conversations)):
-        off = (mask_aborted and r.status.name == "ABORTED") or (mask_truncated and r.status.name == "TRUNCATED")
-        for prompt, ids, mask, logprobs in _sample_rows(r, i, fill_id, rows=rows, trainer=trainer):
-            out["prompt_ids"].append(prompt)
-            out["completion_ids"].append(ids)
-            out["logprobs"].append(logprobs)
-            out["env_mask"].append([0] * len(mask) if off else mask)
-            sample_index.append(i)
-        extras["messages"].append(r.messages)
-        extras["tool_results"].append([m for m in r.messages[len(conversation) :] if m.get("role") == "tool"])
-        extras["status"].append(r.status.name)
-        extras["reason"].append(r.reason)
-        extras["turns"].append(r.turns)
-        extras["tool_calls"].append(r.tool_calls)
-        extras["tool_failures"].append(r.tool_failures)
-    if rows:
-        out["sample_index"] = sample_index
-    out.update(extras)
-    out["rollout_metrics"] = metrics.to_dict()
-    return out
-
-
-def _sample_rows(
-    r: RolloutResult, i: int, fill_id: int, *, rows: bool, trainer: str
-) -> list[tuple[list[int], list[int], list[int], list[float]]]:
-    """A sample's rows: ``(prompt_ids, completion_ids, env_mask, logprobs)``, one per training sequence."""
-    if r.from_calls:
-        sequences = r.rows()
-        if len(sequences) > 1 and not rows:
-            kinds = ", ".join(f"{row.sequence.index}: {row.sequence.branch}" for row in sequences)
-            raise TrainerConfigError(
-                trainer,
-                "rollout_func",
-                f"sample {i} (conversation {r.index}, sample {r.sample}) has {len(sequences)} training sequences "
-                f"({kinds}); {trainer} trains one completion per prompt and would lose all but one. Use "
-                "tmpl.integrations.trl.ToolRLOOTrainer, which trains one row per sequence with the sample's "
-                "advantage, or Rollout(history='append') without edit_history or sub-agents",
-            )
-        if sequences:
-            return [
-                (
-                    row.trajectory.prompt_ids.tolist(),
-                    row.trajectory.completion_ids.tolist(),
-                    row.loss_mask.astype(int).tolist(),
-                    row.trajectory.logprobs.tolist(),
-                )
-                for row in sequences
-            ]
-    ids, mask, logprobs = r.completion_ids.tolist(), r.mask.tolist(), r.logprobs.tolist()
-    if not ids:
-        ids, mask, logprobs = [fill_id], [0], [0.0]
-    return [(r.prompt_ids.tolist(), ids, mask, logprobs)]
-
-
-def _log(trainer: Any, metrics: RolloutMetrics) -> None:
-    """Add the rollout's metrics to the trainer's logged metrics (TRL averages them per logging step)."""
-    store = getattr(trainer, "_metrics", None)
-    if not isinstance(store, dict):
-        return
-    model = getattr(trainer, "model", None)
-    mode = "train" if getattr(model, "training", True) else "eval"
-    bucket = store.get(mode)
-    if bucket is None:
-        return
-    for key, value in metrics.to_dict(prefix="tmpl/").items():
-        bucket.setdefault(key, []).append(value)
