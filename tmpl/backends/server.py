@@ -67,44 +67,27 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import BackendError, HTTPConnectionError, WeightUpdateError
+from ..errors import BackendError, HTTPConnectionError
 from .base import (
     Backend,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
-    UpdateMode,
-    WeightSource,
     versions_from_spans,
 )
 from .http import HTTPClient
 from .routes import RoutesDecodeError, decode_npy, from_position
+from .server_control import ServerControl, ServerState
 from .vllm import engine_prompt_ids, expansion_problem, image_problem, sampling_kwargs
-
-
-@dataclass
-class ServerState:
-    """One server as the client sees it: load, outcomes, and whether it is believed alive."""
-
-    url: str
-    outstanding: int = 0
-    completed: int = 0
-    failures: int = 0
-    #: requests whose connection this server refused or dropped (each one retried elsewhere)
-    lost: int = 0
-    #: abort notices sent to this server (cancelled or abandoned requests)
-    aborts: int = 0
-    #: abort notices by id (``api="generate"``) this server did not acknowledge: no answer within 5 s,
-    #: unreachable, or an error status (the closed connection is then the only notice it got)
-    abort_errors: int = 0
-    #: ``time.monotonic()`` before which no new request is sent here (after a lost connection)
-    down_until: float = 0.0
-    #: why this server gets no request ever again (it missed a weight update: its weights are old)
-    retired: str | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return self.retired is None and time.monotonic() >= self.down_until
+from .vllm_wire import (
+    _MAX_HOMES,
+    _MAX_IMAGE_URL_CHARS,
+    _stream_piece,
+    entry_token_id,
+    image_data_url,
+    merge_stream,
+    scale_out_hint,
+)
 
 
 @dataclass
@@ -129,7 +112,7 @@ def attempt_id(request_id: str, attempt: int) -> str:
     return request_id if attempt == 0 else f"{request_id}~a{attempt}"
 
 
-class VLLMServer(Backend):
+class VLLMServer(ServerControl, Backend):
     """Send each request to one of several vLLM servers as soon as it is ready.
 
     ``retries``: tries on other servers after a lost connection, a timeout or a 5xx answer;
@@ -506,320 +489,3 @@ class VLLMServer(Backend):
             routes=routes,
             routes_start=start,
         )
-
-    # -- weight updates ---------------------------------------------------------------
-    async def update_weights(
-        self,
-        version: int,
-        apply: WeightSource = None,
-        *,
-        mode: UpdateMode = "keep",
-        reset_prefix_cache: bool = True,
-    ) -> None:
-        """Pause every server, apply the update, reset the prefix cache, set the label, resume.
-
-        vLLM's RL endpoints (the server started with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause``
-        (``mode`` keep, abort, or wait for drain), ``POST /collective_rpc`` ``reload_weights`` when
-        ``apply`` is a folder (a callable runs once, after every server paused), ``POST
-        /reset_prefix_cache``, ``POST /update_weight_version`` with ``str(version)``, ``POST /resume``.
-        A server that cannot be reached, at the pause or later (killed while paused), is retired (it
-        would come back with old weights; ``stats`` says why) and the others are updated and resumed
-        (WeightUpdateError when none is left); a server that answers with an error fails the update
-        (WeightUpdateError naming it and the step), after the paused servers were resumed.
-
-        >>> await backend.update_weights(3, "/ckpt/step-3", mode="keep")   # doctest: +SKIP
-        """
-        pause = {"keep": "keep", "abort": "abort", "drain": "wait"}[mode]
-        clear = "true" if reset_prefix_cache else "false"
-        live = [s for s in self.servers if s.retired is None]
-        paused: list[ServerState] = []
-        try:
-            outcomes = await asyncio.gather(
-                *(self._rl(s, "pause", f"/pause?mode={pause}&clear_cache={clear}") for s in live),
-                return_exceptions=True,
-            )
-            paused += [server for server, outcome in zip(live, outcomes) if outcome is None]
-            refused = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-            if refused:
-                raise refused[0]
-            if not paused:
-                raise WeightUpdateError(
-                    ", ".join(s.url for s in live) or "no server", "pause", "no server could be reached"
-                )
-            if callable(apply):
-                out = apply()
-                if asyncio.iscoroutine(out):
-                    await out
-            steps: list[tuple[str, str, Any]] = []
-            if apply is not None and not callable(apply):
-                steps.append(
-                    ("apply", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(apply)}})
-                )
-            if reset_prefix_cache:
-                steps.append(("reset_prefix_cache", "/reset_prefix_cache", None))
-            steps.append(("label", "/update_weight_version", {"new_version": str(version)}))
-            for server in paused:
-                for step, path, body in steps:
-                    await self._rl(server, step, path, body, strict=True)
-                    if server.retired is not None:  # died during the pause: retired, the others are updated
-                        break
-            if all(s.retired is not None for s in paused):
-                raise WeightUpdateError(", ".join(s.url for s in paused), "apply", "every paused server was lost")
-        finally:
-            resuming = [s for s in paused if s.retired is None]
-            errors = await asyncio.gather(*(self._rl(s, "resume", "/resume") for s in resuming))
-        # a server lost at resume is retired (it got the update, but gets no request any more)
-        failed = [(s, e) for s, e in zip(resuming, errors) if e is not None and s.retired is None]
-        if failed:
-            raise WeightUpdateError(failed[0][0].url, "resume", failed[0][1] or "")
-        self.weight_version = version
-
-    async def _rl(
-        self, server: ServerState, step: str, path: str, body: Any = None, *, strict: bool = False
-    ) -> str | None:
-        """POST to one of vLLM's RL endpoints; None when it answered 200, else why not.
-
-        An unreachable server is retired (never raised); an error answer, or no answer within the
-        timeout, raises WeightUpdateError when ``strict`` (a server slow to reload is alive: it is
-        resumed with the others, not retired).
-        """
-        try:
-            status, answer = await self.http.post_json(
-                server.url + path, body if body is not None else {}, timeout=self.timeout
-            )
-        except asyncio.TimeoutError as exc:
-            if strict:  # a slow step (a reload longer than the timeout) of a live server: fail, resume all
-                raise WeightUpdateError(server.url, step, f"no answer within {self.timeout:g} s ({exc})") from exc
-            server.retired = f"unreachable during the weight update to a new version ({step}: timed out)"
-            return f"timed out ({exc})"
-        except HTTPConnectionError as exc:
-            # retired, not raised, even when ``strict``: a server lost during the pause must not keep the
-            # others from their update (they are updated and resumed; this one gets no request any more)
-            server.retired = f"unreachable during the weight update to a new version ({step}: {exc})"
-            return str(exc)
-        if status != 200:
-            detail = f"HTTP {status} from {path}: {str(answer)[:300]}"
-            if status == 404:
-                detail += " (start the server with VLLM_SERVER_DEV_MODE=1 for its RL endpoints)"
-            if strict or step == "pause":
-                raise WeightUpdateError(server.url, step, detail)
-            return detail
-        return None
-
-    async def prefix_cache_counters(self) -> tuple[float, float] | None:
-        """``(queried, hit)`` prefix-cache tokens summed over the servers, from each one's ``/metrics``
-        (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``; every client's traffic
-        counts). Servers that do not answer are left out; None when none answers."""
-        answers = await asyncio.gather(
-            *(self.http.get_text(s.url + "/metrics", timeout=10.0) for s in self.servers if s.retired is None),
-            return_exceptions=True,
-        )
-        totals = [prometheus_counters(a[1]) for a in answers if isinstance(a, tuple) and a[0] == 200]
-        if not totals:
-            return None
-        return sum(q for q, _ in totals), sum(h for _, h in totals)
-
-    async def cancel(self, request_id: str) -> None:
-        """Abort an in-flight request on its server (a no-op once it has finished).
-
-        The request's task is cancelled, which closes its connection: vLLM aborts a request whose
-        client disconnected (both APIs). With ``api="generate"`` the server is also told by id
-        (``POST /inference/v1/abort_requests``).
-        """
-        entry = self._inflight.get(request_id)
-        if entry is None:
-            return
-        entry.cancelled = True
-        if entry.task is not None and entry.task is not asyncio.current_task() and not entry.task.done():
-            entry.task.cancel()
-        await self._abort(entry.server, entry.attempt_id)
-
-    async def stop(self, request_id: str) -> bool:
-        """End an in-flight request on its server keeping what it sampled (``api="generate"``): the
-        server is told by id (``POST /inference/v1/abort_requests``) and its answer to the request,
-        ``finish_reason="abort"`` with the tokens sampled so far and their logprobs (vLLM 0.32), is
-        what ``agenerate`` returns. False with ``api="completions"`` (no abort by id) or once the request
-        has finished."""
-        entry = self._inflight.get(request_id)
-        if entry is None or self.api != "generate":
-            return False
-        await self._abort(entry.server, entry.attempt_id)
-        return True
-
-    def _abort_soon(self, server: ServerState, rid: str) -> None:
-        """Send an abort notice without waiting for it (from a cancelled or failed try)."""
-        if self.api != "generate":
-            self._note_abort(server, rid)  # the closed connection is the notice
-            return
-        task = asyncio.get_running_loop().create_task(self._abort(server, rid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _abort(self, server: ServerState, rid: str) -> None:
-        """Best effort: ask ``server`` to drop request ``rid`` (vLLM 0.32 names it ``generate-tokens-<rid>``)."""
-        self._note_abort(server, rid)
-        if self.api != "generate":
-            return  # /v1/completions has no abort endpoint: the closed connection aborts it
-        ids = {"request_ids": [rid, f"generate-tokens-{rid}"]}
-        for path in ("/inference/v1/abort_requests", "/abort_requests"):  # the second: --tokens-only servers
-            try:
-                status, _ = await self.http.post_json(server.url + path, ids, timeout=5.0)
-            except (HTTPConnectionError, asyncio.TimeoutError):
-                server.abort_errors += 1  # unreachable or busy: the closed connection is the only notice
-                return
-            if status != 404:
-                if status != 200:
-                    server.abort_errors += 1
-                return
-        server.abort_errors += 1  # neither path exists on this server
-
-    def _note_abort(self, server: ServerState, rid: str) -> None:
-        server.aborts += 1
-        self.aborted.append(rid)
-
-    @property
-    def in_flight(self) -> list[str]:
-        """Ids of the requests waiting for a server right now (what :meth:`cancel` can reach)."""
-        return list(self._inflight)
-
-    @property
-    def stats(self) -> list[dict[str, Any]]:
-        """Per-server counts: in flight, completed, failures, lost connections, abort notices (and those not
-        acknowledged); health."""
-        return [
-            {
-                "url": s.url,
-                "outstanding": s.outstanding,
-                "completed": s.completed,
-                "failures": s.failures,
-                "lost": s.lost,
-                "aborts": s.aborts,
-                "abort_errors": s.abort_errors,
-                "healthy": s.healthy,
-                "retired": s.retired,
-            }
-            for s in self.servers
-        ]
-
-
-#: samples whose server is remembered for sticky routing (the oldest are forgotten first)
-_MAX_HOMES = 65536
-#: characters of image data URLs a client keeps, the least recently sent dropped first (a sample sends
-#: every image of its sequence on each turn)
-_MAX_IMAGE_URL_CHARS = 64 << 20
-
-
-def prometheus_counters(text: str) -> tuple[float, float]:
-    """``(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total)`` summed over their series.
-
-    >>> prometheus_counters('vllm:prefix_cache_queries_total{engine="0"} 512.0\\nvllm:prefix_cache_hits_total{engine="0"} 256.0')
-    (512.0, 256.0)
-    """
-    sums = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
-    for line in text.splitlines():
-        head = line.split(" ")[0].split("{")[0]
-        if head in sums:
-            try:
-                sums[head] += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return sums["vllm:prefix_cache_queries_total"], sums["vllm:prefix_cache_hits_total"]
-
-
-def merge_stream(events: Sequence[Any]) -> dict[str, Any]:
-    """One ``/inference/v1/generate`` answer from the events of its stream (``"stream": true``).
-
-    Each chunk's choice carries the new ``token_ids`` and their ``logprobs.content``; the last one the
-    ``finish_reason``, ``weight_versions`` and, when the server returns routes, ``routed_experts``
-    (vLLM fills them when the request finishes). An ``error`` event raises ValueError (a malformed
-    answer, failed by the caller).
-
-    >>> merge_stream([{"request_id": "r", "choices": [{"index": 0, "token_ids": [5]}]},
-    ...               {"request_id": "r", "choices": [{"index": 0, "token_ids": [6], "finish_reason": "stop"}]}])
-    {'request_id': 'r', 'choices': [{'index': 0, 'token_ids': [5, 6], 'finish_reason': 'stop'}]}
-    """
-    merged: dict[str, Any] = {"index": 0, "token_ids": []}
-    content: list[Any] = []
-    out: dict[str, Any] = {"request_id": None}
-    for event in events:
-        if not isinstance(event, dict) or "error" in event:
-            raise ValueError(f"the stream sent an error: {str(event)[:200]}")
-        out["request_id"] = event.get("request_id", out["request_id"])
-        if event.get("prompt_token_ids") is not None:  # the first chunk's (return_token_ids)
-            out["prompt_token_ids"] = event["prompt_token_ids"]
-        for choice in event.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            merged["token_ids"] += choice.get("token_ids") or []
-            logprobs = choice.get("logprobs")
-            if logprobs:
-                content += logprobs.get("content") or []
-            for key in ("finish_reason", "routed_experts", "weight_versions"):
-                if choice.get(key) is not None:
-                    merged[key] = choice[key]
-    if content:
-        merged["logprobs"] = {"content": content}
-    return {**out, "choices": [merged]}
-
-
-def _stream_piece(event: Any) -> tuple[list[int], list[float] | None]:
-    """The new token IDs of one event of vLLM's stream (choice 0) and their logprobs (None when it sent none
-    for every one of them). An error event yields nothing here: :func:`merge_stream` fails it at the end."""
-    if not isinstance(event, dict) or "error" in event:
-        return [], None
-    for choice in event.get("choices") or []:
-        if choice.get("index", 0) != 0:
-            continue
-        lp = choice.get("logprobs") or {}
-        content = lp.get("content") or []
-        ids = choice.get("token_ids")
-        if ids is None:
-            ids = [entry_token_id(c) for c in content]
-        ids = [int(t) for t in ids]
-        logprobs = [float(c["logprob"]) for c in content] if len(content) == len(ids) else None
-        return ids, logprobs
-    return [], None
-
-
-def entry_token_id(entry: dict[str, Any]) -> int:
-    """The token ID of one ``logprobs.content`` entry, in either shape vLLM has answered with.
-
-    vLLM 0.33 gives ``{"token_id": 42, "logprob": ...}``; 0.30 gave chat-style entries whose
-    ``token`` is the string ``"token_id:42"``.
-
-    >>> entry_token_id({"token_id": 42, "logprob": -0.1}), entry_token_id({"token": "token_id:42", "logprob": -0.1})
-    (42, 42)
-    """
-    if "token_id" in entry:
-        return int(entry["token_id"])
-    token = str(entry.get("token", ""))
-    if token.startswith("token_id:"):
-        return int(token[len("token_id:") :])
-    raise ValueError(f"a logprobs entry without a token id: {str(entry)[:80]}")
-
-
-def image_data_url(source: Any) -> str:
-    """A lossless ``data:image/png;base64,...`` URL of an image (a PIL image or any source
-    :func:`tmpl.vision.load_image` reads), for vLLM's ``content_parts``.
-
-    >>> from PIL import Image
-    >>> image_data_url(Image.new("RGB", (2, 2)))[:30]
-    'data:image/png;base64,iVBORw0K'
-    """
-    import base64
-    import io
-
-    from ..vision import load_image
-
-    buf = io.BytesIO()
-    load_image(source, part="image_sources").save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def scale_out_hint(url: str, body: Any) -> str:
-    """The error for a stock server refusing the tokens endpoint (no ``--enable-scale-out``)."""
-    return (
-        f"{url}: HTTP 403 from /inference/v1/generate ({str(body)[:120]}): this server was started without "
-        "--enable-scale-out. Restart it with `python -m vllm.entrypoints.openai.api_server --model PATH "
-        "--enable-scale-out`, or use VLLMServer(..., api='completions'), which a stock server accepts."
-    )
