@@ -53,7 +53,8 @@ class Gate:
             await asyncio.sleep(self.delay)
         if k in self.hold:
             self.reached.set()
-            while not self.open.is_set():
+            deadline = time.monotonic() + 30  # a test that never releases it fails instead of hanging
+            while not self.open.is_set() and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
 
     def release(self) -> None:
@@ -424,3 +425,75 @@ def test_an_engine_failing_mid_stream_is_each_sdks_error(tok):
     assert [e.type for e in events][-2:] == ["error", "response.failed"]
     assert "the engine was lost" in events[-2].message and events[-1].response.status == "failed"
     assert not gateway.session("a").episode.calls and not gateway.session("b").episode.calls  # as a failed call
+
+
+THINK = "<think>\nThe user wants the weather in Paris, so I should call the weather tool for it.\n</think>\n\n" + CALL
+
+
+def test_reasoning_streams_live_then_the_content_for_every_sdk():
+    """Qwen3 (reasoning on): a reply that opens with its reasoning block has the reasoning sent live as each
+    API's reasoning deltas, then the content, then the call; each SDK assembles what the whole answer says."""
+    genai = pytest.importorskip("google.genai", reason="google-genai is not installed (pip install -e '.[test]')")
+    tok3 = load_tokenizer("qwen3")
+    gate = Gate(hold=(2,))
+    backend = Scripted(lambda req: tok3.encode(THINK, add_special_tokens=False), pieces=4, pace=gate)
+    gateway = Gateway(tmpl.ChatTemplate(tok3, enable_thinking=True), backend)
+    reasoning = "The user wants the weather in Paris, so I should call the weather tool for it."
+    seen: dict[str, str] = {}
+
+    def first(name: str, text: str, key: str) -> None:  # the first reasoning delta: the engine still sampling
+        if name not in seen:
+            seen[name] = text
+            assert reasoning.startswith(text) and not gateway.session(key).episode.calls
+            gate.release()
+
+    with served(create_app(gateway)) as url:
+        oa = openai.OpenAI(base_url=f"{url}/s/chat/v1", api_key="x", max_retries=0)
+        thought, content, calls = "", "", {}
+        for chunk in oa.chat.completions.create(model="m", messages=QUESTION, tools=CHAT_TOOLS, stream=True):
+            delta = chunk.choices[0].delta
+            if getattr(delta, "reasoning_content", None):
+                first("chat", delta.reasoning_content, "chat")
+                thought += delta.reasoning_content
+            content += delta.content or ""
+            calls.update({c.index: c.function.name for c in delta.tool_calls or []})
+        assert (thought, content, calls) == (reasoning, "Let me check.", {0: "get_weather"})
+
+        gate.open.clear()
+        claude = anthropic.Anthropic(base_url=f"{url}/s/claude", api_key="x", max_retries=0)
+        tools = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER}]
+        with claude.messages.stream(model="m", max_tokens=64, messages=QUESTION, tools=tools) as stream:
+            for event in stream:
+                if event.type == "thinking":
+                    first("anthropic", event.thinking, "claude")
+            message = stream.get_final_message()
+        assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
+        assert (message.content[0].thinking, message.content[1].text) == (reasoning, "Let me check.")
+
+        gate.open.clear()
+        resp = openai.OpenAI(base_url=f"{url}/s/resp/v1", api_key="x", max_retries=0)
+        functions = [{"type": "function", "name": "get_weather", "description": "Weather", "parameters": WEATHER}]
+        with resp.responses.stream(model="m", input="Weather in Paris?", tools=functions) as stream:
+            for event in stream:
+                if event.type == "response.reasoning_text.delta":
+                    first("responses", event.delta, "resp")
+            response = stream.get_final_response()
+        assert [i.type for i in response.output] == ["reasoning", "message", "function_call"]
+        assert response.output[0].content[0].text == reasoning and response.output_text == "Let me check."
+
+        gate.open.clear()
+        types = genai.types
+        client = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=f"{url}/s/gem"))
+        config = types.GenerateContentConfig(thinking_config=types.ThinkingConfig(include_thoughts=True))
+        parts = []
+        for chunk in client.models.generate_content_stream(model="m", contents="Weather in Paris?", config=config):
+            for part in chunk.candidates[0].content.parts:
+                if part.thought:
+                    first("gemini", part.text, "gem")
+                parts.append(part)
+        assert "".join(p.text for p in parts if p.thought) == reasoning
+        assert "".join(p.text for p in parts if p.text and not p.thought) == "Let me check."
+    assert sorted(seen) == ["anthropic", "chat", "gemini", "responses"]
+    sampled = tok3.encode(THINK, add_special_tokens=False)
+    for key in ("chat", "claude", "resp", "gem"):
+        assert gateway.episode(key).calls[0].completion_ids.tolist() == sampled

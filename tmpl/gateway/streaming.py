@@ -49,7 +49,8 @@ log = logging.getLogger("tmpl.gateway")
 _MARKED = frozenset(
     {"hermes", "tool_calls_tag", "nemotron", "phi4", "qwen3_xml", "glm4", "deepseek_v3", "kimi_k2", "mistral", "gemma4"}
 )
-_MARKERS: weakref.WeakKeyDictionary[Any, tuple[bool, tuple[str, ...], bool]] = weakref.WeakKeyDictionary()
+_Profile = tuple[bool, tuple[str, ...], bool, "tuple[str, str] | None"]
+_MARKERS: weakref.WeakKeyDictionary[Any, _Profile] = weakref.WeakKeyDictionary()
 
 
 def live_markers(tpl: ChatTemplate) -> tuple[bool, tuple[str, ...], bool]:
@@ -60,6 +61,13 @@ def live_markers(tpl: ChatTemplate) -> tuple[bool, tuple[str, ...], bool]:
     >>> live_markers(tpl)                               # doctest: +SKIP
     (True, ('<tool_call>', '</tool_call>', '<think>', '</think>'), True)
     """
+    live, markers, strip, _ = _profile(tpl)
+    return live, markers, strip
+
+
+def _profile(tpl: ChatTemplate) -> _Profile:
+    """:func:`live_markers` and the parser's reasoning open and close (None: it has none, or the prompt
+    opens the block)."""
     try:
         return _MARKERS[tpl]
     except (KeyError, TypeError):
@@ -69,12 +77,13 @@ def live_markers(tpl: ChatTemplate) -> tuple[bool, tuple[str, ...], bool]:
     try:
         parser = parser_for(tpl)
     except NoToolParserError:
-        found: tuple[bool, tuple[str, ...], bool] = (True, (), False)
+        found: _Profile = (True, (), False, None)
     else:
         think = tuple(t for t in (parser.think or ()) if t)
         opened = parser.think is not None and not parser.think[0]  # the prompt opened the reasoning
         live = parser.name in _MARKED and not opened
-        found = (live, tuple(dict.fromkeys((*parser.delimiters, *think))), True)
+        pair = parser.think if parser.think is not None and len(think) == 2 else None
+        found = (live, tuple(dict.fromkeys((*parser.delimiters, *think))), True, pair)
     try:
         _MARKERS[tpl] = found
     except TypeError:
@@ -97,7 +106,7 @@ class LiveText:
     def __init__(self, tpl: ChatTemplate, stops: Sequence[str] = ()) -> None:
         self.codec = tpl.codec
         self.stop_ids = frozenset(tpl.stop_token_ids)
-        self.live, markers, self.strip = live_markers(tpl)
+        self.live, markers, self.strip, self.think = _profile(tpl)
         self.markers = tuple(m for m in (*markers, *stops) if m)
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started_event = asyncio.Event()
@@ -112,6 +121,12 @@ class LiveText:
         self._start = 0  # where the content begins in ``text`` (its leading whitespace skipped)
         self._scanned = 0  # ``text`` searched for markers up to here
         self._longest = max((len(m) for m in self.markers), default=0)
+        #: a reply that opens with the reasoning block has it sent live too (``("reasoning", text)``) up to
+        #: its close; ``phase``: "start" (not decided yet), "reasoning", "content"
+        self.phase = "start" if self.think is not None else "content"
+        self.reasoning_sent = ""
+        self._r0 = 0  # where the reasoning begins in ``text``
+        self._c0 = 0  # where the content's region begins (after the reasoning's close)
 
     def started(self, request: GenerationRequest) -> None:
         """The engine request has started (the prompt is planned): the stream may begin."""
@@ -146,9 +161,11 @@ class LiveText:
         self._send(final=bool(ends))
 
     def _send(self, *, final: bool) -> None:
+        if self.phase != "content" and not self._reasoning(final=final):
+            return
         t = self.text
         cut = len(t)
-        since = max(0, self._scanned - self._longest)  # a marker not found before ends in the new text
+        since = max(self._c0, self._scanned - self._longest)  # a marker not found before ends in the new text
         self._scanned = len(t)
         for m in self.markers:
             at = t.find(m, since)
@@ -176,6 +193,54 @@ class LiveText:
             self.sent += piece
             self.queue.put_nowait(("content", piece))
 
+    def _reasoning(self, *, final: bool) -> bool:
+        """Send the new reasoning of a reply that opens with the block; True once its content may follow."""
+        assert self.think is not None
+        opener, closer = self.think
+        t = self.text
+        if self.phase == "start":
+            lead = len(t) - len(t.lstrip())
+            head = t[lead:]
+            if head.startswith(opener):
+                self.phase, self._r0 = "reasoning", lead + len(opener)
+            elif opener.startswith(head) and not final:
+                return False  # may still become the open marker
+            else:
+                self.phase = "content"
+                return True
+        at = t.find(closer, self._r0)
+        end = at if at >= 0 else len(t)
+        if at < 0 and not final:
+            for k in range(min(len(closer) - 1, len(t)), 0, -1):
+                if t.endswith(closer[:k]):
+                    end = len(t) - k
+                    break
+        start = self._r0
+        while start < end and t[start].isspace():
+            start += 1
+        while end > start and t[end - 1].isspace():
+            end -= 1
+        sent_end = start + len(self.reasoning_sent)
+        if end > sent_end:
+            piece = t[sent_end:end]
+            self.reasoning_sent += piece
+            self.queue.put_nowait(("reasoning", piece))
+        if at < 0:
+            if final:
+                self.frozen = True
+            return False
+        self.phase = "content"
+        self._start = self._scanned = self._c0 = at + len(closer)
+        return True
+
+    def rest_reasoning(self, reasoning: str) -> str:
+        """The part of the reply's final ``reasoning`` not sent live (as :meth:`rest`)."""
+        if reasoning.startswith(self.reasoning_sent):
+            return reasoning[len(self.reasoning_sent) :]
+        log.warning("gateway: call %s sent reasoning %r live, which does not begin it", self.call_id,
+                    self.reasoning_sent[:80])  # fmt: skip
+        return ""
+
     def rest(self, content: str) -> str:
         """The part of the reply's final ``content`` not sent live ("" when the live part does not begin
         it, which a parser that rewrites text could cause: logged, nothing more can be done)."""
@@ -187,7 +252,7 @@ class LiveText:
 
 async def follow(live: LiveText, task: asyncio.Future[Completion], keepalive: float) -> AsyncIterator[tuple[str, Any]]:
     """A streamed call's events: ``("ping", None)`` after ``keepalive`` seconds without any,
-    ``("content", text)``, then ``("done", Completion)`` or ``("error", GatewayError)`` once the call ends."""
+    ``("reasoning", text)`` and ``("content", text)``, then ``("done", Completion)`` or ``("error", GatewayError)`` once the call ends."""
     task.add_done_callback(lambda _: live.queue.put_nowait(("end", None)))
     while True:
         try:
@@ -197,7 +262,7 @@ async def follow(live: LiveText, task: asyncio.Future[Completion], keepalive: fl
             continue
         if kind == "end":
             break
-        if kind == "content":
+        if kind in ("content", "reasoning"):
             yield kind, value
     if task.cancelled():
         yield "error", GatewayError(None, 500, "the call was cancelled")
@@ -248,6 +313,8 @@ async def chat_sse(
             yield ": ping\n\n"
         elif kind == "content":
             yield chunk({"content": value})
+        elif kind == "reasoning":
+            yield chunk({"reasoning_content": value})
         elif kind == "error":
             yield _data(openai_chat.error_body(value))
             return
@@ -255,8 +322,9 @@ async def chat_sse(
             body = final(value)
             choice = body["choices"][0]
             message = choice["message"]
-            if message.get("reasoning_content"):
-                yield chunk({"reasoning_content": message["reasoning_content"]})
+            thought = live.rest_reasoning(message.get("reasoning_content") or "")
+            if thought:
+                yield chunk({"reasoning_content": thought})
             rest = live.rest(message.get("content") or "")
             if rest:
                 yield chunk({"content": rest})
@@ -288,33 +356,51 @@ async def anthropic_sse(
         "tmpl": {"session": session, "call": live.call_id},
     }
     yield _event("message_start", {"type": "message_start", "message": start})
-    text_open = False
+    opened: list[str] = []  # the blocks sent live, in order ("thinking", "text"); the last one may be open
+    closed = 0
+
+    def stop_block(k: int) -> str:
+        return _event("content_block_stop", {"type": "content_block_stop", "index": k})
+
     async for kind, value in events:
         if kind == "ping":
             yield _event("ping", {"type": "ping"})
-        elif kind == "content":
-            if not text_open:
-                text_open = True
-                block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-                yield _event("content_block_start", block)
-            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": value}}
-            yield _event("content_block_delta", delta)
+        elif kind in ("content", "reasoning"):
+            block = "text" if kind == "content" else "thinking"
+            if not opened or opened[-1] != block:
+                if len(opened) > closed:
+                    yield stop_block(closed)
+                    closed += 1
+                opened.append(block)
+                empty = {"type": "text", "text": ""} if block == "text" else {"type": "thinking", "thinking": "",
+                                                                             "signature": ""}  # fmt: skip
+                yield _event("content_block_start", {"type": "content_block_start", "index": len(opened) - 1,
+                                                     "content_block": empty})  # fmt: skip
+            piece = {"type": "text_delta", "text": value} if block == "text" else {"type": "thinking_delta",
+                                                                                   "thinking": value}  # fmt: skip
+            yield _event("content_block_delta", {"type": "content_block_delta", "index": len(opened) - 1,
+                                                 "delta": piece})  # fmt: skip
         elif kind == "error":
             yield _event("error", anthropic.error_body(value))
             return
         else:
             body = final(value)
             blocks = list(body["content"])
-            index = 0
-            if text_open:
-                text = next((b["text"] for b in blocks if b["type"] == "text"), "")
-                rest = live.rest(text)
+            if len(opened) > closed:  # the open block: the rest of its text, then its stop
+                k = len(opened) - 1
+                if opened[k] == "text":
+                    text = next((b["text"] for b in blocks if b["type"] == "text"), "")
+                    rest, piece = live.rest(text), {"type": "text_delta"}
+                    piece["text"] = rest
+                else:
+                    text = next((b["thinking"] for b in blocks if b["type"] == "thinking"), "")
+                    rest, piece = live.rest_reasoning(text), {"type": "thinking_delta"}
+                    piece["thinking"] = rest
                 if rest:
-                    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": rest}}
-                    yield _event("content_block_delta", delta)
-                yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
-                blocks, index = [b for b in blocks if b["type"] != "text"], 1
-            for k, block in enumerate(blocks, start=index):
+                    yield _event("content_block_delta", {"type": "content_block_delta", "index": k, "delta": piece})
+                yield stop_block(k)
+            blocks = [b for b in blocks if b["type"] not in opened]
+            for k, block in enumerate(blocks, start=len(opened)):
                 for name, data in _anthropic_block(k, block):
                     yield _event(name, data)
             stop = {"stop_reason": body["stop_reason"], "stop_sequence": body.get("stop_sequence")}
@@ -383,20 +469,58 @@ async def responses_sse(
     }
     yield ev("response.created", response=shell)
     yield ev("response.in_progress", response=shell)
-    item_id = f"msg_{live.call_id}"
-    opened = False
+    ids = {"message": f"msg_{live.call_id}", "reasoning": f"rs_{live.call_id}"}
+    opened: list[str] = []  # the items sent live, in order ("reasoning", "message"); the last one may be open
+    closed = 0
+
+    def start_item(kind: str) -> list[str]:
+        k, item_id = len(opened) - 1, ids[kind]
+        if kind == "message":
+            item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            item = {"type": "reasoning", "id": item_id, "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
+        return [ev("response.output_item.added", output_index=k, item=item),
+                ev("response.content_part.added", item_id=item_id, output_index=k, content_index=0, part=part)]  # fmt: skip
+
+    def delta(kind: str, k: int, text: str) -> str:
+        if kind == "message":
+            return ev("response.output_text.delta", item_id=ids[kind], output_index=k, content_index=0, delta=text,
+                      logprobs=[])  # fmt: skip
+        return ev("response.reasoning_text.delta", item_id=ids[kind], output_index=k, content_index=0, delta=text)
+
+    def stop_item(kind: str, k: int, item: Mapping[str, Any]) -> list[str]:
+        where = {"item_id": ids[kind], "output_index": k, "content_index": 0}
+        part = item["content"][0]
+        if kind == "message":
+            done = ev("response.output_text.done", **where, text=part["text"], logprobs=[])
+        else:
+            done = ev("response.reasoning_text.done", **where, text=part["text"])
+        return [done, ev("response.content_part.done", **where, part=part),
+                ev("response.output_item.done", output_index=k, item=item)]  # fmt: skip
+
+    def live_item(kind: str) -> dict[str, Any]:  # an item as sent so far (its final form when decided)
+        if kind == "message":
+            part = {"type": "output_text", "text": live.sent, "annotations": [], "logprobs": []}
+            return {"type": "message", "id": ids[kind], "status": "completed", "role": "assistant", "content": [part]}
+        part = {"type": "reasoning_text", "text": live.reasoning_sent}
+        return {"type": "reasoning", "id": ids[kind], "summary": [], "content": [part]}
+
     async for kind, value in events:
         if kind == "ping":
             yield ": ping\n\n"
-        elif kind == "content":
-            if not opened:
-                opened = True
-                item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
-                yield ev("response.output_item.added", output_index=0, item=item)
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
-            yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=value,
-                     logprobs=[])  # fmt: skip
+        elif kind in ("content", "reasoning"):
+            item_kind = "message" if kind == "content" else "reasoning"
+            if not opened or opened[-1] != item_kind:
+                if len(opened) > closed:  # the reasoning, decided: its close marker came
+                    for line in stop_item(opened[closed], closed, live_item(opened[closed])):
+                        yield line
+                    closed += 1
+                opened.append(item_kind)
+                for line in start_item(item_kind):
+                    yield line
+            yield delta(item_kind, len(opened) - 1, value)
         elif kind == "error":
             err = value
             yield ev("error", code=str(err.status), message=str(err), param=err.param)
@@ -406,26 +530,23 @@ async def responses_sse(
         else:
             full = final(value)
             items = full["output"]
-            if opened:  # the message item streamed first keeps output index 0
-                message = next((i for i in items if i["type"] == "message"), None)
-                if message is None:  # cannot happen: content was sent, so the reply has content
-                    message = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
-                               "content": [{"type": "output_text", "text": live.sent, "annotations": [],
-                                            "logprobs": []}]}  # fmt: skip
+            streamed = []
+            for k, kind_sent in enumerate(opened):  # the items sent live keep their output indices
+                found = next((i for i in items if i["type"] == kind_sent), None)
+                if found is None:  # cannot happen: text was sent, so the reply has it
+                    found = live_item(kind_sent)
                 else:
-                    items.remove(message)
-                items.insert(0, message)
-                text = message["content"][0]["text"]
-                rest = live.rest(text)
-                if rest:
-                    yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                             delta=rest, logprobs=[])  # fmt: skip
-                yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
-                         logprobs=[])  # fmt: skip
-                yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
-                         part=message["content"][0])  # fmt: skip
-                yield ev("response.output_item.done", output_index=0, item=message)
-            for k, item in enumerate(items[1:] if opened else items, start=1 if opened else 0):
+                    items.remove(found)
+                streamed.append(found)
+                if k >= closed:  # the open item: the rest of its text, then its end
+                    text = found["content"][0]["text"]
+                    rest = live.rest(text) if kind_sent == "message" else live.rest_reasoning(text)
+                    if rest:
+                        yield delta(kind_sent, k, rest)
+                    for line in stop_item(kind_sent, k, found):
+                        yield line
+            items[:0] = streamed
+            for k, item in enumerate(items[len(streamed) :], start=len(streamed)):
                 for name, data in _responses_item(k, item):
                     yield ev(name, **data)
             end = "response.incomplete" if full["status"] == "incomplete" else "response.completed"
@@ -484,8 +605,8 @@ async def gemini_stream(
     async for kind, value in events:
         if kind == "ping":  # a blank line: google-genai's parser reads a comment line as JSON and fails
             yield "\r\n"
-        elif kind == "content":
-            parts = [{"text": value}]
+        elif kind in ("content", "reasoning"):
+            parts: list[dict[str, Any]] = [{"text": value, "thought": True} if kind == "reasoning" else {"text": value}]
             yield out({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], **head})
         elif kind == "error":
             yield out(gemini.error_body(value))
@@ -495,7 +616,11 @@ async def gemini_stream(
             candidate = dict(body["candidates"][0])
             parts = []
             for part in candidate["content"]["parts"]:
-                if "text" in part and not part.get("thought"):
+                if "text" in part and part.get("thought"):
+                    rest = {**part, "text": live.rest_reasoning(part["text"])}
+                    if rest["text"]:
+                        parts.append(rest)
+                elif "text" in part:
                     rest = {**part, "text": live.rest(part["text"])}
                     if rest["text"] or len(rest) > 1:  # the rest of the text, or the part carrying the signature
                         parts.append(rest)
