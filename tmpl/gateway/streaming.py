@@ -602,17 +602,23 @@ async def gemini_stream(
         return ("[" if count == 1 else ",\r\n") + json.dumps(chunk)
 
     head = {"modelVersion": model, "responseId": live.call_id}
+    whole = False
     async for kind, value in events:
         if kind == "ping":  # a blank line: google-genai's parser reads a comment line as JSON and fails
             yield "\r\n"
-        elif kind in ("content", "reasoning"):
-            parts: list[dict[str, Any]] = [{"text": value, "thought": True} if kind == "reasoning" else {"text": value}]
+        elif kind == "reasoning" or (kind == "content" and whole):  # a thought goes whole at the end (one part)
+            whole = True
+        elif kind == "content":
+            parts: list[dict[str, Any]] = [{"text": value}]
             yield out({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], **head})
         elif kind == "error":
             yield out(gemini.error_body(value))
             break
         else:
             body = final(value)
+            if whole:
+                yield out(body)
+                continue
             candidate = dict(body["candidates"][0])
             parts = []
             for part in candidate["content"]["parts"]:
