@@ -296,18 +296,8 @@ class VLLMServer(ServerControl, Backend):
                     )
                 else:
                     status, body = await self.http.post_json(server.url + path, payload, headers={"X-Request-Id": aid})
-            except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
-                server.failures += 1
-                server.lost += 1
-                server.down_until = time.monotonic() + self.down_for
-                avoid.add(server.url)
-                last_error = str(exc)
-                status = 0
-            except asyncio.TimeoutError as exc:  # the server may still be generating: abort that try
-                server.failures += 1
-                avoid.add(server.url)
-                last_error = f"{server.url}: timed out after {self.timeout:g} s ({exc})"
-                self._abort_soon(server, aid)
+            except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+                last_error = self._failed_try(server, avoid, aid, exc)
                 status = 0
             except asyncio.CancelledError:
                 if not entry.cancelled:  # cancelled by its caller, not through cancel(): tell the server too
@@ -384,18 +374,8 @@ class VLLMServer(ServerControl, Backend):
                     if ids:
                         sent += len(ids)
                         yield StreamDelta(ids, logprobs)
-            except HTTPConnectionError as exc:  # refused, reset, killed: the server is down
-                server.failures += 1
-                server.lost += 1
-                server.down_until = time.monotonic() + self.down_for
-                avoid.add(server.url)
-                last_error = str(exc)
-                status = 0
-            except asyncio.TimeoutError as exc:  # the server may still be generating: abort that try
-                server.failures += 1
-                avoid.add(server.url)
-                last_error = f"{server.url}: timed out after {self.timeout:g} s ({exc})"
-                self._abort_soon(server, aid)
+            except (HTTPConnectionError, asyncio.TimeoutError) as exc:
+                last_error = self._failed_try(server, avoid, aid, exc)
                 status = 0
             except (asyncio.CancelledError, GeneratorExit):  # cancelled, or the stream left mid-way
                 if not entry.cancelled:
@@ -443,6 +423,18 @@ class VLLMServer(ServerControl, Backend):
             return
         failed = f"gave up after {self.retries + 1} attempt(s); last error: {last_error}"
         yield StreamDelta([], None, GenerationResult.failed(request.request_id, failed))
+
+    def _failed_try(self, server: ServerState, avoid: set[str], aid: str, exc: BaseException) -> str:
+        """A try that failed, and why: a connection refused, reset or killed marks the server down for
+        ``down_for`` seconds; a timeout (the server may still be generating) aborts that try on it."""
+        server.failures += 1
+        avoid.add(server.url)
+        if isinstance(exc, HTTPConnectionError):
+            server.lost += 1
+            server.down_until = time.monotonic() + self.down_for
+            return str(exc)
+        self._abort_soon(server, aid)
+        return f"{server.url}: timed out after {self.timeout:g} s ({exc})"
 
     def _parse(self, req: GenerationRequest, body: Any, url: str) -> GenerationResult:
         try:
