@@ -26,6 +26,7 @@ from tmpl.gateway.dialects import gemini
 from .conftest import load_tokenizer
 from .gateway_util import full_render_ids, served
 from .mapping_gemini import gemini_messages
+from .scripted_calls import CALLS, Policy
 
 genai = pytest.importorskip("google.genai", reason="google-genai is not installed (pip install -e '.[test]')")
 httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install -e '.[test]')")
@@ -34,38 +35,7 @@ types = genai.types
 
 GEMINI_CLI = Path(__file__).parent / "data" / "gemini_cli_request.json"
 
-CALLS = {
-    "qwen2.5-instruct": (
-        '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>',
-        "{text}<|im_end|>",
-    ),
-    "qwen3": (
-        '<think>\nStep {k}.\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>',
-        "<think>\nStep {k}.\n</think>\n\n{text}<|im_end|>",
-    ),
-    "llama-3.2-instruct": ('{{"name": "{name}", "parameters": {args}}}<|eot_id|>', "{text}<|eot_id|>"),
-}
 SCRIPT = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lima"})]
-
-
-class Policy:
-    """Turn k (k tool results in the prompt) makes SCRIPT[k]'s call in the family's format, then answers."""
-
-    def __init__(self, tok, family: str, script=SCRIPT) -> None:
-        self.tok, self.script = tok, script
-        self.call, self.answer = CALLS[family]
-        self.sampled: dict[str, list[int]] = {}
-
-    def __call__(self, req):
-        k = self.tok.decode(list(req.prompt_ids)).count("RESULT-")
-        if k < len(self.script):
-            name, args = self.script[k]
-            out = self.call.format(name=name, args=json.dumps(args), k=k)
-        else:
-            out = self.answer.format(text="All done.", k=k)
-        ids = self.tok.encode(out, add_special_tokens=False)
-        self.sampled[req.request_id] = ids
-        return ids
 
 
 @pytest.fixture
