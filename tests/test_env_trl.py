@@ -29,7 +29,7 @@ from tmpl.integrations.trl import env_reward, make_rollout_func  # noqa: E402
 from tmpl.rollout.codes import EndCode  # noqa: E402
 
 from .conftest import load_tokenizer  # noqa: E402
-from .trl_config import train_args  # noqa: E402
+from .trl_config import tiny_qwen2, train_args  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -45,24 +45,7 @@ def tok():
 def model_dir(tok, tmp_path_factory):
     """A random-weight 1-layer Qwen2 on disk, as in tests/test_integrations_trl.py (RLOO loads its reference
     model from the path)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-    )
-    path = tmp_path_factory.mktemp("tiny-qwen2-env")
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return str(path)
+    return tiny_qwen2(tok, tmp_path_factory.mktemp("tiny-qwen2-env"))
 
 
 class Vault:

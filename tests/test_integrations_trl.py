@@ -47,7 +47,7 @@ from tmpl.rollout.codes import EndCode
 
 from .conftest import load_tokenizer
 from .fixture_models import QWEN, missing
-from .trl_config import train_args
+from .trl_config import tiny_qwen2, train_args
 from .vllm_standin import FakeLLM, StandinServer, fake_vllm_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -122,24 +122,7 @@ def tok():
 @pytest.fixture(scope="module")
 def model_dir(tok, tmp_path_factory):
     """A random-weight 2-layer Qwen2 saved to disk (RLOO builds its reference model from the path)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-    )
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return str(path)
+    return tiny_qwen2(tok, tmp_path_factory.mktemp("tiny-qwen2"), hidden=32, layers=2)
 
 
 def dataset():
