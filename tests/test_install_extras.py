@@ -44,7 +44,9 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.integrations.renderers": ("renderers",),
     "tmpl.integrations.slime": ("sglang",),
     "tmpl.gateway.app": ("gateway",),
+    "tmpl.gateway.trainer_routes": ("gateway",),  # the app's trainer routes (imported by the app only)
     "tmpl.gateway.serve": ("gateway",),
+    "tmpl.harness.server": ("gateway",),  # HarnessRollout serves an in-process gateway with uvicorn
     "tmpl.env.openenv": ("openenv",),  # OpenEnvEnv: the SDK's MCP actions
     "tmpl.tools.mcp": ("mcp",),  # Toolbox.from_mcp: the mcp SDK's clients
 }
@@ -120,7 +122,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+#: Programs shipped in the package but run by path with another environment's python (tmpl's harness
+#: agents, each in its own venv with its SDK: tests/test_harness_pypi_catalog.py checks they import no tmpl):
+#: no install of tmpl imports them, so their imports are no install's requirements.
+SCRIPTS = ("tmpl.harness.agents",)
+MODULES = {
+    module_name(p): p
+    for p in sorted(PACKAGE.rglob("*.py"))
+    if not any(module_name(p) == s or module_name(p).startswith(s + ".") for s in SCRIPTS)
+}
 
 
 def extras_of(module: str) -> tuple[str, ...]:
