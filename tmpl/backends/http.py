@@ -12,6 +12,7 @@ vLLM's servers learn that a client gave up (they abort the request).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -107,35 +108,13 @@ class HTTPClient:
         another status, ``(status, parsed JSON or text)`` as :meth:`post_json`. Raises as :meth:`post_json`
         does (a stream cut before ``[DONE]`` is a lost connection).
         """
-        import json
-
-        httpx = _httpx()
-        try:
-            async with self._pool(url).stream("POST", url, json=payload, headers=headers) as response:
-                if response.status_code != 200:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                    try:
-                        return response.status_code, json.loads(text)
-                    except ValueError:
-                        return response.status_code, text
-                events: list[Any] = []
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
-                        return 200, events
-                    try:
-                        events.append(json.loads(data))
-                    except ValueError:
-                        events.append({"error": {"message": f"an event that is not JSON: {data[:120]}"}})
-        except httpx.TimeoutException as exc:
-            raise asyncio.TimeoutError(f"{url}: {type(exc).__name__}") from exc
-        except httpx.ConnectError as exc:
-            raise HTTPConnectionError(url, f"cannot connect: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise HTTPConnectionError(url, f"connection lost: {type(exc).__name__}: {exc}") from exc
-        raise HTTPConnectionError(url, f"the event stream ended without [DONE] after {len(events)} event(s)")
+        events: list[Any] = []
+        async with contextlib.aclosing(self.iter_events(url, payload, headers=headers)) as stream:
+            async for status, event in stream:
+                if status != 200:
+                    return status, event
+                events.append(event)
+        return 200, events
 
     async def iter_events(
         self, url: str, payload: Any, *, headers: dict[str, str] | None = None
@@ -143,7 +122,7 @@ class HTTPClient:
         """POST ``payload`` to a streaming (server-sent events) endpoint and yield its events as they come.
 
         Yields ``(200, event)`` for each ``data:`` line parsed as JSON, up to ``data: [DONE]``; for another
-        status, one ``(status, parsed JSON or text)``. Raises as :meth:`post_events` does (a stream cut
+        status, one ``(status, parsed JSON or text)``. Raises as :meth:`post_json` does (a stream cut
         before ``[DONE]`` is a lost connection). Closing the iterator early closes the connection.
 
         >>> async for status, event in client.iter_events(url, {"stream": True}):  # doctest: +SKIP
