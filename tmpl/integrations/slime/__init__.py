@@ -290,11 +290,7 @@ def episode_samples(tpl: ChatTemplate, sample: Any, result: RolloutResult) -> li
     routes = {s.index: held for s, held in zip(result.sequences, result.sequence_routes)}
     out = []
     for seq, target in zip(sequences, [sample, *siblings]):
-        start = seq.prompt_length
-        target.tokens = seq.ids.tolist()
-        target.response_length = len(seq.ids) - start
-        target.loss_mask = [int(m) for m in seq.mask[start:].tolist()]
-        target.rollout_log_probs = [float(x) for x in seq.logprobs[start:].tolist()]
+        write_sequence(target, seq)
         held = routes.get(seq.index)
         target.rollout_routed_experts = slime_routes(None if held is None else held[0], len(seq.ids))
         target.response = response
@@ -373,3 +369,13 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
         mean, std = baseline[s.group_index]
         out.append((r - mean) / (std + 1e-6) if scaled else r - mean)
     return raw, out
+
+
+def write_sequence(target: Any, seq: Any) -> None:
+    """A training sequence written on a slime ``Sample``: its IDs, response length (after its prompt), and the
+    response's loss mask and rollout logprobs."""
+    start = seq.prompt_length
+    target.tokens = seq.ids.tolist()
+    target.response_length = len(seq.ids) - start
+    target.loss_mask = [int(m) for m in seq.mask[start:].tolist()]
+    target.rollout_log_probs = [float(x) for x in seq.logprobs[start:].tolist()]

@@ -35,6 +35,7 @@ from ...backends.base import Backend
 from ...chat_template import ChatTemplate
 from ...errors import TrainerConfigError
 from ...trajectory.types import Status
+from . import write_sequence
 
 __all__ = ["harness_samples", "make_harness_generate", "task_from_sample"]
 
@@ -176,11 +177,7 @@ def harness_samples(tpl: ChatTemplate, sample: Any, result: Any) -> list[Any]:
     siblings = [copy.deepcopy(sample) for _ in sequences[1:]]
     out = []
     for seq, target in zip(sequences, [sample, *siblings]):
-        start = seq.prompt_length
-        target.tokens = seq.ids.tolist()
-        target.response_length = len(seq.ids) - start
-        target.loss_mask = [int(m) for m in seq.mask[start:].tolist()]
-        target.rollout_log_probs = [float(x) for x in seq.logprobs[start:].tolist()]
+        write_sequence(target, seq)
         target.rollout_routed_experts = None
         target.response = response
         target.reward = result.reward
