@@ -89,7 +89,7 @@ def role_support(tpl: ChatTemplate) -> RoleSupport:
     >>> role_support(qwen25)  # doctest: +SKIP
     RoleSupport(developer=False, leading_system=True, later_system=True)
     """
-    key = getattr(tpl, "fingerprint", None) or str(id(tpl))
+    key = tpl.fingerprint  # the template and tokenizer as they are: a changed one is probed anew
     found = _known.get(key)
     if found is not None:
         return found
