@@ -74,6 +74,11 @@ def _document(record: Mapping[str, Any], agent: str, in_place: set[Any] | None =
     }
     if embedded:
         doc["subagent_trajectories"] = embedded
+    run = record.get("harness")  # a harness run's (tmpl.export.harness): its harness is the agent
+    if isinstance(run, Mapping):
+        if run.get("name"):
+            doc["agent"]["name"] = str(run["name"])
+        doc["notes"] = f"harness run: {record.get('reason') or run.get('status')}"
     return doc
 
 

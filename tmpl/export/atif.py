@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..harness.result import HarnessResult
 from ..rollout.loop import RolloutResult
 from ..rollout.metrics import RolloutMetrics
 
@@ -15,7 +16,7 @@ from .records import _result, to_records
 
 
 def to_atif(
-    results: Iterable[RolloutResult],
+    results: Iterable[RolloutResult | HarnessResult],
     path: str | os.PathLike[str] | None = None,
     metrics: RolloutMetrics | Mapping[str, float] | None = None,
     *,
@@ -30,7 +31,8 @@ def to_atif(
     what ATIF has no field for (versions, the mask, status, spans...) is under ``extra["tmpl"]``, so
     :func:`from_atif` gives the same arrays back.
     ``tools``: the tool schemas the rollout rendered with (written as the agent's ``tool_definitions``, which
-    ``tmpl replay`` re-renders with); ``agent``: the agent's name. Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
+    ``tmpl replay`` re-renders with); ``agent``: the agent's name (a harness run's is its harness's name,
+    its reason the trajectory's ``notes``: :mod:`tmpl.export.harness`). Needs the ``atif`` extra (``pip install 'tmpl[atif]'``).
 
     >>> [doc] = tmpl.export.to_atif([result], "run.atif.json")                  # doctest: +SKIP
     >>> doc.steps[1].metrics.logprobs[:2]                                       # doctest: +SKIP
@@ -46,12 +48,14 @@ def to_atif(
     return documents
 
 
-def from_atif(source: str | os.PathLike[str] | Any) -> list[RolloutResult]:
+def from_atif(source: str | os.PathLike[str] | Any) -> list[Any]:
     """Results of ATIF trajectories: a file (one document, a JSON array of them, or JSON lines; detected
     by content), or documents (dicts or ``atif.Trajectory`` objects). Each is validated by the ``atif``
     package's model first; AtifError names the file, the step and the field at fault.
 
-    Each result is a :class:`tmpl.atif.AtifResult` holding its document (``.atif``), so that :func:`to_atif`
+    A harness run's trajectory (written from a :class:`tmpl.harness.HarnessResult`) comes back a
+    HarnessResult with the same episode, status, exit code, reward and tails. Every other result is a
+    :class:`tmpl.atif.AtifResult` holding its document (``.atif``), so that :func:`to_atif`
     writes back what tmpl does not model. A trajectory tmpl wrote comes back with its arrays identical; one
     written by another program gives
     a sample whose sequence is its calls appended (when each step's prompt extends the one before, as
@@ -69,4 +73,10 @@ def from_atif(source: str | os.PathLike[str] | Any) -> list[RolloutResult]:
         documents = list(source) if isinstance(source, (list, tuple)) else [source]
         wheres = [f"documents[{k}]" for k in range(len(documents))]
     records = atif.documents_to_records(documents, wheres=wheres)
-    return [atif.with_source(_result(r, w), r.pop("atif_source", None)) for r, w in zip(records, wheres)]
+    out: list[Any] = []
+    for r, w in zip(records, wheres):
+        source = r.pop("atif_source", None)
+        result = _result(r, w)
+        # a harness run comes back a HarnessResult (its episode and how it ended), not a sample
+        out.append(result if isinstance(result, HarnessResult) else atif.with_source(result, source))
+    return out

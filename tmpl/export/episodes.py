@@ -13,9 +13,11 @@ from ..episode import Episode
 from ..episode.records import from_record as episode_from_record
 from ..episode.records import to_record as episode_to_record
 from ..errors import ExportError, TmplError
+from ..harness.result import HarnessResult
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
+from .harness import harness_record
 from .jsonl import _lines, _open
 from .records import _jsonable, _plain_id
 
@@ -37,7 +39,10 @@ def episode_entry(item: Any) -> dict[str, Any]:
     key = getattr(item, "key", None)
     if key is None:
         key = episode.sample_id
-    return {"session": _plain_id(key), "reason": getattr(item, "reason", ""), "record": episode_to_record(episode)}
+    entry = {"session": _plain_id(key), "reason": getattr(item, "reason", ""), "record": episode_to_record(episode)}
+    if isinstance(item, HarnessResult):  # a harness run: how it ended too (``tmpl view`` shows it)
+        entry["harness"] = harness_record(item, 0)["harness"]
+    return entry
 
 
 def episode_from_entry(entry: Mapping[str, Any], where: str = "entry") -> Episode:

@@ -16,6 +16,7 @@ from ..episode import Episode
 from ..episode.records import from_record as episode_from_record
 from ..episode.records import to_record as episode_to_record
 from ..errors import ExportError, TmplError
+from ..harness.result import HarnessResult
 from ..rollout.drift import DriftCause, DriftDetail
 from ..rollout.loop import RolloutResult
 from ..rollout.metrics import RolloutMetrics, SampleTimes
@@ -23,6 +24,7 @@ from ..tools.metrics import FAILURE_KINDS
 from ..trajectory.images import INLINE_BYTES, from_record, has_images, restore_image_trajectory, to_record
 from ..trajectory.routes import routes_from_record, routes_record
 from ..trajectory.types import Status, restore_trajectory, state_of
+from .harness import harness_record, harness_result, is_harness_record
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
@@ -71,8 +73,13 @@ def to_records(
     records = []
     saver = _ArraySaver(images_to, images_base) if images_to is not None else None
     for k, r in enumerate(results):
+        if isinstance(r, HarnessResult):  # a harness run: its episode and how it ended (export/harness.py)
+            records.append(harness_record(r, k) if run is None else {**harness_record(r, k), "run_metrics": run})
+            continue
         if not isinstance(r, RolloutResult):
-            raise ExportError(f"results[{k}]", f"expected a tmpl.RolloutResult, got {type(r).__name__}")
+            raise ExportError(
+                f"results[{k}]", f"expected a tmpl.RolloutResult or tmpl.harness.HarnessResult, got {type(r).__name__}"
+            )
         state = state_of(r.trajectory)
         record: dict[str, Any] = {
             "format": FORMAT,
@@ -135,9 +142,13 @@ def from_records(
     return out
 
 
-def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLike[str] | None = None) -> RolloutResult:
+def _result(record: Mapping[str, Any], where: str, images_from: str | os.PathLike[str] | None = None) -> Any:
+    """The :class:`~tmpl.RolloutResult` of a record, or the :class:`~tmpl.harness.HarnessResult` of a
+    harness run's (:func:`tmpl.export.harness.harness_record`)."""
     if record.get("format") != FORMAT:
         raise ExportError(where, f"format {record.get('format')!r} is not {FORMAT!r}")
+    if is_harness_record(record):
+        return harness_result(record, where)
     missing = [key for key in _REQUIRED if key not in record]
     if missing:
         raise ExportError(where, f"missing field(s) {', '.join(repr(m) for m in missing)}")

@@ -82,6 +82,7 @@ class HarnessResult:
       characters it wrote; ``seconds``: the whole run, ``timings``: its parts (``setup``, ``harness``,
       ``verifier``, ``finish``) in seconds;
     - ``session``: the gateway session key; ``task_id``, ``sample``: which task, which run of its group;
+      ``harness``: the harness's name (its spec's ``name``);
     - ``error``: every reason the run is not ``HARNESS_DONE``, joined; ``refused``: the gateway's
       answers to the calls it refused; ``workdir``: where its files are (kept only with
       ``keep_workdirs``).
@@ -102,6 +103,7 @@ class HarnessResult:
     refused: list[str] = field(default_factory=list)
     workdir: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    harness: str = ""
 
     @property
     def ok(self) -> bool:

@@ -243,7 +243,9 @@ class HarnessRollout:
     async def _run_one(self, gw: Any, task: HarnessTask, sample: int, root: Path) -> HarnessResult:
         began = time.perf_counter()
         key = f"{_UNSAFE.sub('_', str(task.id))[:80]}-{sample}-{uuid.uuid4().hex[:16]}"
-        result = HarnessResult(status=HARNESS_DONE, session=key, task_id=str(task.id), sample=sample)
+        result = HarnessResult(
+            status=HARNESS_DONE, session=key, task_id=str(task.id), sample=sample, harness=self.harness.name
+        )
         run_dir = root / key
         workdir, home = run_dir / "work", run_dir / "home"
         reasons: list[str] = []

@@ -168,10 +168,31 @@ def compact(record: Mapping[str, Any], where: str, row: int) -> tuple[dict[str, 
                 "tool_failures",
             )
             if record.get(k) is not None
-        },
+        }
+        | _harness_info(record.get("harness")),
         "problems": [p.to_dict() for p in problems],
     }
     return summary, detail, problems
+
+
+#: a harness run's fields the sample's head shows (``record["harness"]``: tmpl.export.harness), as named there
+_HARNESS_INFO = {
+    "name": "harness",
+    "task_id": "task",
+    "exit_code": "exit_code",
+    "seconds": "seconds",
+    "calls": "calls",
+    "error": "error",
+    "stdout_tail": "stdout_tail",
+    "stderr_tail": "stderr_tail",
+}
+
+
+def _harness_info(run: Any) -> dict[str, Any]:
+    """What the page's sample head shows of a harness run (empty for a record that is none)."""
+    if not isinstance(run, Mapping):
+        return {}
+    return {label: run[key] for key, label in _HARNESS_INFO.items() if run.get(key) not in (None, "")}
 
 
 def version_tokens(detail_versions: np.ndarray | None) -> dict[int, int]:
@@ -269,13 +290,16 @@ def _episode_line(
     last = episode["sequences"][-1] if episode and episode["sequences"] else None
     ids = np.frombuffer(base64.b64decode(last["ids"]), "<i4") if last else np.zeros(0, np.int32)
     mask = np.frombuffer(base64.b64decode(last["mask"]), "<u1") if last else np.zeros(0, np.uint8)
+    found = record.get("harness")  # a harness run's line (tmpl.export.episode_entry)
+    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     summary: dict[str, Any] = {key: None for key in ROW_FIELDS}
     summary.update(
         index=row,
-        sample=0,
-        status=str((record.get("record") or {}).get("status") or ""),
+        sample=_int(run.get("sample")) or 0,
+        status=str(run.get("status") or (record.get("record") or {}).get("status") or ""),
         end=str(record.get("reason") or ""),
-        reward=episode["reward"] if episode else None,
+        reward=_float(run["reward"]) if run.get("reward") is not None else (episode["reward"] if episode else None),
+        turns=_int(run.get("calls")),
         length=int(ids.size),
         sampled=int(mask.sum()),
         sequences=len(episode["sequences"]) if episode else 0,
@@ -295,7 +319,7 @@ def _episode_line(
         "messages": None,
         "drift": None,
         "episode": episode,
-        "info": {"session": record.get("session")},
+        "info": {"session": record.get("session")} | _harness_info(run),
         "problems": [p.to_dict() for p in problems],
         "episode_only": True,
     }
