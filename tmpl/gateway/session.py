@@ -74,12 +74,19 @@ class Head:
     #: the tools it was rendered with (canonical)
     tools: list[dict[str, Any]] | None
     #: the IDs of the sequence so far are ``prompt + sampled``: the call's prompt, then what it sampled
-    #: (lists never changed; joined only when a request continues the head: one copy per call)
-    prompt: list[int]
+    #: (lists never changed; joined only when a request continues the head: one copy per call). Only a
+    #: lineage's newest head keeps its prompt as a list (the very list its call's plan holds), older ones
+    #: None: a list of Python ints per head (16 heads of a 16k-token history: 2 MB a session) is memory,
+    #: and a walk for every full collection, that a retry of an older turn rarely needs (it reads ``array``)
+    prompt: list[int] | None
     sampled: list[int]
-    #: ``ids`` as an int32 array: the next call's prompt array is this plus the suffix (no list of the
-    #: whole history is converted again on each call)
+    #: ``prompt + sampled`` as an int32 array: the next call's prompt array is this plus the suffix (no
+    #: list of the whole history is converted again on each call)
     array: np.ndarray
+
+    def ids(self) -> list[int]:
+        """``prompt + sampled``, a new list (from ``array`` where the head no longer keeps its prompt)."""
+        return self.prompt + self.sampled if self.prompt is not None else self.array.tolist()
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,7 @@ class Session:
                         new, completion_ids=head.sampled, tools=tools, history=list(head.messages[:-1])
                     )
                     array = np.concatenate([head.array, np.asarray(suffix, dtype=np.int32)])
-                    ids = head.prompt + head.sampled
+                    ids = head.ids()
                     ids += suffix
                     return Plan(ids, "append", request, tools, None, len(suffix), array)
                 continued = True
@@ -356,7 +363,10 @@ class Session:
             self.issued[c["id"]] = c["function"]["name"]
         self.problems += [(reply.call, problem) for problem in reply.problems]
         self.replies.append((reply.message, reply.call, tuple(sampled)))
-        self._lineage(plan.lineage).heads.append(
+        heads = self._lineage(plan.lineage).heads
+        if heads and heads[-1].prompt is not None:  # only the newest head keeps its prompt as a list
+            heads[-1] = dataclasses.replace(heads[-1], prompt=None)
+        heads.append(
             Head(
                 reply.call,
                 (*plan.messages, reply.message),

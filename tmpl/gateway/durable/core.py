@@ -14,7 +14,8 @@ every open session (:mod:`.resume`) and queues again every finished episode no r
   first); with none left to drop, a new call is refused (507) before it reaches the engine.
 - A retried request answered once: the same ``Idempotency-Key`` header, or an ``x-stainless-retry-count``
   above 0 on a request equal to the session's last (the OpenAI and Anthropic SDKs' retries), is given
-  the recorded answer again (non-streamed requests; a streamed one is generated anew).
+  the recorded answer again, streamed or not (a stream replays it whole, in the request's dialect); one
+  sent again while the first still runs waits for it, then gets its answer.
 - Calls of one session's lineage run one at a time (two processes sending one session are serialized).
 
 >>> gateway = Gateway(tpl, backend, store="/data/gw.db", max_store_bytes=2**30)   # doctest: +SKIP
@@ -145,19 +146,10 @@ class Durable:
         """Run the call ``inner`` once: answered from the store when it is a retry of a recorded one,
         after the other calls of its lineage, and refused (507) when the store is full."""
         idem, retries = RETRY.get()
-        from ..service import _LIVE
-
-        if _LIVE.get() is not None:  # a streamed call: its answer is the stream the engine feeds, not kept
-            idem, retries = None, 0
-        if idem is not None:
-            found = self._idem.get(f"{key}\0{idem}")
-            if found is not None:
-                return found[1]
         request = digest((messages, tools, params, lineage))
-        if retries > 0:
-            last = self._last.get(key)
-            if last is not None and last[0] == request:
-                return last[1]
+        found = self._answered(key, idem, retries, request)
+        if found is not None:
+            return found
         await self._room(key)
         lane = (key, lineage or lineage_key(messages, tools))
         held = self._locks.get(lane)
@@ -167,14 +159,33 @@ class Durable:
         token = _PENDING.set((request, None if idem is None else f"{key}\0{idem}"))
         try:
             async with held[0]:
-                if idem is not None and (found := self._idem.get(f"{key}\0{idem}")) is not None:
-                    return found[1]  # the same key sent twice at once: the second waited for the first
+                found = self._answered(key, idem, retries, request)  # sent again while the first ran: it waited
+                if found is not None:
+                    return found
                 return await inner(key, messages, tools, params, lineage)
         finally:
             _PENDING.reset(token)
             held[1] -= 1
             if not held[1]:
                 del self._locks[lane]
+
+    def _answered(self, key: str, idem: str | None, retries: int, request: str) -> Completion | None:
+        """The recorded answer of a retried request (its ``Idempotency-Key`` answered in session ``key``, or
+        a retry count above 0 on a request equal to the session's last), else None. A streamed call's live
+        text (:data:`~tmpl.gateway.service._LIVE`) is told the answer's call: its stream replays it whole."""
+        found = self._idem.get(f"{key}\0{idem}") if idem is not None else None
+        done = found[1] if found is not None else None
+        if done is None and retries > 0:
+            last = self._last.get(key)
+            if last is not None and last[0] == request:
+                done = last[1]
+        if done is not None:
+            from ..service import _LIVE
+
+            live = _LIVE.get()
+            if live is not None:
+                live.replay(done)
+        return done
 
     async def record_call(self, session: Session, plan: Plan, replies: list[Reply], version: int | None) -> None:
         """Write a call whose replies the session recorded; on a failed write the session is put back

@@ -15,7 +15,6 @@ False
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,17 +22,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...backends.base import GenerationResult
+from ..jsonio import dumps as _dumps
+from ..jsonio import loads
 from ..session import Plan, Reply, Session
 
 if TYPE_CHECKING:
     from ..service import Completion, Gateway
 
-__all__ = ["Rebuilt", "call_body", "digest", "dumps", "rebuild"]
+__all__ = ["Rebuilt", "call_body", "digest", "dumps", "rebuild", "same_value"]
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` as compact JSON bytes."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")
+    """``value`` as compact JSON bytes (msgspec where installed: :func:`tmpl.gateway.jsonio.dumps`)."""
+    return _dumps(value)
 
 
 def digest(value: Any) -> str:
@@ -42,6 +43,33 @@ def digest(value: Any) -> str:
     sent back on each call); two equal values whose keys come in another order digest apart (then they
     are kept twice, or a retry is answered anew: never a wrong match)."""
     return hashlib.blake2b(repr(value).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` have the same :func:`digest` without computing it: equal, with the same types
+    and key order throughout (``1``, ``1.0`` and ``True`` are equal, ``0.0`` and ``-0.0`` too; their reprs
+    differ). A message sent back call after call is compared, not hashed again: comparing a long tool
+    result is a memcmp, its repr and hash copy and walk it (40 turns of a 16k-token history: 2 ms a call).
+
+    >>> same_value({"role": "tool", "content": "21 C"}, {"role": "tool", "content": "21 C"})
+    True
+    >>> same_value({"n": 1}, {"n": 1.0}), same_value({"a": 1, "b": 2}, {"b": 2, "a": 1})
+    (False, False)
+    """
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is str:
+        return bool(a == b)
+    if kind is dict:
+        return len(a) == len(b) and all(x == y and same_value(a[x], b[y]) for x, y in zip(a, b))
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if kind is float:
+        return repr(a) == repr(b)
+    return bool(a == b) and repr(a) == repr(b)
 
 
 def base_of(session: Session, plan: Plan, fresh: set[str]) -> tuple[str | None, int]:
@@ -146,7 +174,7 @@ def rebuild(gateway: Gateway, key: str, events: Iterable[tuple[int, str, bytes]]
     values: dict[str, Any] = {}
     ids: dict[str, np.ndarray] = {}  # call id -> prompt then sampled IDs
     for _, kind, raw in events:
-        body = json.loads(raw)
+        body = loads(raw)
         if kind == "m":
             if body["d"] not in values:
                 values[body["d"]] = body["v"]

@@ -118,6 +118,17 @@ class LiveText:
         self.started_event.set()
         self.queue.put_nowait(("started", request))
 
+    def replay(self, done: Completion) -> None:
+        """A call answered before (a retried request, :mod:`tmpl.gateway.durable`): the stream starts under the
+        recorded call's id and prompt, and sends nothing live; its end sends the recorded reply whole."""
+        from ...backends.base import GenerationRequest
+
+        reply = done.replies[0]
+        request = GenerationRequest(reply.call, done.plan.prompt_ids, max(1, len(reply.result.token_ids)),
+                                    self.stop_ids)  # fmt: skip
+        self.frozen = True
+        self.started(request)
+
     def tokens(self, ids: Sequence[int]) -> None:
         """New sampled IDs: their complete text decoded, the part surely content queued. Never raises."""
         if self.frozen or not ids:
