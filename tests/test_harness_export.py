@@ -147,6 +147,13 @@ def test_jsonl_of_harness_runs_reads_back_the_same(runs, tmp_path):
         export.from_records([record])
 
 
+def test_tmpl_replay_names_a_harness_run_instead_of_failing(runs, tmp_path, capsys):
+    _, results = runs
+    path = export.to_jsonl(results[:1], tmp_path / "runs.jsonl")
+    assert main(["replay", str(path)]) != 0
+    assert "sample 0 is a harness run" in capsys.readouterr().err
+
+
 def _details(page) -> tuple[dict, dict[int, dict]]:
     text = page.read_text(encoding="utf-8")
     found = re.findall(r'<script type="application/json" id="s(\d+)">(.*?)</script>', text)

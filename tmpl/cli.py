@@ -281,6 +281,13 @@ def _replay(args: argparse.Namespace) -> int:
         results = from_atif(args.file) if atif else from_jsonl(args.file)
     except (UnicodeDecodeError, EOFError, OSError) as exc:  # binary, a broken .gz
         raise ExportError(args.file, f"cannot be read ({_one_line(exc)}); expected {expected}") from exc
+    harness_runs = [k for k, r in enumerate(results) if not hasattr(r, "from_calls")]  # tmpl.export.harness
+    if harness_runs:
+        raise ExportError(
+            args.file,
+            f"sample {harness_runs[0]} is a harness run (its calls' prompts are the template's render of what the "
+            "harness sent, kept as IDs; no messages to re-render): open it with `tmpl view`",
+        )
     # per sample: --tools, else (ATIF) the tool definitions its trajectory names
     sample_tools = document_tools(args.file) if atif else [None] * len(results)
     rows = []

@@ -248,16 +248,7 @@ def _their_record(
         except TmplError as exc:
             raise AtifError(where, f"its calls do not make an episode: {exc}") from None
         seqs = [s for s in ep.sequences if s.agent is None and s.parent is None] or ep.sequences
-        seq = seqs[-1]
-        p = seq.prompt_length
-        built = {
-            "prompt_ids": seq.ids[:p].tolist(),
-            "completion_ids": seq.ids[p:].tolist(),
-            "mask": seq.mask[p:].tolist(),
-            "logprobs": seq.logprobs[p:].tolist(),
-            "versions": seq.versions[p:].tolist(),
-            "spans": _sequence_spans(seq),
-        }
+        built = sequence_arrays(seqs[-1])
     agent_steps = [s for s in doc["steps"] if s["source"] == "agent"]
     n_tool_calls = sum(len(s.get("tool_calls") or []) for s in agent_steps)
     length = len(built["prompt_ids"]) + len(built["completion_ids"])
@@ -285,6 +276,21 @@ def _their_record(
         "version": 0,
         "stale_action": None,
         "resumed": 0,
+    }
+
+
+def sequence_arrays(seq: Any) -> dict[str, list[Any]]:
+    """A training sequence as a record's arrays: ``prompt_ids`` up to its first sampled token, the rest
+    as ``completion_ids`` with its ``mask``, ``logprobs`` and ``versions``, and ``spans`` (each call's
+    sampled tokens a completion span, the context between them a suffix span)."""
+    p = seq.prompt_length
+    return {
+        "prompt_ids": seq.ids[:p].tolist(),
+        "completion_ids": seq.ids[p:].tolist(),
+        "mask": seq.mask[p:].tolist(),
+        "logprobs": seq.logprobs[p:].tolist(),
+        "versions": seq.versions[p:].tolist(),
+        "spans": _sequence_spans(seq),
     }
 
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..atif.read import sequence_arrays
 from ..episode import Episode
 from ..episode.records import from_record as episode_from_record
 from ..episode.records import to_record as episode_to_record
 from ..errors import ExportError, TmplError
 from ..harness.result import STATUSES, HarnessResult
-from ..trajectory.types import COMPLETION
 
 __all__ = ["HARNESS_FIELDS", "harness_record", "harness_result", "is_harness_record"]
 
@@ -72,22 +72,9 @@ def harness_record(result: HarnessResult, index: int) -> dict[str, Any]:
     run["timings"] = dict(run["timings"])
     episode = result.episode
     seq = _root_sequence(episode)
-    p = 0 if seq is None else seq.prompt_length
-    arrays: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "mask": [], "logprobs": [], "versions": []}
-    spans = []
-    if seq is not None:
-        arrays = {
-            "prompt_ids": seq.ids[:p].tolist(),
-            "completion_ids": seq.ids[p:].tolist(),
-            "mask": seq.mask[p:].tolist(),
-            "logprobs": seq.logprobs[p:].tolist(),
-            "versions": seq.versions[p:].tolist(),
-        }
-        turns = dict(zip(seq.calls, seq.turns)) if len(seq.turns) == len(seq.calls) else {}
-        spans = [
-            {"kind": COMPLETION, "turn": turns.get(s.call, k), "message": None, "start": s.start - p, "end": s.end - p}
-            for k, s in enumerate(seq.spans)
-        ]
+    empty: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "mask": [], "logprobs": [], "versions": []}
+    arrays = empty if seq is None else sequence_arrays(seq)
+    spans = arrays.pop("spans", [])
     return {
         "format": _FORMAT,
         "index": index,
