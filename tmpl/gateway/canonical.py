@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import GatewayRequestError
+from .vision import BLOCK, image_part
 
 __all__ = [
     "REASONING_KEYS",
@@ -63,30 +64,39 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def _text(content: Any, where: str) -> str:
-    """A message content as text: a string, or a list of text parts joined (images are refused)."""
+def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message content as text: a string, or a list of text parts joined; a list holding images
+    (``image_url`` parts with a data: URL, or parts already canonical) as its parts in order instead."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        out = []
+        out: list[dict[str, Any]] = []
         for k, part in enumerate(content):
             if isinstance(part, str):
-                out.append(part)
+                out.append({"type": "text", "text": part})
                 continue
             if not isinstance(part, Mapping):
                 raise GatewayRequestError(None, f"{where}.content[{k}] must be an object", param=f"{where}.content")
             kind = part.get("type")
             if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-                out.append(part["text"])
+                out.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                url = part.get("image_url")
+                out.append(image_part(url.get("url") if isinstance(url, Mapping) else url, f"{where}.content[{k}]"))
+            elif kind == "image" and BLOCK in part:  # mapped by a dialect already
+                out.append(dict(part))
             else:
                 raise GatewayRequestError(
                     None,
-                    f"{where}.content[{k}]: content parts of type {kind!r} are not served by the gateway (text only)",
+                    f"{where}.content[{k}]: content parts of type {kind!r} are not served by the gateway "
+                    "(text, and images on a vision template)",
                     param=f"{where}.content",
                 )
-        return "".join(out)
+        if all(p["type"] == "text" for p in out):
+            return "".join(p["text"] for p in out)
+        return out
     raise GatewayRequestError(None, f"{where}.content must be a string or a list of parts", param=f"{where}.content")
 
 
@@ -103,6 +113,10 @@ def canonical_message(message: Any, index: int) -> dict[str, Any]:
     if role not in ROLES:
         raise GatewayRequestError(None, f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}", param=where)
     out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
+    if isinstance(out["content"], list) and role not in ("user", "tool"):
+        raise GatewayRequestError(
+            None, f"{where}: images are read in user and tool messages only, not in a {role} message", param=where
+        )
     if role == "assistant":
         for key in REASONING_KEYS:
             value = message.get(key)

@@ -110,8 +110,22 @@ def role_support(tpl: ChatTemplate) -> RoleSupport:
     return found
 
 
-def _joined(*texts: str) -> str:
-    return JOIN.join(t for t in texts if t)
+def _joined(*texts: Any) -> Any:
+    """Texts joined, a blank line between; where one is a content with images (a list of parts), the parts
+    in order, the texts as text parts around it.
+
+    >>> _joined("Be brief.", [{"type": "image", "image": "data:..."}])
+    [{'type': 'text', 'text': 'Be brief.'}, {'type': 'text', 'text': '\\n\\n'}, {'type': 'image', 'image': 'data:...'}]
+    """
+    if not any(isinstance(t, list) for t in texts):
+        return JOIN.join(t for t in texts if t)
+    out: list[Any] = []
+    for t in texts:
+        if t:
+            if out:
+                out.append({"type": "text", "text": JOIN})
+            out += t if isinstance(t, list) else [{"type": "text", "text": t}]
+    return out
 
 
 def place_roles(tpl: ChatTemplate, messages: Sequence[Mapping[str, Any]]) -> Placed:
@@ -170,7 +184,8 @@ def place_roles(tpl: ChatTemplate, messages: Sequence[Mapping[str, Any]]) -> Pla
                 carry = _joined(carry, text)
             continue
         if role == "user":
-            m["content"] = _joined(pending, carry, m.get("content") or "")
+            if pending or carry:
+                m["content"] = _joined(pending, carry, m.get("content") or "")
             pending = carry = ""
         elif carry:
             out.append({"role": "user", "content": carry})

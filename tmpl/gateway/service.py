@@ -38,9 +38,11 @@ from ..errors import (
     TmplError,
 )
 from ..toolcalls.api import CompletionReader
+from ..vision.template import VisionTemplate
 from .roles import place_roles
 from .session import Plan, Reply, Session
 from .store import SessionStore
+from .vision import served_messages
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -105,6 +107,10 @@ class Gateway(TrainerSide):
       call whose prompts (``n`` of them) would take the session past it is refused (400) before it reaches
       the engine, so a session ends at most one call's samples (``n * max_tokens``) over it; one agent
       cannot grow the gateway's memory without end (finish the session and start another).
+    - ``tpl`` a :class:`tmpl.vision.VisionTemplate`: requests may hold images (every dialect's image
+      blocks, sent inline), their prompts the processor's own expansion (:mod:`tmpl.gateway.vision`);
+      not with ``store=`` (the durable store keeps no images: a ValueError). A text template answers a
+      request with an image 400, naming its block.
     - ``env_factory``: one :class:`tmpl.env.Env` per session, driven by the harness through
       :meth:`env_reset` and :meth:`env_step` (``/s/{session}/env/reset``, ``/env/step``); see
       :mod:`tmpl.gateway.envs`.
@@ -112,7 +118,7 @@ class Gateway(TrainerSide):
 
     def __init__(
         self,
-        tpl: ChatTemplate,
+        tpl: ChatTemplate | VisionTemplate,
         backend: Backend,
         *,
         model: str | None = None,
@@ -140,6 +146,16 @@ class Gateway(TrainerSide):
             raise ValueError(f"max_session_tokens must be positive, not {max_session_tokens!r}")
         if env_factory is not None and not callable(env_factory):
             raise TypeError(f"env_factory must be callable, not {type(env_factory).__name__}")
+        #: a :class:`tmpl.vision.VisionTemplate` given as ``tpl``: requests may hold images (``tpl`` is then
+        #: its text template); None for a text template, whose requests with images get a 400
+        self.vision = vision = tpl if isinstance(tpl, VisionTemplate) else None
+        if isinstance(tpl, VisionTemplate):
+            tpl = tpl.chat
+            if store is not None:
+                raise ValueError(
+                    "store= with a VisionTemplate: the durable store keeps no images (a resumed session could "
+                    "not rebuild its prompts' image inputs); serve a vision template without store="
+                )
         self.call_timeout = call_timeout
         self.max_session_tokens = max_session_tokens
         self.env_factory = env_factory
@@ -154,7 +170,7 @@ class Gateway(TrainerSide):
         self.max_n = max_n
         self.strict = strict
         self.sessions = SessionStore(
-            lambda key: Session(key, tpl, max_heads=max_heads, strict=strict),
+            lambda key: Session(key, tpl, max_heads=max_heads, strict=strict, vision=vision),
             ttl=ttl,
             max_sessions=max_sessions,
             max_finished=max_finished,
@@ -221,6 +237,7 @@ class Gateway(TrainerSide):
             )
         session = self.sessions.get(session_key)
         tools = self._intern(tools)
+        messages = served_messages(self.vision, session_key, messages)  # images: a 400 on a text template
         if not 1 <= params.n <= self.max_n:
             raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
         placed = place_roles(self.tpl, messages)  # developer and system turns where the template renders them
@@ -356,6 +373,8 @@ class Gateway(TrainerSide):
             sample=session.key,
         )
         # the engine request runs as its own task: a client that goes away (or a timeout) stops it and
+            images=plan.images,
+            image_sources=list(plan.sources) if plan.sources else None,
         # keeps what it sampled (see _stop) instead of cancelling it with the call
         generation = asyncio.ensure_future(self._engine(request, _LIVE.get() if k == 0 else None))
         try:

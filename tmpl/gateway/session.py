@@ -47,11 +47,14 @@ from ..episode import Call, Episode
 from ..errors import GatewayRequestError, HistoryConflictError
 from ..rollout.history import SampledTurn, splice
 from .canonical import message_difference, reply_difference, tool_call
+from .vision import has_images
 
 if TYPE_CHECKING:
     from ..backends.base import GenerationResult
     from ..chat_template import ChatTemplate
     from ..toolcalls.types import ParsedCompletion
+    from ..trajectory.images import ImageInputs
+    from ..vision import VisionTemplate
 
 __all__ = ["Head", "Lineage", "Plan", "Reply", "Session", "lineage_key"]
 
@@ -83,6 +86,10 @@ class Head:
     #: ``prompt + sampled`` as an int32 array: the next call's prompt array is this plus the suffix (no
     #: list of the whole history is converted again on each call)
     array: np.ndarray
+    #: a vision template's: the image inputs of the sequence (spans in its IDs; None: no images) and the
+    #: images themselves (PIL, in order)
+    images: ImageInputs | None = None
+    sources: tuple[Any, ...] = ()
 
     def ids(self) -> list[int]:
         """``prompt + sampled``, a new list (from ``array`` where the head no longer keeps its prompt)."""
@@ -107,6 +114,10 @@ class Plan:
     lineage: str = ""
     #: how the request's developer and system turns were placed (:func:`tmpl.gateway.roles.place_roles`'s notes)
     roles: Mapping[str, str] = field(default_factory=dict)
+    #: a vision template's prompt with images: their image inputs (spans in ``prompt_ids``) and the images
+    #: themselves (PIL, in order), for the engine request; None and () without images
+    images: ImageInputs | None = None
+    sources: tuple[Any, ...] = ()
 
     def prompt_array(self) -> np.ndarray:
         """``prompt_ids`` as an int32 array."""
@@ -170,9 +181,21 @@ class Session:
     the gateway never returned, instead of starting a branch.
     """
 
-    def __init__(self, key: str, tpl: ChatTemplate, *, max_heads: int = 16, strict: bool = False) -> None:
+    def __init__(
+        self,
+        key: str,
+        tpl: ChatTemplate,
+        *,
+        max_heads: int = 16,
+        strict: bool = False,
+        vision: VisionTemplate | None = None,
+    ) -> None:
         self.key = key
         self.tpl = tpl
+        #: the vision template (``tpl`` is its text template) whose processor plans prompts with images, or None
+        self.vision = vision
+        #: per episode sequence, the image inputs of the last call with images recorded on it
+        self.seq_images: dict[int, ImageInputs] = {}
         self.strict = strict
         self.episode = Episode(sample_id=key)
         #: the session's environment (``Gateway(env_factory=...)``, a :class:`tmpl.gateway.envs.SessionEnv`), or None
@@ -239,6 +262,8 @@ class Session:
             elif diff is None:
                 new = request[n:]
                 if new and all(m["role"] == "tool" for m in new):
+                    if self.vision is not None and (head.images is not None or has_images(new)):
+                        return self._append_images(request, tools, head, new)
                     suffix = self.tpl.suffix_ids(
                         new, completion_ids=head.sampled, tools=tools, history=list(head.messages[:-1])
                     )
@@ -290,11 +315,18 @@ class Session:
                 ]
             rendered.append(mine)
             turn = SampledTurn.of(self.tpl.codec, call_id, i, sampled)
-            before = next((x["content"].strip() for x in reversed(messages[:i]) if x["content"].strip()), "")
+            before = next((t for x in reversed(messages[:i]) if (t := _text_of(x["content"]).strip())), "")
             turns.append(dataclasses.replace(turn, after=before.encode("utf-8")) if before else turn)
         if len(self.gaps) > MAX_GAPS:
             self.gaps.clear()
-        text = self.tpl.render(rendered, tools, add_generation_prompt=True)
+        with_images = None
+        if self.vision is not None and has_images(rendered):  # the processor's render, images expanded
+            from ..rollout.images import render_history
+
+            with_images = render_history(self.vision, rendered, tools)
+            text = with_images.text
+        else:
+            text = self.tpl.render(rendered, tools, add_generation_prompt=True)
         spliced = splice(self.tpl, text, turns, self.gaps, sample=self.key, turn=self.calls, messages=rendered)
         edit = None
         if closest is not None:
@@ -302,7 +334,40 @@ class Session:
             edit = f"client changed messages[{index}]" + (f" ({what})" if what else "")
         if spliced.edit:
             edit = f"{edit}; {spliced.edit}" if edit else spliced.edit
+        if with_images is not None:
+            from ..rollout.images import placed
+
+            ids = placed(with_images, spliced.ids, template=self.tpl.name, sample=self.key, turn=self.calls)
+            images, sources = ids.images, tuple(with_images.sources)
+            return Plan(list(ids), "render", rendered, tools, edit, spliced.encoded, images=images, sources=sources)
         return Plan(spliced.ids, "render", rendered, tools, edit, spliced.encoded)
+
+    def _append_images(
+        self, request: list[dict[str, Any]], tools: list[dict[str, Any]] | None, head: Head, new: list[dict[str, Any]]
+    ) -> Plan:
+        """The append plan of a vision template: :meth:`VisionTemplate.suffix_ids` of the new tool results
+        (their images expanded by the processor) after the head's IDs, their images shifted after the head's."""
+        from .vision import loaded, shifted_after
+
+        assert self.vision is not None
+        messages, pil = loaded(new, "tool_messages")
+        suffix = self.vision.suffix_ids(
+            messages, completion_ids=head.sampled, tools=tools, history=list(head.messages[:-1])
+        )
+        ids = head.ids()
+        images = shifted_after(head.images, suffix.images, len(ids))
+        ids += suffix.ids
+        array = np.concatenate([head.array, np.asarray(suffix.ids, dtype=np.int32)])
+        sources = head.sources + tuple(pil)
+        return Plan(ids, "append", request, tools, None, len(suffix.ids), array, images=images, sources=sources)
+
+    def sequence_images(self) -> list[ImageInputs | None]:
+        """The image inputs of each of the episode's sequences (spans in that sequence's IDs), from which a
+        trainer rebuilds its model inputs (``images.model_inputs(sequence.ids)``); None for a sequence
+        without images. Empty-handed (all None) on a text template."""
+        from .vision import sequence_images
+
+        return sequence_images(self.seq_images, [len(s.ids) for s in self.episode.sequences])
 
     def _reply_for(self, message: Mapping[str, Any], start: int) -> tuple[int, bool] | None:
         """The reply (index into :attr:`replies`, from ``start``) a client's assistant message is, and
@@ -352,7 +417,7 @@ class Session:
             agent=self._lineage(plan.lineage).agent,
         )
         # the conversation with the reply: a later branch names where the client left it
-        reply.sequence = self.episode.add_call(call, edit=plan.edit, messages=[*plan.messages, reply.message])
+        reply.sequence = self._add(call, plan, [*plan.messages, reply.message])
         self.calls += 1
         self.encoded_tokens += plan.encoded
         self.reused_tokens += len(plan.prompt_ids) - plan.encoded
@@ -374,6 +439,8 @@ class Session:
                 plan.prompt_ids,
                 sampled,
                 np.concatenate([call.prompt_ids, call.completion_ids]),
+                plan.images,
+                plan.sources,
             )
         )
         self.touched = time.monotonic()
@@ -392,10 +459,22 @@ class Session:
             turn=self.calls,
             agent=self._lineage(plan.lineage).agent,
         )
-        self.episode.add_call(call, edit=plan.edit, messages=plan.messages)
+        self._add(call, plan, plan.messages)
         self.calls += 1
         self.tokens_held += len(plan.prompt_ids) + len(sampled)
         self.touched = time.monotonic()
+
+    def _add(self, call: Call, plan: Plan, messages: list[dict[str, Any]]) -> int:
+        """Add ``call`` to the episode; the sequence it lands on. A call with images never continues a
+        sequence its IDs extend whose images differ (same IDs, other pixels): it branches from it."""
+        if plan.images is None:
+            return self.episode.add_call(call, edit=plan.edit, messages=messages)
+        from .vision import clashes
+
+        apart = clashes(self.episode, self.seq_images, plan.prompt_ids, plan.images)
+        index = self.episode.add_call(call, edit=plan.edit, messages=messages, apart=apart)
+        self.seq_images[index] = plan.images
+        return index
 
     def _lineage(self, key: str) -> Lineage:
         """The lineage ``key`` (made on its first recorded call), now the most recently used."""
@@ -426,6 +505,13 @@ def _prefix_difference(
         if what is not None:
             return i, what
     return None
+
+
+def _text_of(content: Any) -> str:
+    """A canonical content's text: the string, or the text parts of a list (one with images) joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or () if isinstance(p, Mapping) and p.get("type") == "text")
 
 
 def _same_ids(request: Sequence[Mapping[str, Any]], head: Head) -> bool:

@@ -38,6 +38,10 @@ class Finished:
     env: dict[str, Any] | None = None
     #: with a durable store (``Gateway(store=...)``): the id to acknowledge it by once read (:meth:`Gateway.ack`)
     ack: str | None = None
+    #: a vision template's: per episode sequence, its image inputs (:class:`tmpl.vision.ImageInputs`, spans in
+    #: the sequence's IDs; None for one without images), from which a trainer rebuilds its model inputs;
+    #: None on a text template
+    images: list[Any] | None = None
 
 
 class SessionStore:
@@ -179,7 +183,8 @@ class SessionStore:
                 "error": held.error,
             }
         ack = self.on_end(session, reason, env, bool(episode.calls)) if self.on_end is not None else None
-        done = Finished(key, episode, reason, env, ack)
+        images = session.sequence_images() if session.seq_images else None
+        done = Finished(key, episode, reason, env, ack, images)
         if episode.calls:
             if len(self._finished) >= self.max_finished:
                 lost = self._finished.popleft()

@@ -156,6 +156,10 @@ def add_trainer_routes(
 
     def finished_entry(done: Any) -> dict[str, Any]:
         entry = {"session": done.key, "reason": done.reason, "record": to_record(done.episode)}
+        if done.images is not None:  # a vision template's: each sequence's image inputs (tmpl.vision.ImageInputs)
+            from ..trajectory.images import to_record as image_record
+
+            entry["images"] = [None if im is None else image_record(im) for im in done.images]
         if done.ack is not None:  # a durable store keeps it until acknowledged (POST /episodes/ack)
             entry["ack"] = done.ack
         if done.env is not None:  # the environment's name, state, summed reward, info, error (as JSON)

@@ -8,6 +8,10 @@ lists every field as read, mapped, ignored or refused):
   :func:`tmpl.gateway.roles.place_roles` where the template renders it (or folded into a user turn);
 - a user turn's ``tool_result`` blocks become tool messages, in order, and its text blocks (joined as
   written: Claude Code's blocks carry their own separators) a user message after them;
+- ``image`` blocks (a ``base64`` source, or a ``url`` source holding a ``data:`` URL) in a user turn or
+  a ``tool_result``'s content are image parts (:func:`tmpl.gateway.vision.image_part`) of that message,
+  in order among its text: served on a :class:`tmpl.vision.VisionTemplate`; a text template answers 400
+  naming the block (the gateway fetches no URLs: any other source is a 400 too);
 - an assistant turn's ``text`` blocks are its content, ``thinking`` blocks its ``reasoning_content``,
   ``tool_use`` blocks its calls; ``redacted_thinking`` blocks are left out (their text is encrypted);
 - ``cache_control`` and ``citations`` on any block are ignored;
@@ -19,8 +23,8 @@ lists every field as read, mapped, ignored or refused):
   ``stop_sequences``, ``stream`` are mapped; every other field the API defines is accepted and ignored
   (:data:`FIELDS`).
 
-Refused with a 400 naming the block: ``image`` blocks (this template renders no images), ``document``
-blocks, and server-tool result blocks in the history.
+Refused with a 400 naming the block: ``image`` blocks on a text template (it renders no images) or
+anywhere but a user turn or a tool result, ``document`` blocks, and server-tool result blocks in the history.
 
 >>> body = {"model": "m", "max_tokens": 8, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
 >>> parse(body).messages
@@ -40,6 +44,7 @@ from ...errors import GatewayError, GatewayRequestError
 from ..canonical import tool_call
 from ..service import CallParams
 from ..session import Plan, Reply
+from ..vision import data_url, image_part
 
 __all__ = ["FIELDS", "MessagesRequest", "count_body", "error_body", "events", "parse", "response"]
 
@@ -110,7 +115,7 @@ def _blocks(content: Any, where: str) -> list[Mapping[str, Any]]:
 def _refused(kind: str, where: str) -> GatewayRequestError:
     """The 400 of a block the gateway does not serve, naming it and why."""
     if kind == "image":
-        why = "this template renders no images (the gateway serves text-only templates)"
+        why = "images are read in user turns and tool results only"
     elif kind in ("document", "search_result", "container_upload"):
         why = f"{kind} blocks are not served: send their text as text blocks"
     elif kind.endswith("tool_use") or kind.endswith("tool_result"):
@@ -132,6 +137,37 @@ def _text_of(content: Any, where: str) -> str:
             raise _refused(block["type"], f"{where}.content[{k}]")
         parts.append(str(block.get("text", "")))
     return "".join(parts)
+
+
+def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An image block as a canonical image part: its ``base64`` source, or a ``url`` source's data: URL."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "base64":
+        assert isinstance(source, Mapping)
+        return image_part(data_url(source.get("media_type"), source.get("data"), where), where)
+    if kind == "url":
+        assert isinstance(source, Mapping)
+        return image_part(source.get("url"), where)
+    raise GatewayRequestError(
+        None, f"{where} (image block): source type {kind!r} is not served (base64, or a data: URL)", param=where
+    )
+
+
+def _turn_content(blocks: Sequence[Mapping[str, Any]], where: str, skip: str | None = None) -> str | list[dict[str, Any]]:
+    """Text and image blocks (``skip``: a type gathered elsewhere) as a message's content: the text joined as
+    written where there is no image, else the parts in order."""
+    parts: list[dict[str, Any]] = []
+    for k, b in enumerate(blocks):
+        if b["type"] == "text":
+            parts.append({"type": "text", "text": str(b.get("text", ""))})
+        elif b["type"] == "image":
+            parts.append(_image(b, f"{where}.content[{k}]"))
+        elif b["type"] != skip:
+            raise _refused(b["type"], f"{where}.content[{k}]")
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def _message(message: Any, i: int) -> list[dict[str, Any]]:
@@ -163,22 +199,20 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
         if calls:
             out["tool_calls"] = calls
         return [out]
-    results, text = [], []
+    results = []
     for k, b in enumerate(blocks):
-        kind = b["type"]
-        if kind == "tool_result":
+        if b["type"] == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise GatewayRequestError(None, f"{where}.content[{k}]: tool_result needs a tool_use_id", param=where)
-            body = _text_of(b.get("content"), f"{where}.content[{k}]")
+            inner = b.get("content")
+            pw = f"{where}.content[{k}]"
+            body = _turn_content(_blocks(inner, pw), pw) if inner is not None else ""
             if b.get("is_error") and not body:
                 body = "error"
             results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": body})
-        elif kind == "text":
-            text.append(str(b.get("text", "")))
-        else:
-            raise _refused(kind, f"{where}.content[{k}]")
-    if text and any(t.strip() for t in text):
-        results.append({"role": "user", "content": "".join(text)})
+    user = _turn_content(blocks, where, skip="tool_result")
+    if isinstance(user, list) or user.strip():
+        results.append({"role": "user", "content": user})
     if not results:
         results.append({"role": "user", "content": ""})
     return results

@@ -11,7 +11,9 @@ mapping independently):
   its calls (``id`` the part's, or ``call_<content>_<part>`` where it has none); a ``user`` (or
   ``function``) content gives its ``functionResponse`` parts as tool messages, in order (each answers
   the call of its ``id``, else the first unanswered call of its ``name``), then its text as a user
-  message when it has text. A ``functionResponse``'s content is ``response["output"]`` when the
+  message when it has text; a user content's ``inlineData`` parts of an image ``mimeType`` are image parts
+  of that message, in order among its text (a vision template's; a text template answers 400 naming the
+  part). A ``functionResponse``'s content is ``response["output"]`` when the
   response is exactly ``{"output": <string>}``, else the response as JSON;
 - ``tools[].functionDeclarations``: functions of ``name``, ``description`` and
   ``parametersJsonSchema`` as sent, or ``parameters`` (Gemini's OpenAPI schema) with every ``type``
@@ -48,6 +50,7 @@ from ...errors import GatewayError, GatewayRequestError
 from ..canonical import tool_call
 from ..service import CallParams
 from ..session import Plan, Reply
+from ..vision import data_url, image_part
 
 __all__ = [
     "FIELDS",
@@ -264,6 +267,7 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
         if role not in ("user", "model", "function"):
             raise _bad(f"{where}.role must be 'user' or 'model', not {role!r}", "contents")
         texts: list[str] = []
+        ordered: list[dict[str, Any]] = []  # a user content's text and image parts, in order
         thoughts: list[str] = []
         signed: str | None = None  # the reasoning a gateway's thoughtSignature holds
         calls: list[dict[str, Any]] = []
@@ -275,6 +279,10 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
             if signed is None and "thoughtSignature" in part:
                 signed = read_signature(part["thoughtSignature"])
             media = [key for key in _MEDIA if key in part]
+            if media == ["inlineData"] and role == "user" and isinstance(part["inlineData"], Mapping):
+                blob = part["inlineData"]
+                ordered.append(image_part(data_url(blob.get("mimeType"), blob.get("data"), f"{pw}.inlineData"), pw))
+                continue
             if media:
                 raise _bad(f"{pw}: {media[0]} parts are not served (text and function parts only)", "contents")
             if "functionCall" in part:
@@ -299,6 +307,8 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
                 )
             elif isinstance(part.get("text"), str):
                 (thoughts if part.get("thought") is True else texts).append(part["text"])
+                if part.get("thought") is not True:
+                    ordered.append({"type": "text", "text": part["text"]})
             elif part.get("thought") is True or "thoughtSignature" in part:
                 continue  # a thought with no text (a signature only): nothing the template renders
             else:
@@ -313,7 +323,9 @@ def _contents(contents: Any) -> list[dict[str, Any]]:
             pending = [(c["id"], c["function"]["name"]) for c in calls]
         else:
             out += results
-            if texts or not results:
+            if len(ordered) > len(texts):  # images among its parts
+                out.append({"role": "user", "content": ordered})
+            elif texts or not results:
                 out.append({"role": "user", "content": "".join(texts)})
     return out
 

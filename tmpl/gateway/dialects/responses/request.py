@@ -14,6 +14,7 @@ from typing import Any
 from ....errors import GatewayRequestError
 from ...canonical import ROLES, canonical_message, tool_call
 from ...service import CallParams
+from ...vision import image_part
 
 #: between a namespace and its function's name in the name the template renders (``multi_agent_v1__spawn``)
 NAMESPACE_SEP = "__"
@@ -232,6 +233,25 @@ def _output_text(content: Any, where: str) -> str:
     return "".join(out)
 
 
+def _input_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user, system or developer message's content, or a tool output: text as :func:`_output_text`, and
+    ``input_image`` parts with a data: URL as image parts in order (the content then a list of parts)."""
+    if not isinstance(content, Sequence) or isinstance(content, str):
+        return _output_text(content, where)
+    kinds = [p.get("type") if isinstance(p, Mapping) else None for p in content]
+    if "input_image" not in kinds:
+        return _output_text(content, where)
+    parts: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        if kinds[k] == "input_image":
+            parts.append(image_part(part.get("image_url"), f"{where}.content[{k}]"))
+        else:
+            text = _output_text([part], f"{where}.content[{k}]")
+            if text:
+                parts.append({"type": "text", "text": text})
+    return parts
+
+
 def _reasoning(item: Mapping[str, Any], where: str) -> str:
     """A reasoning item's text: the gateway's reference where it holds one, else its content, else its summary."""
     text = read_reference(item.get("encrypted_content"))
@@ -284,7 +304,7 @@ def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
                 turn["content"] += text
             else:
                 close()
-                out.append(canonical_message({"role": role, "content": _output_text(item.get("content"), where)}, i))
+                out.append(canonical_message({"role": role, "content": _input_content(item.get("content"), where)}, i))
         elif kind in ("function_call", "custom_tool_call"):
             cid = call_id(item, where, kind)
             if not isinstance(item.get("name"), str):
@@ -303,8 +323,8 @@ def _items(items: Sequence[Any]) -> list[dict[str, Any]]:
             close()
             cid = call_id(item, where, kind)
             output = item.get("output")
-            text = output if isinstance(output, str) else _output_text(output or [], where)
-            out.append({"role": "tool", "tool_call_id": cid, "content": text})
+            body = output if isinstance(output, str) else _input_content(output or [], f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": cid, "content": body})
         elif kind in _HOSTED_ITEMS:
             raise GatewayRequestError(
                 None,
