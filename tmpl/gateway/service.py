@@ -235,9 +235,9 @@ class Gateway(TrainerSide):
                 f"the lineage name {lineage[:64]!r} is not 1 to 200 of the characters A-Z a-z 0-9 . _ : @ / -",
                 param="X-Tmpl-Lineage",
             )
+        messages = served_messages(self.vision, session_key, messages)  # images: a 400 on a text template
         session = self.sessions.get(session_key)
         tools = self._intern(tools)
-        messages = served_messages(self.vision, session_key, messages)  # images: a 400 on a text template
         if not 1 <= params.n <= self.max_n:
             raise GatewayRequestError(session_key, f"n must be between 1 and {self.max_n}, got {params.n}", param="n")
         placed = place_roles(self.tpl, messages)  # developer and system turns where the template renders them
@@ -371,10 +371,10 @@ class Gateway(TrainerSide):
             sampling=sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k),
             version=version,
             sample=session.key,
-        )
-        # the engine request runs as its own task: a client that goes away (or a timeout) stops it and
             images=plan.images,
             image_sources=list(plan.sources) if plan.sources else None,
+        )
+        # the engine request runs as its own task: a client that goes away (or a timeout) stops it and
         # keeps what it sampled (see _stop) instead of cancelling it with the call
         generation = asyncio.ensure_future(self._engine(request, _LIVE.get() if k == 0 else None))
         try:
