@@ -91,3 +91,32 @@ def test_a_harness_run_is_a_verifiers_episode_token_for_token(monkeypatch):
     again = Episode.model_validate_json(ok.model_dump_json())
     [b2] = again.traces[0].branches
     assert (b2.token_ids, b2.sampled_mask) == (ids, mask)
+
+
+def test_every_training_sequence_of_an_episode_is_a_branch_of_its_own():
+    """Sub-agents and branches (which a simple agent does not make): each of the episode's sequences is one
+    verifiers branch, its token IDs, mask and logprobs the sequence's; an untrained call's tokens in no mask."""
+    import numpy as np
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    from tmpl.episode import Call, Episode
+    from tmpl.harness import HarnessResult
+    from tmpl.integrations.verifiers import harness_trace
+
+    ep = Episode(sample_id="br")
+    ep.add_call(Call([1, 2, 3], [4, 5], [-0.5, -0.25], id="a", turn=0))
+    ep.add_call(Call([7, 8], [9], [-0.125], id="sub", parent="a", agent="explorer"))
+    ep.add_call(Call([1, 2, 3, 4, 5, 6], [10], [-0.75], id="b", turn=1))
+    ep.add_call(Call([1, 11], [12, 13], [-1.0, -0.5], id="c", turn=2), edit="compaction")
+    ep.add_call(Call([20], [21], [-0.5], id="user", agent="simulated-user", trained=False))
+    result = HarnessResult(status="HARNESS_DONE", reward=0.5, episode=ep, session="br", harness="h")
+    task = TraceTask(type="WeatherTask", data=vf.TaskData(prompt="p"))
+    trace = harness_trace(result, task, AgentInfo(config=vf.AgentConfig()), decode=str)
+    branches = trace.branches
+    assert len(branches) == len(ep.sequences) == 4
+    for branch, seq in zip(branches, ep.sequences):
+        assert branch.token_ids == seq.ids.tolist()
+        assert branch.sampled_mask == [bool(m) for m in seq.mask]
+        assert np.allclose(branch.logprobs, seq.logprobs)
+    assert not any(branches[-1].sampled_mask)  # the simulated user's call: sampled, never trained
+    assert trace.reward == 0.5 and trace.ok
