@@ -10,6 +10,7 @@ Then any client with a configurable base URL talks to ``http://HOST:PORT/s/<sess
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Any
@@ -65,6 +66,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "are refused (507)",
     )
     serve.add_argument("--model-name", help="the name /v1/models lists (default: the template's)")
+    serve.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the garbage collector as it is (default: what is loaded at start-up is frozen out of its "
+        "reach and young collections are rarer, tmpl.rollout.collector.fewer_collections; see GET /metrics)",
+    )
     serve.add_argument(
         "--admin-token",
         default=os.environ.get("TMPL_ADMIN_TOKEN"),
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace, gateway: Any = None) -> int:
     try:
         # the loaded tokenizer, template and model frozen out of the collector's reach: a full collection
         # of that heap paused the event loop for 140-190 ms (benchmarks/gateway.py)
-        with fewer_collections():
+        with fewer_collections() if getattr(args, "gc_freeze", True) else contextlib.nullcontext():
             # on SIGINT/SIGTERM, open connections (an /episodes/stream waiting up to its idle time, a call
             # up to call_timeout) get GRACE seconds, then their tasks are cancelled (engine requests stopped)
             uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=GRACE)

@@ -35,8 +35,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreFullError
+from ..jsonio import exact_dumps
 from ..session import Plan, Reply, Session, lineage_key
-from .resume import call_body, digest, dumps, rebuild, reply_body
+from .resume import call_body, digest, dumps, rebuild, reply_body, same_value
 from .sqlite import SqliteLog
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class Durable:
         self.redeliver = redeliver
         self._uid: dict[str, str] = {}  # open session key -> the uid of its rows
         self._written: dict[str, set[str]] = {}  # uid -> digests of the messages and tools written
+        #: uid -> its last plan's messages and their digests, its tools (the gateway's one list) and their digest
+        self._recent: dict[str, tuple[Sequence[Any], list[str], Any, str | None]] = {}
         self._last: dict[str, tuple[str | None, Completion]] = {}  # session key -> its last call
         self._idem: OrderedDict[str, tuple[str, Completion]] = OrderedDict()
         self._given: OrderedDict[str, tuple[Finished, float]] = OrderedDict()  # ack id -> (episode, when)
@@ -244,7 +247,7 @@ class Durable:
         """Write a reward given to a session's episode or one of its calls (committed with the next batch)."""
         uid = self._uid.get(key)
         if uid is not None:
-            self.log.send([(uid, key, "reward", dumps({"value": value, "call": call}))])
+            self.log.send([(uid, key, "reward", exact_dumps({"value": value, "call": call}))])  # NaN kept
 
     async def flush(self) -> None:
         """Wait until everything queued is in the file."""
@@ -264,17 +267,19 @@ class Durable:
         self._tools: str | None = None
         if plan is None:
             return uid, rows
-        for m in plan.messages:
-            d = digest(m)
+        before, known, tools, tools_digest = self._recent.pop(uid, ((), [], None, None))
+        for i, m in enumerate(plan.messages):  # what the last call sent again, not hashed again
+            d = known[i] if i < len(known) and same_value(m, before[i]) else digest(m)
             self._messages.append(d)
             if d not in written:
                 written.add(d)
                 rows.append((uid, session.key, "m", dumps({"d": d, "v": m})))
         if plan.tools is not None:
-            d = self._tools = digest(plan.tools)
+            d = self._tools = tools_digest if plan.tools is tools and tools_digest else digest(plan.tools)
             if d not in written:
                 written.add(d)
                 rows.append((uid, session.key, "m", dumps({"d": d, "v": plan.tools})))
+        self._recent[uid] = (plan.messages, self._messages, plan.tools, self._tools)
         return uid, rows
 
     async def _write(self, session: Session, uid: str, rows: list[tuple[str, str, str, bytes]]) -> None:
@@ -292,6 +297,7 @@ class Durable:
         events = [(seq, kind, body) for seq, _, _, kind, body in self.log.events_of(uid)]
         built = rebuild(self.gateway, session.key, events)
         self._written[uid] = built.digests
+        self._recent.pop(uid, None)
         open_ = self.gateway.sessions._open
         if open_.get(session.key) is session:
             built.session.env = session.env
@@ -330,6 +336,7 @@ class Durable:
         if uid is None:
             return None
         self._written.pop(uid, None)
+        self._recent.pop(uid, None)
         if not queued:  # nothing recorded to read: its rows go
             self.log.send([(uid, "", "-delete", b"")])
             return None

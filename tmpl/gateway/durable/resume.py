@@ -63,13 +63,13 @@ def same_value(a: Any, b: Any) -> bool:
         return False
     if kind is str:
         return bool(a == b)
-    if kind is dict:
-        return len(a) == len(b) and all(x == y and same_value(a[x], b[y]) for x, y in zip(a, b))
+    if kind is dict:  # equal (compared in C, strings by memcmp), keys in the same order, then the types
+        if a != b or list(a) != list(b):
+            return False
+        return all(type(v) is str or v is None or same_value(v, b[k]) for k, v in a.items())
     if kind is list or kind is tuple:
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    if kind is float:
-        return repr(a) == repr(b)
-    return bool(a == b) and repr(a) == repr(b)
+        return a == b and all(type(x) is str or same_value(x, y) for x, y in zip(a, b))
+    return bool(a == b) and repr(a) == repr(b)  # 0.0 and -0.0, 1 and True (same type: equal reprs)
 
 
 def base_of(session: Session, plan: Plan, fresh: set[str]) -> tuple[str | None, int]:
