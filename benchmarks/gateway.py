@@ -131,8 +131,11 @@ def pct(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------------------------------
 # the load generator (a separate process: only httpx, no tokenizer)
 # ---------------------------------------------------------------------------------------------
-async def _episode(client, key: str, turns: int, lat: list[float], modes: Counter) -> bool:
-    """One tool episode over HTTP; True when it ended with the answer at the last turn."""
+async def _episode(
+    client, key: str, turns: int, lat: list[float], modes: Counter, results: list[str] | None = None
+) -> bool:
+    """One tool episode over HTTP; True when it ended with the answer at the last turn. ``results``: the
+    tool result of each turn (made unique to the session), else the short canned one."""
     messages: list[dict] = [{"role": "user", "content": question(key)}]
     for turn in range(1, turns + 1):
         body = {"model": "qwen", "messages": messages, "tools": TOOLS, "max_tokens": 64}
@@ -148,7 +151,8 @@ async def _episode(client, key: str, turns: int, lat: list[float], modes: Counte
         calls = msg.get("tool_calls")
         if not calls:
             return turn == turns and "sunny" in (msg.get("content") or "")
-        messages = [*messages, msg, {"role": "tool", "tool_call_id": calls[0]["id"], "content": RESULT}]
+        result = RESULT if results is None else f"[{key} turn {turn}] {results[turn - 1]}"
+        messages = [*messages, msg, {"role": "tool", "tool_call_id": calls[0]["id"], "content": result}]
     return False
 
 
@@ -186,7 +190,7 @@ async def _client(cfg: dict) -> dict:
     async def one(client, key: str) -> None:
         nonlocal ok, bad
         try:
-            good = await _episode(client, key, cfg["turns"], lat, modes)
+            good = await _episode(client, key, cfg["turns"], lat, modes, cfg.get("results"))
         except Exception as exc:  # noqa: BLE001 - counted and reported
             bad += 1
             if len(errors) < 5:
@@ -222,6 +226,8 @@ async def _client(cfg: dict) -> dict:
 
 def client_main(cfg_json: str) -> None:
     cfg = json.loads(cfg_json)
+    if cfg.get("cpu") is not None:  # --pin: the load generator on its own core
+        os.sched_setaffinity(0, {cfg["cpu"]})
     try:
         import uvloop
 
@@ -426,17 +432,28 @@ async def direct(backend, prompt: list[int], stop, sessions: int, turns: int, de
     return added
 
 
-async def through_http(app, cfg: dict, timeout: float, warm: dict | None = None):
+async def through_http(app, cfg: dict, timeout: float, warm: dict | None = None, watch=None, profile=None):
     """Serve ``app`` (wrapped in :class:`Timed`), warm it up, run the load generator; (client result,
-    in-app times, server CPU seconds, and the URL's episodes fetched by ``fetch`` while it is up)."""
+    in-app times, server CPU seconds, and the URL's episodes fetched by ``fetch`` while it is up).
+    ``watch``: a :class:`tmpl.gateway.loopwatch.LoopWatch` measuring the loop over the run (not the
+    warm-up); ``profile``: a ``cProfile.Profile`` enabled over the run."""
     timed = Timed(app)
     async with serving(timed) as url:
         if warm:
             await run_client({**cfg, **warm, "url": url}, timeout)
         timed.times.clear()
+        if watch is not None:
+            watch.reset()
+            watch.start()
+        if profile is not None:
+            profile.enable()
         gc0, cpu0 = len(GC.pauses), time.process_time()
         result = await run_client({**cfg, "url": url}, timeout)
         cpu = time.process_time() - cpu0
+        if profile is not None:
+            profile.disable()
+        if watch is not None:
+            watch.stop()
         result["gc"] = GC.pauses[gc0:]
         fetched = {}
         if cfg.get("fetch"):
@@ -604,6 +621,113 @@ def part4(ctx, kept, turns: int) -> None:
         for leak in leaks:
             print(f"   LEAK: {leak}")
     print("   (checked: sessions open in the gateway; foreign: sessions whose tokens hold another session's marker)")
+
+
+# ---------------------------------------------------------------------------------------------
+# part a: agent-scale load (long histories, the durable store on, against the bare route)
+# ---------------------------------------------------------------------------------------------
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+async def part_agents(ctx, args) -> None:
+    """Agent-scale load (issue #52): ``--sessions`` agents, ``--turns`` calls each, tool results sized
+    so the history grows to ``--grow`` tokens by the last call, the backend answering after ``--delay``;
+    the gateway with the durable store against the bare route, same client, one after the other."""
+    import cProfile
+    import pstats
+    import tempfile
+
+    from tmpl.gateway import Gateway, create_app
+    from tmpl.gateway.loopwatch import LoopWatch
+
+    tok, Canned, delay, turns = ctx["tok"], ctx["Canned"], args.delay, args.turns
+    per_turn = 45  # the assistant's call and the tool turn's wrapping, tokens
+    result_tokens = max((args.grow - len(ctx["prompt"])) // (turns - 1) - per_turn, 16)
+    results = [text_of(tok, result_tokens, t) for t in range(turns - 1)]
+    print(
+        f"\na. agent-scale load: {turns} calls per session, tool results of ~{result_tokens} tokens (histories "
+        f"to ~{args.grow} tokens), backend delay {delay * 1e3:.0f} ms, durable store on; load generator: one "
+        f"httpx client per session{', pinned: server core 0, client core 1' if args.pin else ''}"
+    )
+    print("   added = latency minus the delay; net = gateway added minus the bare route's, same percentile")
+    head = (
+        f"{'sessions':>8s} {'calls':>6s} | {'gw p50':>7s} {'p99':>7s} | {'bare p50':>8s} {'p99':>7s} | "
+        f"{'net p50':>7s} {'p99':>7s} | {'cpu gw':>6s} {'bare':>6s} {'ratio':>5s} | {'cli cpu':>7s} | "
+        f"{'gc gw':>10s} {'gc bare':>10s} | {'loop gw max':>11s} {'>10ms':>5s} {'bare max':>8s} {'>10ms':>5s} | "
+        f"{'prompt':>6s} {'ok':>9s} | load"
+    )
+    rows, notes = [], []
+    watch = LoopWatch(every=0.005, threshold=0.010)
+    for n in args.sessions:
+        cfg = {
+            "mode": "sessions",
+            "connections": n,
+            "turns": turns,
+            "stagger": delay,
+            "timeout": args.timeout,
+            "uvloop": ctx["uvloop"],
+            "pool": "session",
+            "fetch": [],
+            "results": results,
+            "cpu": 1 if args.pin else None,
+        }
+        warm = {"connections": 8, "turns": 2, "tag": f"awarm{n}", "results": None}
+        load0 = loadavg()
+        fl, _, fl_cpu, _ = await through_http(
+            floor_app(delay, turns), {**cfg, "tag": f"abare{n}"}, args.timeout, warm, watch
+        )
+        fl_loop = (watch.longest, watch.over)
+        folder = tempfile.mkdtemp(prefix="tmpl-bench-agents-")
+        backend = Canned(ctx["call_ids"], ctx["answer_ids"], turns, delay)
+        gateway = Gateway(ctx["tpl"], backend, store=f"{folder}/gw.db", max_context=4 * args.grow + 8192)
+        profile = cProfile.Profile(time.process_time) if args.profile else None
+        gw, _, gw_cpu, _ = await through_http(
+            create_app(gateway), {**cfg, "tag": f"agw{n}"}, args.timeout, warm, watch, profile
+        )
+        gw_loop = (watch.longest, watch.over)
+        try:
+            prompt = len(gateway.session(f"agw{n}-00000").episode.calls[-1].prompt_ids)
+        except Exception:  # noqa: BLE001 - the session failed: shown as 0
+            prompt = 0
+        gateway.close()
+        g_added = [x - delay for x in gw["lat"]]
+        f_added = [x - delay for x in fl["lat"]]
+        g50, g99, f50, f99 = pct(g_added, 50), pct(g_added, 99), pct(f_added, 50), pct(f_added, 99)
+        calls, fcalls = max(len(gw["lat"]), 1), max(len(fl["lat"]), 1)
+        cg, cf = gw_cpu / calls, fl_cpu / fcalls
+        rows.append(
+            f"{n:8d} {len(gw['lat']):6d} | {g50 * 1e3:7.2f} {g99 * 1e3:7.2f} | {f50 * 1e3:8.2f} {f99 * 1e3:7.2f} | "
+            f"{(g50 - f50) * 1e3:7.2f} {(g99 - f99) * 1e3:7.2f} | {cg * 1e3:6.2f} {cf * 1e3:6.2f} {cg / cf:5.2f} | "
+            f"{gw['cpu'] / calls * 1e3:7.2f} | {gc_text(gw['gc']):>10s} {gc_text(fl['gc']):>10s} | "
+            f"{gw_loop[0] * 1e3:9.1f}ms {gw_loop[1]:5d} {fl_loop[0] * 1e3:6.1f}ms {fl_loop[1]:5d} | "
+            f"{prompt:6d} {gw['ok']:4d}/{n:<4d} | {load0} -> {loadavg()}"
+        )
+        goals = [
+            f"net p50 {(g50 - f50) * 1e3:.2f} ms {'met' if g50 - f50 <= 0.002 else 'MISSED'} (<= 2)",
+            f"net p99 {(g99 - f99) * 1e3:.2f} ms {'met' if g99 - f99 <= 0.010 else 'MISSED'} (<= 10)",
+            f"loop pauses > 10 ms: {gw_loop[1]} {'met' if gw_loop[1] == 0 else 'MISSED'} (none)",
+            f"CPU per call {cg / cf:.2f}x the bare route's {'met' if cg / cf <= 1.5 else 'MISSED'} (<= 1.5x)",
+        ]
+        notes.append(f"{n:8d}: " + "; ".join(goals))
+        for e in gw["errors"] + fl["errors"]:
+            notes.append(f"   error: {e}")
+        if profile is not None:
+            out = f"{args.profile}.{n}"
+            profile.dump_stats(out)
+            print(f"   (profile of the gateway run at {n} sessions: {out}; top by own time:)")
+            pstats.Stats(out).sort_stats("tottime").print_stats(18)
+    print(head)
+    print("\n".join(rows))
+    print("   goals (issue #52):")
+    print("\n".join(notes))
+    print(
+        "   cpu: server CPU ms per call (gateway + store, bare route); cli cpu: the load generator's ms per call;"
+        " gc: full collections in the server (count x longest); loop: the server loop's longest pause and pauses"
+        " over 10 ms (tmpl.gateway.loopwatch); prompt: the last call's prompt tokens of one session; load:"
+        " /proc/loadavg before -> after"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -912,6 +1036,8 @@ async def main_async(args) -> None:
         have_uvloop = True
     except ImportError:
         have_uvloop = False
+    if args.pin:  # the server on core 0 (the load generator takes core 1)
+        os.sched_setaffinity(0, {0})
     gc.callbacks.append(GC)
     if args.gc_freeze:  # as `tmpl serve` does: what is loaded now is left out of every collection
         from tmpl.rollout.collector import fewer_collections
@@ -938,6 +1064,8 @@ async def main_async(args) -> None:
         f"collector: {'fewer_collections() once loaded, as tmpl serve' if args.gc_freeze else 'left as it is (--no-gc-freeze)'}"
     )
     started = time.perf_counter()
+    if "a" in args.parts:
+        await part_agents(ctx, args)
     if "1" in args.parts:
         kept = await part1(ctx, args)
         part4(ctx, kept, args.turns)
@@ -959,13 +1087,22 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("TMPL_TEST_DATA", REPO.parent / "shared" / "tokenizers"))
     parser.add_argument("--sessions", type=int, nargs="+", default=None, help="part 1 (default 16 256 1024)")
     parser.add_argument("--turns", type=int, default=None, help="calls per episode (default 4)")
-    parser.add_argument("--delay", type=float, default=0.1, help="the backend's delay in part 1, seconds")
+    parser.add_argument("--delay", type=float, default=None, help="the backend's delay in part 1 (0.1) and a (2.0), s")
     parser.add_argument("--clients", type=int, default=64, help="part 2's concurrent clients")
     parser.add_argument("--duration", type=float, default=None, help="part 2's seconds per app (default 4)")
     parser.add_argument("--history", type=int, default=None, help="part 3's history tokens (default 8000)")
     parser.add_argument("--reach", type=int, nargs="+", default=None, help="part 3's turns (default 1 10 50)")
     parser.add_argument("--reps", type=int, default=None, help="part 3's episodes per history (default 5)")
-    parser.add_argument("--parts", default="123", help="which parts to run (4 runs with 1; 5 needs vLLM)")
+    parser.add_argument("--parts", default="123", help="which parts to run (4 runs with 1; 5 needs vLLM; a: --agents)")
+    parser.add_argument(
+        "--agents",
+        action="store_true",
+        help="part a, agent-scale load: 256 and 1,024 sessions of 40 calls, histories to 16k tokens, delay 2 s, "
+        "the durable store on, against the bare route (the defaults of --sessions --turns --grow --delay)",
+    )
+    parser.add_argument("--grow", type=int, default=16_000, help="part a: the history's tokens at the last call")
+    parser.add_argument("--pin", action="store_true", help="server on core 0, load generator on core 1")
+    parser.add_argument("--profile", help="part a: cProfile the server over each gateway run, to FILE.<sessions>")
     parser.add_argument("--loop", choices=["auto", "asyncio"], default="auto", help="auto: uvloop where installed")
     parser.add_argument(
         "--pool",
@@ -988,6 +1125,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     q = args.quick
+    if args.agents:
+        args.parts = "a"
+        args.sessions = args.sessions or ([32] if q else [256, 1024])
+        args.turns = args.turns or (8 if q else 40)
+        args.delay = 2.0 if args.delay is None else args.delay
+        args.timeout = max(args.timeout, args.turns * args.delay * 4 + 60)
+    args.delay = 0.1 if args.delay is None else args.delay
     args.sessions = args.sessions or ([32, 128] if q else [16, 256, 1024])
     args.turns = args.turns or (3 if q else 4)
     args.duration = args.duration or (1.5 if q else 4.0)

@@ -124,10 +124,26 @@ async def soak(args, tpl) -> None:
             samples.append((time.monotonic() - started, rss()))
             await asyncio.sleep(args.every)
 
+    from tmpl.gateway.loopwatch import LoopWatch
+
+    watch = LoopWatch(every=0.005, threshold=0.010)
+    watch.start()
+    full: list[float] = []  # full (generation 2) collections' pauses, seconds
+    mark: list[float] = []
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            mark[:] = [time.perf_counter()]
+        elif mark and info.get("generation") == 2:
+            full.append(time.perf_counter() - mark[0])
+
+    gc.callbacks.append(collected)
     agents = [asyncio.ensure_future(agent(i)) for i in range(args.sessions)]
     side = [asyncio.ensure_future(reader()), asyncio.ensure_future(sampler())]
     await asyncio.gather(*agents)
     await asyncio.gather(*side)
+    watch.stop()
+    gc.callbacks.remove(collected)
     half = [p for p in samples if p[0] >= samples[-1][0] / 2]
     mean = sum(v for _, v in half) / len(half)
     rate = slope(half)
@@ -139,6 +155,11 @@ async def soak(args, tpl) -> None:
     print(
         f"   second half ({span:.0f} s): mean {mean / 2**20:.1f} MiB, slope {rate / 2**10:+.1f} KiB/s, "
         f"{rate * span / mean * 100:+.2f}% of the mean over it (goal: within 5%)"
+    )
+    print(
+        f"   event loop: longest pause {watch.longest * 1e3:.1f} ms, {watch.over} pauses over 10 ms in "
+        f"{watch.wakes} wakes; full collections: "
+        + (f"{len(full)}, longest {max(full) * 1e3:.0f} ms" if full else "none")
     )
     if gateway.durable is not None:
         log = gateway.durable.log
