@@ -154,6 +154,10 @@ def test_rows_are_the_recorded_calls_in_groups_of_n(monkeypatch, tmp_path):
         check_rows(world, r)
         assert "done" in r.stdout_tail
         assert r.seconds >= r.timings["harness"] > 0
+        # every phase timed, in order, none overlapping: together they are the run's seconds, less the waits between
+        phases = ("open", "setup", "start", "harness", "kill", "verifier", "finish", "cleanup")
+        assert list(r.timings) == list(phases) and min(r.timings.values()) >= 0, r.timings
+        assert r.seconds - 0.5 < sum(r.timings.values()) <= r.seconds, (r.seconds, r.timings)
     # every request sent was recorded once, in its own run's episode
     assert len(world.bodies) == sum(r.calls for r in results) == 8
     assert {c.id for r in results for c in r.episode.calls} == set(world.sampled)
@@ -201,6 +205,8 @@ def test_eight_concurrent_runs_each_named_and_no_process_left(monkeypatch, tmp_p
     sleeper = by["sleeper"]
     assert sleeper.status == "HARNESS_TIMEOUT" and "timeout of 20 s" in sleeper.error
     assert 20.0 <= sleeper.timings["harness"] < 90
+    # its kill: SIGTERM to its keeper, which killed the tree and was reaped (KILL_WAIT is 15 s: well within)
+    assert 0 < sleeper.timings["kill"] < 15 and by["ok1"].timings["kill"] < 15
     assert by["exit3"].status == "HARNESS_EXITED" and by["exit3"].exit_code == 3
     assert "exited with code 3" in by["exit3"].error
     check_rows(world, by["exit3"])  # its calls are kept: the trainer decides

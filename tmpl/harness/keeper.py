@@ -77,8 +77,9 @@ def _exec_env(_conn: Any, argv: list[str], env: dict[str, str]) -> None:
 
 def serve(fd: int) -> None:
     """The keeper server: on the Unix socket ``fd`` (SOCK_SEQPACKET), each request ``{"id", "argv",
-    "cwd", "env"}`` with its stdout and stderr descriptors attached forks a keeper (warm: no interpreter
-    start), answered ``{"id", "pid"}``; each keeper reaped is told ``{"pid", "status"}`` (its wait
+    "cwd", "env"}`` with its stdout and stderr descriptors attached (and a third, optional: a pipe's
+    write end the keeper tells the time its command ended, ``proctree.keep``'s ``ended``) forks a keeper
+    (warm: no interpreter start), answered ``{"id", "pid"}``; each keeper reaped is told ``{"pid", "status"}`` (its wait
     status). At the socket's EOF (the trainer closed it, or died) it exits, and every keeper it forked,
     whose parent-death signal is ``SIGTERM``, kills its tree."""
     import json
@@ -115,7 +116,7 @@ def serve(fd: int) -> None:
     threading.Thread(target=reap, daemon=True).start()
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 22, 2)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 22, 3)
         except OSError:
             break
         if not data:
@@ -130,10 +131,13 @@ def serve(fd: int) -> None:
                     os.dup2(fds[1], 2)
                     null = os.open(os.devnull, os.O_RDONLY)
                     os.dup2(null, 0)
-                    for f in (*fds, null):
+                    ended = fds[2] if len(fds) > 2 else -1
+                    for f in (*fds[:2], null):
                         os.close(f)
+                    if ended >= 0:
+                        os.set_inheritable(ended, False)  # the command's exec closes it
                     os.chdir(request["cwd"])
-                    proctree["keep"](_exec_env, _NoPipe(), request["argv"], request["env"])
+                    proctree["keep"](_exec_env, _NoPipe(), request["argv"], request["env"], ended=ended)
                 finally:
                     os._exit(126)
             alive[0] += 1

@@ -39,12 +39,17 @@ KILL_WAIT = 15.0
 @dataclass(frozen=True)
 class Ran:
     """How a command ended: its exit code (``-N``: killed by signal N), whether its timeout ended it,
-    its wall seconds, and the keeper's PID."""
+    its wall seconds, and the keeper's PID. Of ``seconds``, ``start``: until the keeper was running
+    (forked, or started); ``kill``: from the command's end (its exit, or its timeout's ``SIGTERM``) to
+    its whole tree reaped and the keeper's end seen here (a keeper of its own, not forked from a
+    :class:`KeeperServer`, cannot say when its command ended: 0.0 unless it timed out)."""
 
     exit_code: int
     timed_out: bool
     seconds: float
     pid: int
+    start: float = 0.0
+    kill: float = 0.0
 
 
 async def run_kept(
@@ -85,20 +90,22 @@ async def run_kept(
         raise
     finally:
         os.close(read)
-    timed_out = False
+    start = time.perf_counter() - began
+    timed_out, stopped = False, 0.0
     try:
         try:
             await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
-            timed_out = True
+            timed_out, stopped = True, time.perf_counter()
             await _stop(proc)
     except BaseException:  # cancelled: the tree goes too
         await asyncio.shield(_stop(proc))
         raise
     finally:
         os.close(write)
-    code = proc.returncode
-    return Ran(code if code is not None else -signal.SIGKILL, timed_out, time.perf_counter() - began, proc.pid)
+    code, now = proc.returncode, time.perf_counter()
+    kill = now - stopped if timed_out else 0.0
+    return Ran(code if code is not None else -signal.SIGKILL, timed_out, now - began, proc.pid, start, kill)
 
 
 class KeeperServer:
@@ -181,8 +188,11 @@ class KeeperServer:
             future = self._ended[pid] = asyncio.get_running_loop().create_future()
         return future
 
-    async def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None, out: int, err: int) -> int:
-        """Fork a keeper of ``argv`` (its output to the descriptors ``out``, ``err``); its PID."""
+    async def start(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None, out: int, err: int, ended: int = -1
+    ) -> int:
+        """Fork a keeper of ``argv`` (its output to the descriptors ``out``, ``err``; ``ended``: a pipe's
+        write end it tells the ``time.monotonic()`` its command ended, or -1); its PID."""
         if self.sock is None:
             raise OSError("the keeper server is not running")
         loop = asyncio.get_running_loop()
@@ -194,7 +204,7 @@ class KeeperServer:
         until = time.monotonic() + 30
         while True:
             try:
-                socket.send_fds(self.sock, [body], [out, err])
+                socket.send_fds(self.sock, [body], [out, err] if ended < 0 else [out, err, ended])
                 break
             except BlockingIOError:  # its queue is full: let the loop read its answers meanwhile
                 if time.monotonic() > until:
@@ -225,12 +235,18 @@ async def _run_served(
     err: Path,
 ) -> Ran | None:
     began = time.perf_counter()
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        try:
-            pid = await server.start(argv, cwd, env, stdout.fileno(), stderr.fileno())
-        except OSError:
-            return None
-    timed_out = False
+    told, tell = os.pipe()  # the keeper writes when its command ended: the kill is timed from there
+    try:
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            try:
+                pid = await server.start(argv, cwd, env, stdout.fileno(), stderr.fileno(), tell)
+            except OSError:
+                os.close(told)
+                return None
+    finally:
+        os.close(tell)
+    start = time.perf_counter() - began
+    timed_out, stopped = False, 0.0
 
     async def stop() -> int:
         with contextlib.suppress(ProcessLookupError):  # not reaped yet (its status not in): the PID is its own
@@ -246,12 +262,28 @@ async def _run_served(
         try:
             code = await asyncio.wait_for(server.wait(pid), timeout)
         except TimeoutError:
-            timed_out = True
+            timed_out, stopped = True, time.monotonic()
             code = await stop()
     except BaseException:
+        os.close(told)
         await asyncio.shield(stop())
         raise
-    return Ran(code, timed_out, time.perf_counter() - began, pid)
+    now = time.perf_counter()
+    ended = _ended(told)  # the keeper exited: its write end is closed, the read cannot block
+    kill = max(0.0, time.monotonic() - (stopped or ended or time.monotonic()))
+    kill = min(kill, now - began - start)  # it ended before its start was seen here (a starved loop): no harness time
+    return Ran(code, timed_out, now - began, pid, start, kill)
+
+
+def _ended(fd: int) -> float:
+    """The ``time.monotonic()`` a keeper wrote on the pipe ``fd`` (which it closes), or 0.0."""
+    try:
+        os.set_blocking(fd, False)  # nothing written (killed outright): no wait on a writer that is gone
+        return float(os.read(fd, 64) or 0.0)
+    except (OSError, ValueError):
+        return 0.0
+    finally:
+        os.close(fd)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:

@@ -79,8 +79,9 @@ class HarnessResult:
     - ``episode``: its calls merged into training sequences (None when it made none); ``rows()`` them;
     - ``reward``: the verifier's (also on ``episode.reward``); ``calls``: model calls recorded;
     - ``exit_code``: the harness's (None when it did not run); ``stdout_tail``/``stderr_tail``: the last
-      characters it wrote; ``seconds``: the whole run, ``timings``: its parts (``setup``, ``harness``,
-      ``verifier``, ``finish``) in seconds;
+      characters it wrote; ``seconds``: the whole run, ``timings``: its phases in seconds (``open``,
+      ``setup``, ``start``, ``harness``, ``kill``, ``verifier``, ``finish``, ``cleanup``: what each
+      holds, :mod:`tmpl.harness.rollout`; a run that ended early has only those it reached);
     - ``session``: the gateway session key; ``task_id``, ``sample``: which task, which run of its group;
       ``harness``: the harness's name (its spec's ``name``);
     - ``error``: every reason the run is not ``HARNESS_DONE``, joined; ``refused``: the gateway's

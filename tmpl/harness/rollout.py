@@ -13,6 +13,16 @@ For each task, ``n`` runs (a GRPO group), at most ``concurrency`` at once; each 
    episode, and finishes the session (its episode taken now, so memory holds only finished runs' results);
 4. removes the run's directory (``keep_workdirs=True`` keeps it: ``result.workdir``).
 
+Each phase's seconds go into ``result.timings``: ``open`` (the session's key, the gateway told to watch
+it), ``setup`` (directories, the task's files, the harness rendered and its files written, its ``setup``
+command), ``start`` (until its keeper runs), ``harness`` (the harness's own time: the keeper's start
+of it to its exit), ``kill`` (from its exit, or its timeout, to its whole tree reaped), ``verifier``,
+``finish`` (its output's tails, its episode read, the reward set, the session finished) and ``cleanup``
+(its directory removed). Filesystem work (the files laid out, the sandbox's command line, the
+directory's removal) runs on a thread pool of the rollout's own, ``concurrency`` threads (at most
+64): never on the event loop, which serves the gateway, nor on the loop's default pool, which an
+engine's calls (``asyncio.to_thread``) may hold.
+
 Each run ends as a :class:`~tmpl.harness.result.HarnessResult` with a status (``HARNESS_DONE``,
 ``HARNESS_TIMEOUT``, ``HARNESS_EXITED``, ``CALLS_REFUSED``, ``NO_CALLS``, ``VERIFIER_FAILED``,
 ``SETUP_FAILED``, ``GATEWAY_FAILED``): one run's failure never touches another's.
@@ -30,7 +40,9 @@ reachable (:func:`tmpl.tools.sandbox.wrap_command`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -71,6 +83,8 @@ __all__ = ["GATEWAY_FAILED", "HarnessRollout"]
 SANDBOX_PORT = 8100
 
 ISOLATIONS = ("process", "sandbox")
+#: the most threads a rollout's pool has (its filesystem work: at most ``concurrency`` at once)
+MAX_THREADS = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -174,14 +188,17 @@ class HarnessRollout:
         bar = self._bar(len(batch) * self.n)
         counts: Counter[str] = Counter()
         slots = asyncio.Semaphore(self.concurrency)
+        threads = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, MAX_THREADS), "tmpl-harness")
+        pool = functools.partial(asyncio.get_running_loop().run_in_executor, threads)
         try:
-            async with self._gateway() as gw, self._relay(gw) as relay, _keepers() as keepers:
+            # the keeper server first: its interpreter starts on another core while uvicorn starts here
+            async with _keepers() as keepers, self._gateway() as gw, self._relay(gw) as relay:
                 gw.inside = relay  # per batch: one rollout may run several batches at once
                 gw.keepers = keepers
 
                 async def one(task: HarnessTask, sample: int) -> HarnessResult:
                     async with slots:
-                        result = await self._run_one(gw, task, sample, root)
+                        result = await self._run_one(gw, task, sample, root, pool)
                     counts[result.status] += 1
                     if bar is not None:
                         bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items())), refresh=False)
@@ -193,7 +210,8 @@ class HarnessRollout:
             if bar is not None:
                 bar.close()
             if not self.keep_workdirs:
-                await asyncio.to_thread(shutil.rmtree, root, True)
+                await pool(shutil.rmtree, root, True)
+            threads.shutdown(wait=False)
 
     def _task(self, task: HarnessTask | str, index: int) -> HarnessTask:
         if isinstance(task, str):
@@ -240,7 +258,8 @@ class HarnessRollout:
         return tqdm(total=total, desc=f"harness {self.harness.name}", unit="run", file=sys.stderr)
 
     # -- one run -----------------------------------------------------------------------------------
-    async def _run_one(self, gw: Any, task: HarnessTask, sample: int, root: Path) -> HarnessResult:
+    async def _run_one(self, gw: Any, task: HarnessTask, sample: int, root: Path, pool: Any) -> HarnessResult:
+        """One run (``pool``: ``run_in_executor`` on the rollout's threads)."""
         began = time.perf_counter()
         key = f"{_UNSAFE.sub('_', str(task.id))[:80]}-{sample}-{uuid.uuid4().hex[:16]}"
         result = HarnessResult(
@@ -251,23 +270,24 @@ class HarnessRollout:
         reasons: list[str] = []
         timeout = task.timeout if task.timeout is not None else self.harness.timeout
         gw.watch(key)
+        result.timings["open"] = time.perf_counter() - began
         try:
             t0 = time.perf_counter()
             try:
-                rendered = await asyncio.to_thread(self._prepare, task, key, workdir, home, gw)
+                rendered = await pool(self._prepare, task, key, workdir, home, gw)
                 setup_failed = await self._setup(rendered, workdir, run_dir, timeout, gw)
             except (HarnessError, OSError) as exc:
                 setup_failed = str(exc)
-            result.timings["setup"] = time.perf_counter() - t0
             if setup_failed is not None:
+                result.timings["setup"] = time.perf_counter() - t0
                 result.status, result.error = SETUP_FAILED, setup_failed
                 with contextlib.suppress(Exception):
                     await gw.finish(key)
                 return result
 
-            t0 = time.perf_counter()
             try:
-                argv, env = self._command(rendered.argv, rendered, workdir, home, gw)
+                argv, env = await pool(self._command, rendered.argv, rendered, workdir, home, gw)
+                result.timings["setup"] = time.perf_counter() - t0
                 ran = await run_kept(
                     argv,
                     cwd=workdir,
@@ -282,7 +302,10 @@ class HarnessRollout:
                 with contextlib.suppress(Exception):
                     await gw.finish(key)
                 return result
-            result.timings["harness"] = ran.seconds
+            result.timings["start"] = ran.start
+            result.timings["harness"] = ran.seconds - ran.start - ran.kill
+            result.timings["kill"] = ran.kill
+            t0 = time.perf_counter()
             result.exit_code = ran.exit_code
             result.stdout_tail = tail(run_dir / "stdout", self.tail_chars)
             result.stderr_tail = tail(run_dir / "stderr", self.tail_chars)
@@ -291,7 +314,6 @@ class HarnessRollout:
             elif ran.exit_code != 0:
                 reasons.append(_exited(ran.exit_code))
 
-            t0 = time.perf_counter()
             try:
                 episode = await gw.episode(key)
             except Exception as exc:  # noqa: BLE001 - the gateway's failure (HTTP, a route's error): named
@@ -340,10 +362,12 @@ class HarnessRollout:
             return result
         finally:
             gw.refused(key)  # stop watching it, whatever happened
+            t0 = time.perf_counter()
             if self.keep_workdirs:
                 result.workdir = workdir
             else:
-                await asyncio.to_thread(shutil.rmtree, run_dir, True)
+                await pool(shutil.rmtree, run_dir, True)
+            result.timings["cleanup"] = time.perf_counter() - t0
             result.seconds = time.perf_counter() - began
 
     def _gateway_failed(

@@ -127,14 +127,17 @@ def _watch(fd: int, then: Callable[[], None]) -> None:
     then()
 
 
-def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False, lifeline: Any = None) -> None:
+def keep(
+    main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False, lifeline: Any = None, ended: int = -1
+) -> None:
     """Become the subreaper of a new process running ``main(conn, *args)``; when it ends, kill and
     reap everything it left, then exit as it did. ``SIGTERM`` here kills it (``SIGKILL``) first.
     ``conn``: the worker's end of its pipe, closed here (so that the worker's death is an EOF).
     ``as_code``: exit with 128 + the signal that killed it (PID 1 of a namespace, as in a
     sandbox, cannot send itself a signal). ``lifeline``: the read end (a file descriptor, or an
     object with ``fileno()``) of a pipe whose write end only the trainer holds: at its EOF (the
-    trainer died) the worker is killed and its tree swept."""
+    trainer died) the worker is killed and its tree swept. ``ended``: a pipe's write end (or -1) told
+    ``time.monotonic()`` when the worker ended, before the sweep (what a caller times the kill by)."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # its parent gone (the forkserver, bwrap): sweep too
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
@@ -178,5 +181,11 @@ def keep(main: Callable[..., Any], conn: Any, *args: Any, as_code: bool = False,
         if got == pid:
             worker["pid"] = None
             break
+    if ended >= 0:
+        try:
+            os.write(ended, repr(time.monotonic()).encode())
+            os.close(ended)
+        except OSError:  # the caller gone: the sweep goes on
+            pass
     sweep()
     _exit_as(status, as_code)

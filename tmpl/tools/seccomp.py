@@ -49,6 +49,7 @@ Syscall numbers exist for x86_64 and aarch64; any other machine raises
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
 import struct
@@ -187,12 +188,17 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 def program(arch: str | None = None) -> bytes:
     """The compiled filter for ``arch`` (this machine's by default): an array of
-    ``struct sock_filter``, what ``bwrap --seccomp FD`` reads from ``FD``.
+    ``struct sock_filter``, what ``bwrap --seccomp FD`` reads from ``FD``. Built once per
+    architecture (every sandboxed run asks for it; the bytes never change).
 
     >>> program("aarch64") != program("x86_64")
     True
     """
-    arch = arch or machine()
+    return _program(arch or machine())
+
+
+@functools.cache
+def _program(arch: str) -> bytes:
     if arch not in AUDIT_ARCH:
         raise SandboxError(f"no seccomp syscall table for the {arch!r} architecture (x86_64 and aarch64 have one)")
     eperm = RET_ERRNO | errno.EPERM
