@@ -252,6 +252,7 @@ def pytest_terminal_summary(terminalreporter, config):
 SERIAL_GROUPS = {
     "test_async_rl_real": "engines-1",
     "test_vllm_real": "engines-1",
+    "test_gateway_engine_restart": "engines-1",  # starts its own server twice (it SIGKILLs it mid-call)
     "test_vision_backends_vllm": "engines-1",
     "test_vision_rollout_vllm": "engines-1",
     "test_vllm_server_real": "engines-2",

@@ -71,6 +71,8 @@ SESSION_HEADER = "x-tmpl-session"
 #: names the lineage of a call (its main loop, a title generator, a sub-agent): docs/gateway.md, "Side calls and lineages"
 LINEAGE_HEADER = "x-tmpl-lineage"
 _KEY = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
+#: seconds a 503 (the engine failed or cannot be reached) asks a client to wait before it retries (``Retry-After``)
+RETRY_AFTER = 2
 
 
 def create_app(
@@ -159,7 +161,9 @@ def create_app(
         raise _ClientGone
 
     def error(dialect: Any, exc: GatewayError, key: str | None) -> Any:
-        headers = {SESSION_HEADER: key} if key else None
+        headers = {SESSION_HEADER: key} if key else {}
+        if exc.status == 503:  # the engine is away (restarting...): the SDKs wait this long before a retry
+            headers["Retry-After"] = str(RETRY_AFTER)
         return JSONResponse(dialect.error_body(exc), status_code=exc.status, headers=headers)
 
     def unexpected(dialect: Any, exc: Exception, key: str | None) -> Any:

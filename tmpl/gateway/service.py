@@ -227,7 +227,9 @@ class Gateway(TrainerSide):
         infers it from the system prompt and the tool names, see :mod:`tmpl.gateway.session`).
 
         Raises GatewayRequestError (400), SessionNotFoundError (404), HistoryConflictError (409, strict) or
-        BackendUnavailableError (503); nothing is recorded for a call that raises.
+        BackendUnavailableError (503); nothing is recorded for a call that raises but the tokens an engine
+        request sampled before it ended unanswered (the client went away, a timeout, the engine lost
+        mid-stream): an aborted call of the episode.
         """
         if lineage is not None and not _LINEAGE.fullmatch(lineage):
             raise GatewayRequestError(
@@ -391,9 +393,11 @@ class Gateway(TrainerSide):
         except Exception as exc:  # noqa: BLE001 - any backend failure is the client's 503
             raise BackendUnavailableError(session.key, f"{type(exc).__name__}: {exc}") from exc
         if result.finish_reason == "error" or not result.token_ids:
-            raise BackendUnavailableError(
-                session.key, result.error or f"the backend returned no tokens ({result.finish_reason})"
-            )
+            why = result.error or f"the backend returned no tokens ({result.finish_reason})"
+            if result.token_ids:  # the engine died mid-stream: the tokens it gave are kept, as a stopped call's
+                kept = dataclasses.replace(result, finish_reason="abort", error=None)
+                await asyncio.shield(self._keep(session, plan, call_id, kept, version, f"the engine failed ({why})"))
+            raise BackendUnavailableError(session.key, why)
         if result.logprobs is None:
             raise BackendUnavailableError(
                 session.key, "the backend returned no logprobs: the call could not be trained"
@@ -427,10 +431,14 @@ class Gateway(TrainerSide):
         stream = self.backend.astream(request)
         try:
             async for piece in stream:
-                ids += piece.token_ids
-                lps = None if lps is None or piece.logprobs is None else lps + list(piece.logprobs)
-                live.tokens(piece.token_ids)
+                if piece.token_ids:  # (the last piece may carry no tokens, and so no logprobs)
+                    ids += piece.token_ids
+                    lps = None if lps is None or piece.logprobs is None else lps + list(piece.logprobs)
+                    live.tokens(piece.token_ids)
                 if piece.result is not None:
+                    if piece.result.finish_reason == "error" and ids and lps is not None and len(lps) == len(ids):
+                        # failed after tokens were streamed (the server died): they come back with the failure
+                        return dataclasses.replace(piece.result, token_ids=ids, logprobs=lps)
                     return piece.result
         except asyncio.CancelledError:
             if ids and lps is not None and len(lps) == len(ids):
@@ -467,6 +475,14 @@ class Gateway(TrainerSide):
             await asyncio.wait({generation}, timeout=STOP_WAIT)
             if generation.done() and not generation.cancelled() and generation.exception() is None:
                 result = generation.result()
+        await self._keep(session, plan, call_id, result, version, why)
+
+    async def _keep(
+        self, session: Session, plan: Plan, call_id: str, result: GenerationResult | None, version: int, why: str
+    ) -> None:
+        """Record the tokens an engine request sampled before it ended unanswered (stopped, cancelled, or
+        the engine lost mid-stream) as an aborted call of the episode (on disk with a store); with none (or
+        none recordable), the session notes only why it ended."""
         if result is not None and result.token_ids and result.logprobs is not None and result.finish_reason != "error":
             try:
                 session.record_aborted(plan, call_id, result, version=version)
@@ -475,8 +491,8 @@ class Gateway(TrainerSide):
                 result = None
             else:
                 session.ended[call_id] = (
-                    f"aborted: {why}; the engine stopped and its {len(result.token_ids)} sampled tokens are "
-                    "recorded (never returned to the client)"
+                    f"aborted: {why}; its {len(result.token_ids)} sampled tokens are recorded (never returned to "
+                    "the client)"
                 )
         else:
             result = None
