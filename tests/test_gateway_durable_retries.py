@@ -25,23 +25,16 @@ anthropic = pytest.importorskip("anthropic")
 import tmpl  # noqa: E402
 from tmpl.backends import Scripted  # noqa: E402
 from tmpl.gateway import Gateway, create_app  # noqa: E402
+from tmpl.toolcalls.schema import tool_schema  # noqa: E402
 
 from .conftest import load_tokenizer  # noqa: E402
+from .fixture_models import get_weather  # noqa: E402
 from .gateway_util import full_render_ids, served, streamed_message  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "Weather in Quito?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Quito"}}\n</tool_call><|im_end|>'
 TEXT = "It is sunny in Quito today, 21 degrees.<|im_end|>"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+TOOLS = [tool_schema(get_weather)]  # the fixture's schema: the one the script's call names
 
 
 class LoseFirstAnswers:
