@@ -329,7 +329,7 @@ class HarnessRollout:
                 t1 = time.perf_counter()
                 try:
                     result.reward = await verify(
-                        task.verifier, workdir, episode, self.verifier_timeout, server=gw.keepers
+                        task.verifier, workdir, episode, self.verifier_timeout, server=gw.keepers, logs=run_dir
                     )
                 except HarnessVerifierError as exc:
                     verifier_failed = True

@@ -25,6 +25,7 @@ A verifier is either
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import numbers
@@ -69,11 +70,12 @@ class CommandVerifier:
     async def __call__(self, workdir: Path, episode: Any = None) -> float:  # noqa: ARG002 - a verifier's signature
         return await self.run(workdir)
 
-    async def run(self, workdir: Path, server: KeeperServer | None = None) -> float:
-        """The reward (``server``: fork its keeper from this :class:`~.process.KeeperServer`)."""
+    async def run(self, workdir: Path, server: KeeperServer | None = None, logs: Path | None = None) -> float:
+        """The reward (``server``: fork its keeper from this :class:`~.process.KeeperServer`; ``logs``: a
+        directory for its output, ``verifier.stdout`` and ``verifier.stderr``: a temporary one by default)."""
         name = verifier_name(self)
-        with tempfile.TemporaryDirectory(prefix="tmpl-verifier-") as logs:
-            out, err = Path(logs) / "stdout", Path(logs) / "stderr"
+        with contextlib.nullcontext(str(logs)) if logs else tempfile.TemporaryDirectory(prefix="tmpl-verifier-") as at:
+            out, err = Path(at) / "verifier.stdout", Path(at) / "verifier.stderr"
             env = {**os.environ, **self.env} if self.env else None
             try:
                 ran = await run_kept(
@@ -114,14 +116,19 @@ def verifier_name(verifier: Any) -> str:
 
 
 async def verify(
-    verifier: Any, workdir: Path, episode: Any, timeout: float, server: KeeperServer | None = None
+    verifier: Any,
+    workdir: Path,
+    episode: Any,
+    timeout: float,
+    server: KeeperServer | None = None,
+    logs: Path | None = None,
 ) -> float:
     """The reward ``verifier`` gives the run in ``workdir`` (HarnessVerifierError when it gives none).
     ``timeout``: seconds a callable may take (a :class:`CommandVerifier` has its own); ``server``: where a
-    command's keeper is forked from."""
+    command's keeper is forked from; ``logs``: where a command's output goes (the run's directory)."""
     name = verifier_name(verifier)
     if isinstance(verifier, CommandVerifier):
-        return await verifier.run(workdir, server)
+        return await verifier.run(workdir, server, logs)
     try:
         if inspect.iscoroutinefunction(verifier) or inspect.iscoroutinefunction(type(verifier).__call__):
             value = await asyncio.wait_for(verifier(workdir, episode), timeout)
