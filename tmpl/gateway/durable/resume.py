@@ -79,14 +79,14 @@ def base_of(session: Session, plan: Plan, fresh: set[str]) -> tuple[str | None, 
     if lineage is None:
         return None, 0
     prompt = plan.prompt_array()
-    best: tuple[str | None, int] = (None, 0)
-    for head in lineage.heads:
+    # longest first (the head the call continued, as a rule): one comparison of the history, not one per head
+    for head in sorted(lineage.heads, key=lambda h: len(h.array), reverse=True):
         n = len(head.array)
-        if head.call in fresh or n <= best[1] or n > len(prompt):
+        if head.call in fresh or not 0 < n <= len(prompt):
             continue
         if np.array_equal(prompt[:n], head.array):
-            best = (head.call, n)
-    return best
+            return head.call, n
+    return None, 0
 
 
 def call_body(
