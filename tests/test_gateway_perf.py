@@ -26,17 +26,8 @@ from tmpl.gateway.loopwatch import LoopWatch
 
 from .conftest import load_tokenizer
 from .gateway_util import full_render_ids
+from .test_gateway import TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
 
 
