@@ -148,9 +148,10 @@ def create_app(
     async def run(request: Any, call: Callable[[], Awaitable[Completion]]) -> Completion:
         """Await the call, cancelling it (and its engine requests) when the client goes away."""
         task: asyncio.Future[Completion] = asyncio.ensure_future(call())
-        leaving = asyncio.ensure_future(gone(request))
+        leaving: asyncio.Future[Any] = asyncio.ensure_future(gone(request))
+        either: set[asyncio.Future[Any]] = {task, leaving}
         try:
-            await asyncio.wait({task, leaving}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not leaving.done():
                 leaving.cancel()
