@@ -122,6 +122,12 @@ def test_anthropic_sdk_images_in_a_user_turn_and_a_tool_result() -> None:
             model="m", max_tokens=64, system=SYSTEM, tools=tools, messages=[{"role": "user", "content": user}]
         )
         check_request(model.requests[0], truth(model.history), "call 1")
+        # count_tokens: the processor's own count of the same request (each image's placeholder run expanded)
+        counted = client.messages.count_tokens(
+            model="m", system=SYSTEM, tools=tools, messages=[{"role": "user", "content": user}]
+        )
+        assert counted.input_tokens == truth(model.history)["input_ids"].shape[1]
+        assert len(model.requests) == 1  # a count calls no engine
         use = next(b for b in first.content if b.type == "tool_use")
         assert (use.name, use.input) == ("screenshot", {"url": "a.io"})
         result = [
@@ -235,6 +241,9 @@ def test_openai_chat_responses_and_gemini_images_equal_the_processor() -> None:
         assert got.status_code == 200, got.text
         assert got.json()["candidates"][0]["content"]["parts"][-1]["text"] == "A red page."
         check_request(model.requests[-1], expected, "gemini")
+        got = httpx.post(f"{base}/v1beta/models/m:countTokens", json=body, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.json() == {"totalTokens": expected["input_ids"].shape[1]}  # the processor's count, images expanded
     assert len(model.requests) == 3
 
 
@@ -289,6 +298,11 @@ def test_a_text_template_answers_each_dialects_image_with_a_400_naming_it() -> N
         assert got.status_code == 400
         assert got.json()["error"]["status"] == "INVALID_ARGUMENT"
         assert "contents[0].parts[1] (an image)" in got.json()["error"]["message"]
+        got = httpx.post(f"{base}/v1beta/models/m:countTokens", json=body, timeout=30)  # a count: the same 400
+        assert got.status_code == 400 and "contents[0].parts[1] (an image)" in got.json()["error"]["message"]
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.count_tokens(model="m", messages=[{"role": "user", "content": result}])
+        assert "messages[0].content[0] (an image)" in caught.value.body["error"]["message"]
     assert model.requests == []
 
 

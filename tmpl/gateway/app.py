@@ -56,10 +56,10 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from ..errors import GatewayError, GatewayRequestError
 from . import streaming
+from .counting import prompt_tokens
 from .dialects import anthropic, gemini, openai_chat, responses
 from .jsonio import FastJSONResponse, loads
 from .loopwatch import LoopWatch
-from .roles import place_roles
 from .service import Completion, Gateway
 from .trainer_routes import add_trainer_routes, episode_json
 
@@ -353,14 +353,7 @@ def create_app(
         is touched."""
         try:
             req = anthropic.parse(await read_json(request), count=True)
-            placed = place_roles(gateway.tpl, req.messages)
-            try:
-                text = gateway.tpl.render(placed.messages, req.tools, add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - the template refuses the conversation: the client's 400
-                raise GatewayRequestError(
-                    session, f"the template cannot render the request: {type(exc).__name__}: {exc}", param="messages"
-                ) from exc
-            return anthropic.count_body(len(gateway.tpl.codec.encode(text)))
+            return anthropic.count_body(prompt_tokens(gateway, session, req.messages, req.tools, param="messages"))
         except GatewayError as exc:
             return error(anthropic, exc, None)
 
@@ -398,15 +391,7 @@ def create_app(
         try:
             if method == "countTokens":
                 req = gemini.parse(await read_json(request), model=model, stream=False, count=True)
-                placed = place_roles(gateway.tpl, req.messages)
-                try:
-                    text = gateway.tpl.render(placed.messages, req.tools, add_generation_prompt=True)
-                except Exception as exc:  # noqa: BLE001 - the template refuses the conversation: the client's 400
-                    raise GatewayRequestError(
-                        session, f"the template cannot render the request: {type(exc).__name__}: {exc}",
-                        param="contents",
-                    ) from exc  # fmt: skip
-                return gemini.count_body(len(gateway.tpl.codec.encode(text)))
+                return gemini.count_body(prompt_tokens(gateway, session, req.messages, req.tools, param="contents"))
             if method not in ("generateContent", "streamGenerateContent"):
                 raise GatewayError(None, 404, f"models/{model}:{method} is not served")
             key = session_of(request, session)
