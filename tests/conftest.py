@@ -252,7 +252,6 @@ def pytest_terminal_summary(terminalreporter, config):
 SERIAL_GROUPS = {
     "test_async_rl_real": "engines-1",
     "test_vllm_real": "engines-1",
-    "test_gateway_engine_restart": "engines-1",  # starts its own server twice (it SIGKILLs it mid-call)
     "test_vision_backends_vllm": "engines-1",
     "test_vision_rollout_vllm": "engines-1",
     "test_vllm_server_real": "engines-2",
@@ -262,6 +261,7 @@ SERIAL_GROUPS = {
     "test_vision_backends_server": "engines-2",
     "test_history_modes_vllm": "engines-2",  # on the session's scale-out server, with the two above
     "test_gateway_vllm": "engines-2",  # on the session's scale-out server too
+    "test_gateway_engine_restart": "engines-2",  # kills a server of its own, then goes on on the scale-out server
     "test_view_browser": "engines-2",  # its real rollout on the session's scale-out server
     "test_tools_mcp_vllm": "engines-2",  # on the session's scale-out server too
     "test_integrations_trl_harness": "engines-2",  # its harness runs on the session's scale-out server too

@@ -1,19 +1,23 @@
-"""The engine server SIGKILLed mid-call and restarted (issue 52): a gateway in front of a real ``vllm serve`` of the
+"""The engine server SIGKILLed mid-call and back (issue 52): a gateway in front of a real ``vllm serve`` of the
 Qwen2.5 tool-calling fixture, a streamed call (``openai`` SDK, chat) and a non-streamed one (``anthropic`` SDK,
 messages) in flight when the server's process group is killed.
 
 The streamed client gets the error in the stream (the SDK raises it), the other a 503 in Anthropic's shape with
-``Retry-After``; the tokens streamed before the kill are recorded once, as an aborted call; the server started
-again on the same port answers each session's retry, whose prompt is a suffix append on the recorded IDs and the
+``Retry-After``; the tokens streamed before the kill are recorded once, as an aborted call; once a server answers
+at the gateway's engine URL again, each session's retry is a suffix append on the recorded IDs and the
 template's own render of the raw request. Both long calls run with vLLM's ``min_tokens`` at their ``max_tokens``
 (they cannot end before the kill); a try whose kill still landed after a call finished is run again (noted in
 the engine ledger), never passed.
 
-Starts its own server twice (it kills it): xdist group engines-1 (conftest.py).
+The gateway's engine URL is a forwarding port: to the server this test starts and kills, then to the
+session's scale-out server (conftest.py ``scale_out_server``), which stands for the restarted one: the gateway
+sees its URL refuse and then answer again, a fresh engine behind it, and CI pays one server start, not two
+(90-190 s each on its 2-core machine). xdist group engines-2, with the shared server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -34,7 +38,7 @@ from tmpl.toolcalls.schema import tool_schema  # noqa: E402
 from .engine_ledger import record_retry  # noqa: E402
 from .fixture_models import QWEN, get_time, missing  # noqa: E402
 from .gateway_util import as_rendered, full_render_ids, served, streamed_message  # noqa: E402
-from .vllm_servers import STARTUP_LIMIT, free_port, start_server, stop, wait_ready  # noqa: E402
+from .vllm_servers import running  # noqa: E402
 
 if missing(QWEN):
     pytest.skip(missing(QWEN), allow_module_level=True)
@@ -66,40 +70,87 @@ class Watched(VLLMServer):
             yield piece
 
 
-def test_the_engine_killed_mid_call_answers_503_keeps_the_streamed_tokens_and_the_sessions_go_on(tmp_path):
+class Forwarder:
+    """The gateway's engine URL: ``127.0.0.1:<port>`` passed byte for byte to :attr:`target` (``host:port``),
+    each connection ended when either side's ends; with no target, or one that refuses, a connection is
+    closed as it comes (a server that is down). A thread of its own."""
+
+    def __init__(self) -> None:
+        self.target: str | None = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.tasks: set[asyncio.Task] = set()
+        started = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._one, "127.0.0.1", 0), self.loop)
+        self.server = started.result(10)
+        self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        async def shut() -> None:
+            self.server.close()
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def _one(self, reader, writer) -> None:
+        task = asyncio.current_task()
+        self.tasks.add(task)
+        try:
+            await self._pipe_both(reader, writer)
+        finally:
+            self.tasks.discard(task)
+
+    async def _pipe_both(self, reader, writer) -> None:
+        try:
+            host, port = (self.target or "").removeprefix("http://").split(":")
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except (OSError, ValueError):
+            writer.transport.abort()
+            return
+
+        async def pipe(r, w) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except OSError:
+                pass
+            finally:
+                w.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_the_engine_killed_mid_call_answers_503_keeps_the_streamed_tokens_and_the_sessions_go_on(
+    tmp_path, scale_out_server
+):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(QWEN))
     tpl = tmpl.ChatTemplate(tok)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("ab")
-
-    procs = []
-
-    def start():
-        procs.append(start_server(port, log, "--enable-scale-out"))
-        wait_ready(procs[-1], url, time.monotonic() + STARTUP_LIMIT, tmp_path / "server.log")
-        return procs[-1]
-
-    backend = Watched(url, api="generate", timeout=120, retries=2, backoff=0.05)
+    engine = Forwarder()
+    backend = Watched(engine.url, api="generate", timeout=120, retries=2, backoff=0.05)
     gateway = Gateway(tpl, backend, max_tokens=400, max_context=1024, temperature=1.0)
-    proc = start()
     try:
         with served(create_app(gateway, poll=0.05)) as gw:
             for attempt in range(TRIES):
-                missed = one_try(tok, gateway, backend, gw, proc, f"t{attempt}")
-                proc = start()  # on the same port: the gateway's client finds it again
+                with running(tmp_path / f"try{attempt}", "--enable-scale-out") as [own]:
+                    engine.target = own.url
+                    missed = one_try(tok, gateway, backend, gw, own.proc, f"t{attempt}")
                 if missed is None:
                     break
                 record_retry(missed)
             else:
                 pytest.fail(f"no try killed the engine mid-call: {missed}")
+            engine.target = scale_out_server.url  # the engine answers again at the gateway's URL
             then_sessions_go_on(tok, gateway, backend, gw, f"t{attempt}")
     finally:
-        for started in procs:
-            stop(started)
-        log.close()
+        engine.close()
         gateway.close()
 
 
@@ -168,7 +219,7 @@ def one_try(tok, gateway, backend, gw, proc, tag) -> str | None:
     # the other: a 503 in Anthropic's shape, with Retry-After
     assert isinstance(exc_n, anthropic.InternalServerError) and exc_n.status_code == 503, exc_n
     assert exc_n.body["type"] == "error" and exc_n.body["error"]["type"] in ("api_error", "overloaded_error")
-    assert "cannot connect" in exc_n.body["error"]["message"], exc_n.body  # the server was gone, it said so
+    assert backend.servers[0].url in exc_n.body["error"]["message"], exc_n.body  # the engine it lost, named
     assert exc_n.response.headers["retry-after"].isdigit()
     # the tokens streamed before the kill: one aborted call, exactly those IDs, with the prompt it was sent
     calls = gateway.episode(s).calls
