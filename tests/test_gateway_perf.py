@@ -50,12 +50,16 @@ def test_the_loop_watch_sees_a_blocking_call_and_nothing_when_the_loop_is_free()
         LoopWatch(every=0)
 
 
-def test_metrics_reports_the_loop_and_the_collector():
+@pytest.fixture(scope="module")
+def tpl():
+    return tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"))
+
+
+def test_metrics_reports_the_loop_and_the_collector(tpl):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e '.[gateway]')")
     from tmpl.gateway import create_app
 
-    tpl = tmpl.ChatTemplate(load_tokenizer("qwen2.5-instruct"))
     app = create_app(Gateway(tpl, Scripted(lambda req: [tpl.stop_token_ids[0]])))
 
     async def go() -> dict:
@@ -121,9 +125,8 @@ def test_same_value_agrees_with_the_digest():
     assert not any(same_value(a, b) for a, b in pairs[1:5])
 
 
-def test_only_the_newest_head_keeps_a_list_and_a_retry_of_an_older_turn_is_the_full_render():
-    tok = load_tokenizer("qwen2.5-instruct")
-    tpl = tmpl.ChatTemplate(tok)
+def test_only_the_newest_head_keeps_a_list_and_a_retry_of_an_older_turn_is_the_full_render(tpl):
+    tok = tpl.tokenizer
     call_ids = tok.encode(CALL, add_special_tokens=False)
     gateway = Gateway(tpl, Scripted(lambda req: call_ids))
 
