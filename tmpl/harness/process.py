@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .keeper import KEEPER, keeper_argv
 
-__all__ = ["KeeperServer", "Ran", "run_kept", "tail"]
+__all__ = ["KeeperPool", "KeeperServer", "Ran", "run_kept", "tail"]
 
 #: seconds the keeper may take to kill and reap the tree after SIGTERM before it is killed itself
 KILL_WAIT = 15.0
@@ -61,12 +61,13 @@ async def run_kept(
     out: Path,
     err: Path,
     wrap: Sequence[str] | None = None,
-    server: KeeperServer | None = None,
+    server: KeeperServer | KeeperPool | None = None,
 ) -> Ran:
     """Run ``argv`` in ``cwd`` with ``env`` (None: this process's) under a keeper, up to ``timeout``
     seconds; its output to the files ``out`` and ``err``. ``wrap``: an argv put before the keeper's (a
     sandbox launcher: the keeper then runs inside it). ``server``: fork the keeper from this
-    :class:`KeeperServer` instead of starting one. Raises OSError if the keeper cannot start."""
+    :class:`KeeperServer` (or :class:`KeeperPool`) instead of starting one. Raises OSError if the keeper
+    cannot start."""
     if server is not None and server.sock is not None and not wrap:
         ran = await _run_served(server, argv, cwd, env, timeout, out, err)
         if ran is not None:
@@ -225,8 +226,78 @@ class KeeperServer:
         return code
 
 
+class KeeperPool:
+    """``size`` :class:`KeeperServer` s, each keeper forked by the one with the fewest keepers running.
+    One server forks its keepers one after another, and on a machine busier than its cores it gets one
+    process's share of them: at concurrency 32 on 2 busy cores, runs queued seconds for their start.
+    Several fork side by side, each with its share. Servers that could not start are left out (OSError
+    when none could).
+
+    >>> import tempfile
+    >>> async def main():
+    ...     async with KeeperPool(2) as pool:
+    ...         d = Path(tempfile.mkdtemp())
+    ...         runs = [run_kept(["sh", "-c", f"exit {k}"], cwd=d, env=None, timeout=30, out=d / f"o{k}", err=d / f"e{k}", server=pool) for k in range(3)]
+    ...         codes = [r.exit_code for r in await asyncio.gather(*runs)]
+    ...         return codes, len(pool.servers), sorted(pool._running.values())
+    >>> asyncio.run(main())
+    ([0, 1, 2], 2, [0, 0])
+    """
+
+    def __init__(self, size: int) -> None:
+        self.servers = [KeeperServer() for _ in range(max(1, size))]
+        self._owner: dict[int, KeeperServer] = {}
+        self._running: dict[int, int] = {id(s): 0 for s in self.servers}
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """A live server's socket, or None when none is running (what :func:`run_kept` asks)."""
+        return next((s.sock for s in self.servers if s.sock is not None), None)
+
+    async def __aenter__(self) -> KeeperPool:
+        started: list[KeeperServer] = []
+        for server in self.servers:
+            try:
+                started.append(await server.__aenter__())
+            except OSError:
+                continue
+        if not started:
+            raise OSError("no keeper server could start")
+        self.servers = started
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for server in self.servers:
+            await server.__aexit__(*exc)
+
+    async def start(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None, out: int, err: int, ended: int = -1
+    ) -> int:
+        """:meth:`KeeperServer.start` on the live server with the fewest keepers running."""
+        live = [s for s in self.servers if s.sock is not None]
+        if not live:
+            raise OSError("no keeper server is running")
+        server = min(live, key=lambda s: self._running[id(s)])
+        self._running[id(server)] += 1
+        try:
+            pid = await server.start(argv, cwd, env, out, err, ended)
+        except BaseException:
+            self._running[id(server)] -= 1
+            raise
+        self._owner[pid] = server
+        return pid
+
+    async def wait(self, pid: int) -> int:
+        """:meth:`KeeperServer.wait` on the server that forked ``pid``."""
+        server = self._owner[pid]
+        code = await server.wait(pid)
+        if self._owner.pop(pid, None) is server:
+            self._running[id(server)] -= 1
+        return code
+
+
 async def _run_served(
-    server: KeeperServer,
+    server: KeeperServer | KeeperPool,
     argv: Sequence[str],
     cwd: Path,
     env: Mapping[str, str] | None,

@@ -19,9 +19,9 @@ command), ``start`` (until its keeper runs), ``harness`` (the harness's own time
 of it to its exit), ``kill`` (from its exit, or its timeout, to its whole tree reaped), ``verifier``,
 ``finish`` (its output's tails, its episode read, the reward set, the session finished) and ``cleanup``
 (its directory removed). Filesystem work (the files laid out, the sandbox's command line, the
-directory's removal) runs on a thread pool of the rollout's own, ``concurrency`` threads (at most
-64): never on the event loop, which serves the gateway, nor on the loop's default pool, which an
-engine's calls (``asyncio.to_thread``) may hold.
+directory's removal) runs on a thread pool of the rollout's own (``concurrency`` threads, at most the
+cores and 4): never on the event loop, which serves the gateway, nor on the loop's default pool,
+which an engine's calls (``asyncio.to_thread``) may hold.
 
 Each run ends as a :class:`~tmpl.harness.result.HarnessResult` with a status (``HARNESS_DONE``,
 ``HARNESS_TIMEOUT``, ``HARNESS_EXITED``, ``CALLS_REFUSED``, ``NO_CALLS``, ``VERIFIER_FAILED``,
@@ -60,7 +60,7 @@ from typing import Any
 
 from ..errors import HarnessError, HarnessTaskError, HarnessVerifierError, TmplError
 from .gateways import Local, Remote
-from .process import KeeperServer, run_kept, tail
+from .process import KeeperPool, KeeperServer, run_kept, tail
 from .result import (
     CALLS_REFUSED,
     GATEWAY_FAILED,
@@ -83,8 +83,14 @@ __all__ = ["GATEWAY_FAILED", "HarnessRollout"]
 SANDBOX_PORT = 8100
 
 ISOLATIONS = ("process", "sandbox")
-#: the most threads a rollout's pool has (its filesystem work: at most ``concurrency`` at once)
-MAX_THREADS = 64
+#: the most threads a rollout's pool has, past ``concurrency``: the cores and 4, as asyncio's own pool
+#: (filesystem work is short calls between which a thread needs the GIL, which the event loop serving the
+#: gateway needs too: 32 threads at concurrency 32 on 2 cores made the setup's p95 seconds, not ms)
+MAX_THREADS = (os.cpu_count() or 1) + 4
+#: runs at once per keeper server (:class:`~.process.KeeperPool`: one server forks one keeper at a time,
+#: with one process's share of a busy machine), and the most servers a batch starts
+RUNS_PER_KEEPER_SERVER = 8
+MAX_KEEPER_SERVERS = 8
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -192,7 +198,7 @@ class HarnessRollout:
         pool = functools.partial(asyncio.get_running_loop().run_in_executor, threads)
         try:
             # the keeper server first: its interpreter starts on another core while uvicorn starts here
-            async with _keepers() as keepers, self._gateway() as gw, self._relay(gw) as relay:
+            async with _keepers(self.concurrency) as keepers, self._gateway() as gw, self._relay(gw) as relay:
                 gw.inside = relay  # per batch: one rollout may run several batches at once
                 gw.keepers = keepers
 
@@ -286,7 +292,10 @@ class HarnessRollout:
                 return result
 
             try:
-                argv, env = await pool(self._command, rendered.argv, rendered, workdir, home, gw)
+                if gw.inside is None:  # a dict merged: cheaper here than a thread's hop
+                    argv, env = self._command(rendered.argv, rendered, workdir, home, gw)
+                else:  # the sandbox's command line: paths checked, bwrap probed
+                    argv, env = await pool(self._command, rendered.argv, rendered, workdir, home, gw)
                 result.timings["setup"] = time.perf_counter() - t0
                 ran = await run_kept(
                     argv,
@@ -453,10 +462,12 @@ class HarnessRollout:
 
 
 @contextlib.asynccontextmanager
-async def _keepers() -> AsyncIterator[KeeperServer | None]:
-    """A keeper server for the batch (each run's keeper forked warm from it), or None when it cannot
-    start (each keeper is then an interpreter of its own: slower, the same behaviour)."""
-    server = KeeperServer()
+async def _keepers(concurrency: int) -> AsyncIterator[KeeperServer | KeeperPool | None]:
+    """The batch's keeper servers (each run's keeper forked warm from one of them): one per
+    :data:`RUNS_PER_KEEPER_SERVER` runs at once, at most :data:`MAX_KEEPER_SERVERS`; or None when none
+    can start (each keeper is then an interpreter of its own: slower, the same behaviour)."""
+    size = min(MAX_KEEPER_SERVERS, -(-concurrency // RUNS_PER_KEEPER_SERVER))
+    server = KeeperServer() if size <= 1 else KeeperPool(size)
     try:
         await server.__aenter__()
     except OSError:

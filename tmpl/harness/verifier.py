@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HarnessVerifierError
-from .process import KeeperServer, run_kept, tail
+from .process import KeeperPool, KeeperServer, run_kept, tail
 
 __all__ = ["CommandVerifier", "verifier_name", "verify"]
 
@@ -70,7 +70,9 @@ class CommandVerifier:
     async def __call__(self, workdir: Path, episode: Any = None) -> float:  # noqa: ARG002 - a verifier's signature
         return await self.run(workdir)
 
-    async def run(self, workdir: Path, server: KeeperServer | None = None, logs: Path | None = None) -> float:
+    async def run(
+        self, workdir: Path, server: KeeperServer | KeeperPool | None = None, logs: Path | None = None
+    ) -> float:
         """The reward (``server``: fork its keeper from this :class:`~.process.KeeperServer`; ``logs``: a
         directory for its output, ``verifier.stdout`` and ``verifier.stderr``: a temporary one by default)."""
         name = verifier_name(self)
@@ -120,7 +122,7 @@ async def verify(
     workdir: Path,
     episode: Any,
     timeout: float,
-    server: KeeperServer | None = None,
+    server: KeeperServer | KeeperPool | None = None,
     logs: Path | None = None,
 ) -> float:
     """The reward ``verifier`` gives the run in ``workdir`` (HarnessVerifierError when it gives none).
