@@ -82,13 +82,16 @@ def create_app(
     poll: float = 0.25,
     admin_token: str | None = None,
     keepalive: float = 5.0,
+    watch_loop: bool = False,
 ) -> Any:
     """The FastAPI app. ``max_body``: request bytes at most (413 past it); ``poll``: seconds between
     checks that a waiting streamed call's client is still connected (a whole answer's call waits on the
     server's ``http.disconnect`` instead); ``admin_token``: enables ``POST /admin/weights``
     (``{"version": 3, "path": "/ckpt/step-3", "mode": "keep"}`` with ``Authorization: Bearer <token>``),
     a trainer's weight update (:meth:`Gateway.update_weights_async`); without a token it is not served;
-    ``keepalive``: seconds without an event after which a stream sends a keep-alive (see :mod:`.streaming`)."""
+    ``keepalive``: seconds without an event after which a stream sends a keep-alive (see :mod:`.streaming`);
+    ``watch_loop``: measure the event loop's pauses from the first call (``tmpl serve`` does; else from the
+    first ``GET /metrics``: a timer every 5 ms is CPU an in-process gateway, e.g. a harness rollout's, spends)."""
     if not keepalive > 0:
         raise ValueError(f"keepalive must be positive seconds, not {keepalive!r}")
     app = fastapi.FastAPI(title="tmpl gateway", docs_url=None, redoc_url=None)
@@ -97,10 +100,11 @@ def create_app(
 
         app.add_middleware(RetryHeaders)
 
-    watch = app.state.loopwatch = LoopWatch()  # the event loop's pauses (GET /metrics), from the first body read
+    watch = app.state.loopwatch = LoopWatch()  # the event loop's pauses (GET /metrics)
 
     async def read_json(request: Any) -> Any:
-        watch.start()
+        if watch_loop:  # from the first body read (on the server's own loop)
+            watch.start()
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body:
             raise GatewayRequestError(None, f"the body is {length} bytes, over the limit of {max_body}", status=413)

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, gateway: Any = None) -> int:
 
     if gateway is None:
         gateway = build_gateway(args)
-    app = create_app(gateway, admin_token=args.admin_token)
+    app = create_app(gateway, admin_token=args.admin_token, watch_loop=True)
     where = f"http://{args.host}:{args.port}"
     print(
         f"tmpl serve: {gateway.model} at {where}/s/<session>/v1 (OpenAI chat completions) and "
