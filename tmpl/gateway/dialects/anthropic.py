@@ -154,7 +154,9 @@ def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     )
 
 
-def _turn_content(blocks: Sequence[Mapping[str, Any]], where: str, skip: str | None = None) -> str | list[dict[str, Any]]:
+def _turn_content(
+    blocks: Sequence[Mapping[str, Any]], where: str, skip: str | None = None
+) -> str | list[dict[str, Any]]:
     """Text and image blocks (``skip``: a type gathered elsewhere) as a message's content: the text joined as
     written where there is no image, else the parts in order."""
     parts: list[dict[str, Any]] = []

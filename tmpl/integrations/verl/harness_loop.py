@@ -81,7 +81,7 @@ class TmplHarnessAgentLoop(TmplToolAgentLoop):
             task = type(task)(task.prompt, task.files, task.verifier, id=f"verl-{sample}", timeout=task.timeout)
         config = self.rollout_config
         gateway = Gateway(
-            self.template,  # type: ignore[arg-type]  # text-only (vision refused above)
+            self.template,  # text-only (vision refused above)
             VerlServerBackend(self.server_manager, sampling_params),
             max_tokens=int(config.response_length),
             max_context=int(config.prompt_length) + int(config.response_length),
