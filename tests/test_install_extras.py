@@ -47,6 +47,7 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tmpl.gateway.app": ("gateway",),
     "tmpl.gateway.trainer_routes": ("gateway",),  # the app's trainer routes (imported by the app only)
     "tmpl.gateway.serve": ("gateway",),
+    "tmpl.gateway.jsonio": ("gateway",),  # msgspec where installed (imported on first use), else json
     "tmpl.harness.server": ("gateway",),  # HarnessRollout serves an in-process gateway with uvicorn
     "tmpl.env.openenv": ("openenv",),  # OpenEnvEnv: the SDK's MCP actions
     "tmpl.tools.mcp": ("mcp",),  # Toolbox.from_mcp: the mcp SDK's clients

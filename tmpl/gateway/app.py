@@ -58,7 +58,7 @@ from ..errors import GatewayError, GatewayRequestError
 from . import streaming
 from .counting import prompt_tokens
 from .dialects import anthropic, gemini, openai_chat, responses
-from .jsonio import FastJSONResponse, loads
+from .jsonio import loads, strict_dumps
 from .loopwatch import LoopWatch
 from .service import Completion, Gateway
 from .trainer_routes import add_trainer_routes, episode_json
@@ -66,6 +66,21 @@ from .trainer_routes import add_trainer_routes, episode_json
 __all__ = ["LINEAGE_HEADER", "SESSION_HEADER", "create_app", "episode_json"]
 
 log = logging.getLogger("tmpl.gateway")
+
+
+class FastJSONResponse(JSONResponse):
+    """A ``JSONResponse`` written by msgspec (:func:`~tmpl.gateway.jsonio.strict_dumps`; where msgspec is
+    missing or refuses, ``JSONResponse``'s own body: the gateway's replies hold no float that is not
+    finite, their logprobs are checked finite when recorded).
+
+    >>> FastJSONResponse({"ok": True}).body
+    b'{"ok":true}'
+    """
+
+    def render(self, content: Any) -> bytes:
+        body = strict_dumps(content)
+        return body if body is not None else bytes(super().render(content))
+
 
 SESSION_HEADER = "x-tmpl-session"
 #: names the lineage of a call (its main loop, a title generator, a sub-agent): docs/gateway.md, "Side calls and lineages"

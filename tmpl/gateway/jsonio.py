@@ -17,31 +17,42 @@ b'{"a":[1,2.5,null],"b":"\\xc3\\xa9"}'
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-try:
-    import msgspec
-except ImportError:  # pragma: no cover - the extra is partly installed: json alone
-    msgspec = None  # type: ignore[assignment]
+__all__ = ["dumps", "exact_dumps", "fast", "loads", "strict_dumps"]
 
-__all__ = ["FAST", "FastJSONResponse", "dumps", "exact_dumps", "loads"]
 
-#: whether msgspec is in use
-FAST = msgspec is not None
-if msgspec is not None:
-    _decoder = msgspec.json.Decoder()
-    _encoder = msgspec.json.Encoder(enc_hook=str)  # what json's default=str writes for other types
-    _strict = msgspec.json.Encoder()
+@functools.cache
+def _codec() -> tuple[Any, Any, Any, Any] | None:
+    """msgspec's ``(DecodeError, decoder, encoder, strict encoder)``, made once; None where msgspec is not
+    installed (it comes with the ``gateway`` extra; the in-process gateway and its store work without it)."""
+    try:
+        import msgspec
+    except ImportError:  # pragma: no cover - the gateway extra is missing: json alone
+        return None
+    return (
+        msgspec.DecodeError,
+        msgspec.json.Decoder(),
+        msgspec.json.Encoder(enc_hook=str),  # what json's default=str writes for other types
+        msgspec.json.Encoder(),
+    )
+
+
+def fast() -> bool:
+    """Whether msgspec is in use (else ``json`` alone)."""
+    return _codec() is not None
 
 
 def loads(data: bytes | str) -> Any:
     """``data`` parsed (msgspec, else ``json``; see the module docstring). Raises ``ValueError`` (or
     ``RecursionError`` for a body nested past ``json``'s reach) as ``json.loads`` does."""
-    if msgspec is not None:
+    codec = _codec()
+    if codec is not None:
         try:
-            return _decoder.decode(data)
-        except msgspec.DecodeError:
+            return codec[1].decode(data)
+        except codec[0]:
             pass  # json's reading (it takes more) or json's error
     return json.loads(data)
 
@@ -60,33 +71,26 @@ def dumps(value: Any) -> bytes:
     """``value`` as compact UTF-8 JSON: what ``json.dumps(value, separators=(",", ":"), ensure_ascii=False,
     default=str)`` writes, but for the spelling of some floats (``1e-05`` written ``0.00001``: the same
     value read back) and a float that is not finite, written ``null`` (see :func:`exact_dumps`)."""
-    if msgspec is not None:
+    codec = _codec()
+    if codec is not None:
         try:
-            return _encoder.encode(value)
+            return bytes(codec[2].encode(value))
         except (TypeError, ValueError, OverflowError):  # a type str() refuses, nested too deep...
             pass
     return exact_dumps(value)
 
 
-try:
-    from starlette.responses import JSONResponse
-except ImportError:  # pragma: no cover - the gateway extra is missing
-    pass
-else:
+def strict_dumps(value: Any) -> bytes | None:
+    """``value`` as compact UTF-8 JSON by msgspec, refusing other types and writing a float that is not
+    finite ``null``; None where msgspec is missing or refuses (the caller then writes it its own way).
 
-    class FastJSONResponse(JSONResponse):
-        """A ``JSONResponse`` written by msgspec (``json``'s exact body where msgspec is missing or refuses;
-        a float that is not finite is written ``null`` where ``JSONResponse`` fails: the gateway's replies
-        hold none, their logprobs are checked finite when recorded).
-
-        >>> FastJSONResponse({"ok": True}).body
-        b'{"ok":true}'
-        """
-
-        def render(self, content: Any) -> bytes:
-            if msgspec is not None:
-                try:
-                    return bytes(_strict.encode(content))
-                except (TypeError, ValueError, OverflowError):
-                    pass
-            return bytes(super().render(content))
+    >>> strict_dumps({"ok": True}) in (b'{"ok":true}', None)
+    True
+    """
+    codec = _codec()
+    if codec is None:
+        return None
+    try:
+        return bytes(codec[3].encode(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
